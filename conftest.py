@@ -1,0 +1,122 @@
+"""Pytest wiring shared by every layer.
+
+* Each test carries exactly one run tier (`unit`, `gpu`, `benchmark`); a test without one, or
+  with two, stops collection with an error naming it.
+* The layer marker (`property`, `reproducibility`, `heldout`) is added from the test's folder.
+* Every run writes `junit.xml` and `results.json` under the reports folder
+  (`--reports-dir`, default `reports/`). Tests put numbers into `results.json` through the
+  `record_result` fixture; those numbers are the published results.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+TIERS = ("unit", "gpu", "benchmark")
+LAYER_OF_FOLDER = {
+    "tests_property": "property",
+    "tests_reproducibility": "reproducibility",
+    "tests_heldout": "heldout",
+}
+
+_RECORDS: dict[str, dict] = {}
+_OUTCOMES: dict[str, dict] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--reports-dir", default=os.environ.get("RLHF_REPORTS_DIR", "reports"),
+                     help="folder for junit.xml and results.json (default: reports/)")
+
+
+def pytest_configure(config):
+    reports = Path(config.getoption("--reports-dir"))
+    reports.mkdir(parents=True, exist_ok=True)
+    config._rlhf_reports = reports
+    if getattr(config.option, "xmlpath", None) is None and not hasattr(config, "workerinput"):
+        config.option.xmlpath = str(reports / "junit.xml")
+    if hasattr(config.option, "benchmark_json") and config.option.benchmark_json is None:
+        pass  # pytest-benchmark JSON is asked for explicitly (see README)
+
+
+def pytest_collection_modifyitems(config, items):
+    bad = []
+    for item in items:
+        tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
+        if len(tiers) != 1:
+            bad.append(f"{item.nodeid}: tiers {tiers or 'none'}")
+        folder = Path(str(item.fspath)).relative_to(config.rootpath).parts[0]
+        layer = LAYER_OF_FOLDER.get(folder)
+        if layer:
+            item.add_marker(getattr(pytest.mark, layer))
+    if bad:
+        raise pytest.UsageError("every test needs exactly one run tier (unit, gpu or benchmark):\n  "
+                                + "\n  ".join(bad))
+
+
+@pytest.fixture
+def record_result(request):
+    """Record a named number (or any JSON value) for this test in reports/results.json."""
+    bucket = _RECORDS.setdefault(request.node.nodeid, {})
+
+    def record(key: str, value):
+        json.dumps(value)  # refuse what the report could not hold, here rather than at the end
+        bucket[key] = value
+        request.node.user_properties.append((key, json.dumps(value)))
+
+    return record
+
+
+def pytest_runtest_logreport(report):
+    entry = _OUTCOMES.setdefault(report.nodeid, {"outcome": "passed", "duration_s": 0.0})
+    entry["duration_s"] = round(entry["duration_s"] + report.duration, 4)
+    if report.failed:
+        entry["outcome"] = "failed" if report.when == "call" else "error"
+    elif report.skipped and entry["outcome"] == "passed":
+        entry["outcome"] = "skipped"
+    for key, value in report.user_properties:
+        entry.setdefault("results", {})[key] = json.loads(value)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return  # xdist workers report through the controller
+    path = config._rlhf_reports / "results.json"
+    data = {
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "markexpr": config.option.markexpr,
+        "exitstatus": int(exitstatus),
+        "counts": {k: sum(1 for t in _OUTCOMES.values() if t["outcome"] == k)
+                   for k in ("passed", "failed", "error", "skipped")},
+        "tests": _OUTCOMES,
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- shared fixtures (embedded)
+
+@pytest.fixture(scope="session")
+def embedded_profile():
+    from rlhf.config import load_profile
+    return load_profile("embedded")
+
+
+@pytest.fixture(scope="session")
+def embedded_dir(tmp_path_factory):
+    """The embedded base built once per session (deterministic, well under a second)."""
+    from rlhf.embedded import build_embedded
+    path = tmp_path_factory.mktemp("embedded") / "base"
+    build_embedded(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def embedded_base(embedded_profile, embedded_dir):
+    from rlhf.models import load_base
+    return load_base(embedded_profile, embedded_dir)

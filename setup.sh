@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates ./.venv (if missing) and installs the pinned dependencies and `rlhf` itself.
+# Idempotent: a second run only compares a stamp and returns in well under a second.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+stamp_src=$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)
+if [ -f .venv/.rlhf-stamp ] && [ "$(cat .venv/.rlhf-stamp)" = "$stamp_src" ]; then
+    exit 0
+fi
+echo "setup: creating .venv and installing pinned dependencies (first run only)" >&2
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch first and pinned: pip takes the CPU wheel from local disk instead of a CUDA build.
+.venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
+echo "$stamp_src" > .venv/.rlhf-stamp
+echo "setup: done" >&2
