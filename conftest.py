@@ -120,3 +120,24 @@ def embedded_dir(tmp_path_factory):
 def embedded_base(embedded_profile, embedded_dir):
     from rlhf.models import load_base
     return load_base(embedded_profile, embedded_dir)
+
+
+@pytest.fixture(scope="session")
+def lab_run(tmp_path_factory):
+    """The embedded lab run once per session (SFT, judge, PPO with the interrupt/resume protocol).
+
+    tests_reproducibility and tests_heldout assert on its files; it takes a few minutes on 2 cores.
+    """
+    import time as _time
+    from rlhf import lab
+    run = tmp_path_factory.mktemp("lab") / "run"
+    t0 = _time.perf_counter()
+    ctx = lab.open_context(run, "embedded")
+    seconds = {}
+    for name, stage in (("sft", lab.stage_sft), ("reward", lab.stage_reward), ("ppo", lab.stage_ppo)):
+        t = _time.perf_counter()
+        stage(ctx)
+        seconds[name] = _time.perf_counter() - t
+    seconds["total"] = _time.perf_counter() - t0
+    ctx.stage_seconds = seconds
+    return ctx

@@ -3,6 +3,7 @@
     rlhf prepare --out DIR [--revision r001]     corpus: inputs/, labels/, manifest.json
     rlhf build-embedded --out DIR [--seed 49]    the embedded base model and tokenizer
     rlhf fetch-model --out DIR                   download Qwen2.5-0.5B-Instruct (network needed)
+    rlhf sft|reward|ppo --run DIR [--resume] [--stop-after N]   one stage
     rlhf lab --out DIR [--profile embedded]      the whole lab in one run
 """
 from __future__ import annotations
@@ -41,43 +42,41 @@ def cmd_fetch_model(args) -> int:
     return 0
 
 
-def ensure_corpus(run: Path, revision: str):
-    """The run's corpus: prepared on the first call, loaded (hashes re-verified) afterwards."""
-    from rlhf.corpus import load_corpus, prepare
-    corpus_dir = run / "corpus"
-    if not (corpus_dir / "manifest.json").is_file():
-        prepare(corpus_dir, revision=revision)
-    return load_corpus(corpus_dir)
+def _context(args):
+    from rlhf.lab import open_context
+    return open_context(args.run if hasattr(args, "run") else args.out, args.profile,
+                        getattr(args, "model_dir", None), getattr(args, "revision", "r001"))
 
 
-def ensure_model_dir(run: Path, profile: dict, model_dir: str | None) -> Path:
-    """The base model directory: given (`--model-dir`) or, for `embedded`, built into the run."""
-    if model_dir:
-        return Path(model_dir)
-    if profile["model"]["kind"] != "embedded":
-        raise SystemExit(f"profile {profile['name']} needs --model-dir DIR "
-                         f"(get the weights with: rlhf fetch-model --out DIR)")
-    from rlhf.embedded import build_embedded
-    path = run / "base_model"
-    if not (path / "config.json").is_file():
-        build_embedded(path)
-    return path
+def cmd_stage(args) -> int:
+    from rlhf import lab
+    ctx = _context(args)
+    fn = {"sft": lab.stage_sft, "reward": lab.stage_reward, "ppo": lab.stage_ppo}[args.command]
+    kwargs = {"resume": args.resume, "stop_after": args.stop_after}
+    if args.command == "ppo":
+        kwargs["use_cache"] = not args.no_kv_cache
+    result = fn(ctx, **kwargs)
+    where = ctx.run / ("reward" if args.command == "reward" else args.command)
+    print(f"{args.command}: done in {result['seconds']:.1f} s -> {where}")
+    return 0
 
 
 def cmd_lab(args) -> int:
-    from rlhf.models import load_base
+    from rlhf import lab
     t0 = time.perf_counter()
-    run = Path(args.out)
-    profile = load_profile(args.profile)
-    corpus = ensure_corpus(run, args.revision)
-    model_dir = ensure_model_dir(run, profile, args.model_dir)
-    base = load_base(profile, model_dir)
-    n = sum(p.numel() for p in base.model.parameters())
+    ctx = _context(args)
     print("corpus audit:")
-    print(json.dumps(corpus.manifest["audit"], indent=1, sort_keys=True))
-    print(f"base model: {profile['name']} from {model_dir}: {n:,} parameters, "
-          f"vocab {len(base.tokenizer)}, EOS {base.eos_id}, PAD {base.pad_id}")
-    print(f"lab folder: {run}  ({time.perf_counter() - t0:.1f} s)")
+    print(json.dumps(ctx.corpus.manifest["audit"], indent=1, sort_keys=True))
+    n = sum(p.numel() for p in ctx.role("reference").model.parameters())
+    print(f"base model: {ctx.profile['name']} from {ctx.model_dir}: {n:,} parameters (with adapters), "
+          f"vocab {len(ctx.tokenizer)}, EOS {ctx.eos_id}, PAD {ctx.pad_id}")
+    for name, fn in (("sft", lab.stage_sft), ("reward", lab.stage_reward), ("ppo", lab.stage_ppo)):
+        result = fn(ctx)
+        check = result.get("check", {})
+        print(f"{name}: {result['seconds']:.1f} s; interrupt/resume identical: {check.get('identical')} "
+              f"({check.get('tensors_compared')} tensors, sha256 {str(check.get('sha256_resumed'))[:12]} "
+              f"vs {str(check.get('sha256_continuous'))[:12]})")
+    print(f"lab folder: {ctx.run}  ({time.perf_counter() - t0:.1f} s)")
     return 0
 
 
@@ -101,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b"])
     p.set_defaults(func=cmd_fetch_model)
 
+    for name, text in (("sft", "supervised fine-tuning of the actor"), ("reward", "train the judge (Bradley-Terry)"),
+                       ("ppo", "100-iteration PPO against the frozen judge")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
+        p.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
+        p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b)")
+        p.add_argument("--revision", default="r001")
+        p.add_argument("--resume", action="store_true", help="continue from the saved stop state")
+        p.add_argument("--stop-after", type=int, default=None,
+                       help="stop after this epoch (sft, reward) or iteration (ppo) and save a state")
+        if name == "ppo":
+            p.add_argument("--no-kv-cache", action="store_true", help="generate without a KV cache")
+        p.set_defaults(func=cmd_stage)
+
     p = sub.add_parser("lab", help="the whole lab in one run")
     p.add_argument("--out", required=True)
     p.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
@@ -115,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FileExistsError, FileNotFoundError, ValueError, PermissionError) as err:
+    except (FileExistsError, FileNotFoundError, ValueError, PermissionError, FloatingPointError) as err:
         print(f"rlhf {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,175 @@
+"""Resume states: lossless, gzip level 1, weights-only loading, hash-checked, never overwritten.
+
+A state is a plain dict of tensors, numbers, strings, lists and dicts (what
+`torch.load(weights_only=True)` accepts: no arbitrary pickle is ever executed). It is written
+as `torch.save` bytes, gzip level 1, through the one atomic writer, with a sidecar
+`<file>.json` holding its SHA-256 and its identity. Loading re-hashes the file first, so a
+truncated or bit-flipped state is refused before anything reads it.
+
+Identity: what a state was computed from (profile, corpus, code, base model and initial
+fingerprints). A resume whose current identity differs is refused with a message naming each
+part that changed.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from rlhf.io import dumps_json, read_json, sha256_bytes, sha256_file, write_bytes, write_json
+
+CODE_DIR = Path(__file__).parent
+
+
+class StateError(ValueError):
+    """A resume state that cannot be used (corrupted, truncated, or from another identity)."""
+
+
+def code_sha256() -> str:
+    """SHA-256 over the package's source files and profiles (name + content, sorted)."""
+    parts = []
+    for p in sorted(list(CODE_DIR.glob("*.py")) + list((CODE_DIR / "profiles").glob("*.toml"))):
+        parts.append(f"{p.relative_to(CODE_DIR)}:{sha256_file(p)}")
+    return sha256_bytes("\n".join(parts).encode())
+
+
+def rng_state() -> dict:
+    """The system RNGs (torch global, python `random`)."""
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+             "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def flatten_state(state) -> dict:
+    """Canonical form: every tensor (contiguous copy) under its path, the rest as sorted JSON.
+
+    Two equal states give the same bytes (pickle memoisation of shared Python objects would
+    otherwise make equal states serialise differently), so file hashes can be compared too.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(node, path):
+        if isinstance(node, torch.Tensor):
+            tensors[path] = node.detach().to("cpu").contiguous().clone()
+            return {"__tensor__": path}
+        if isinstance(node, dict):
+            # Sorted: an optimizer re-loaded from a state dict lists its keys in another order.
+            items = sorted(node.items(), key=lambda kv: (str(type(kv[0])), kv[0]))
+            if any(not isinstance(k, str) for k in node):
+                return {"__intkeys__": [[k, walk(v, f"{path}.{k}")] for k, v in items]}
+            return {k: walk(v, f"{path}.{k}") for k, v in items}
+        if isinstance(node, (list, tuple)):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
+        return node
+
+    structure = walk(state, "state")
+    return {"format": "rlhf-state-1", "structure": json.dumps(structure, sort_keys=True), "tensors": tensors}
+
+
+def unflatten_state(flat: dict):
+    if flat.get("format") != "rlhf-state-1":
+        raise StateError(f"unknown state format {flat.get('format')!r}")
+    tensors = flat["tensors"]
+
+    def build(node):
+        if isinstance(node, dict):
+            if set(node) == {"__tensor__"}:
+                return tensors[node["__tensor__"]]
+            if set(node) == {"__intkeys__"}:
+                return {k: build(v) for k, v in node["__intkeys__"]}
+            return {k: build(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [build(v) for v in node]
+        return node
+
+    return build(json.loads(flat["structure"]))
+
+
+def save_state(path, state: dict, identity: dict) -> dict:
+    """Write a resume state atomically; refuse to overwrite. Returns the sidecar manifest."""
+    path = Path(path)
+    sidecar = Path(str(path) + ".json")
+    if path.exists() or sidecar.exists():
+        raise FileExistsError(f"refusing to overwrite existing state {path}")
+    buf = io.BytesIO()
+    torch.save(flatten_state(state), buf)
+    data = gzip.compress(buf.getvalue(), compresslevel=1, mtime=0)
+    manifest = {"file": path.name, "sha256": sha256_bytes(data), "bytes": len(data), "identity": identity}
+    write_bytes(path, data)
+    write_json(sidecar, manifest)
+    return manifest
+
+
+def load_state(path, identity: dict | None = None) -> dict:
+    """Verify the hash (and identity, when given), then load with weights-only unpickling."""
+    path = Path(path)
+    sidecar = Path(str(path) + ".json")
+    if not path.is_file() or not sidecar.is_file():
+        raise StateError(f"missing state {path} or its manifest {sidecar.name}")
+    manifest = read_json(sidecar)
+    data = path.read_bytes()
+    if len(data) != manifest["bytes"]:
+        raise StateError(f"state {path} is truncated: {len(data)} bytes, expected {manifest['bytes']}")
+    if sha256_bytes(data) != manifest["sha256"]:
+        raise StateError(f"state {path} is corrupted: SHA-256 does not match its manifest")
+    if identity is not None:
+        check_identity(manifest["identity"], identity, what=str(path))
+    try:
+        raw = gzip.decompress(data)
+        flat = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - any decode failure means an unusable file
+        raise StateError(f"state {path} cannot be decoded: {err}") from err
+    return unflatten_state(flat)
+
+
+def check_identity(saved: dict, current: dict, what: str = "state") -> None:
+    """Raise StateError naming every part of the identity that differs."""
+    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if changed:
+        raise StateError(f"refusing to resume {what}: identity changed in {', '.join(changed)} "
+                         f"(was {', '.join(str(saved.get(k))[:16] for k in changed)}; "
+                         f"now {', '.join(str(current.get(k))[:16] for k in changed)})")
+
+
+def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, extra: dict | None = None) -> dict:
+    """The identity parts of a learning stage: config, corpus, code, base model (+ stage inputs)."""
+    ident = {"config": profile_sha256, "corpus": corpus_sha256, "code": code_sha256(),
+             "base_model": sha256_bytes(dumps_json(base_identity.get("files", base_identity)).encode())}
+    ident.update(extra or {})
+    return ident
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    return optimizer.state_dict()
+
+
+def assert_states_equal(a, b, path: str = "state") -> int:
+    """Recursively compare two states exactly (tensors bit for bit). Returns tensors compared."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+            raise AssertionError(f"{path}: tensors differ")
+        return 1
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or set(a) != set(b):
+            raise AssertionError(f"{path}: keys differ ({sorted(set(a) ^ set(b))[:5] if isinstance(b, dict) else type(b)})")
+        return sum(assert_states_equal(a[k], b[k], f"{path}.{k}") for k in sorted(a, key=str))
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            raise AssertionError(f"{path}: lengths differ")
+        return sum(assert_states_equal(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+    if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
+        raise AssertionError(f"{path}: {a!r} != {b!r}")
+    return 0

@@ -1,0 +1,101 @@
+"""The reward model (the judge): Bradley-Terry on preference pairs, then frozen (SPEC §5).
+
+For a pair (prompt, chosen, rejected) the judge reads one scalar per answer at its last active
+token (rlhf.roles.reward_scores) and learns
+
+    loss = -mean(logsigmoid(r_chosen - r_rejected))        (rlhf.ppo_math.bradley_terry_loss)
+
+over 8 pairs per update. Scores are not probabilities of truth or helpfulness: they can be
+negative, shifted, badly calibrated and style-sensitive. Validation loss and accuracy are
+recorded every epoch and never select a checkpoint. Accuracy counts a tie as a miss.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlhf.checkpoint import rng_state, set_rng_state
+from rlhf.optim import adamw, optimizer_step
+from rlhf.ppo_math import bradley_terry_loss, learning_rate
+from rlhf.roles import reward_scores
+from rlhf.tokens import collate, encode_example
+
+
+def encode_pairs(records: list[dict], tokenizer, eos_id: int, limits: dict):
+    """[(document_id, prompt_ids, chosen_ids, rejected_ids)]; over-limit pairs raise naming the id."""
+    out = []
+    for r in records:
+        p, c = encode_example(tokenizer, r["prompt"], r["chosen"], eos_id, limits, r["document_id"])
+        _, j = encode_example(tokenizer, r["prompt"], r["rejected"], eos_id, limits, r["document_id"])
+        out.append((r["document_id"], p, c, j))
+    return out
+
+
+def pair_scores(judge, pairs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of the chosen and rejected answers of `pairs`, in one batch: ([N], [N])."""
+    batch = collate([p[1] for p in pairs] * 2, [p[2] for p in pairs] + [p[3] for p in pairs], pad_id)
+    scores = reward_scores(judge, batch)
+    return scores[:len(pairs)], scores[len(pairs):]
+
+
+@torch.no_grad()
+def evaluate_pairs(judge, pairs, pad_id: int, batch_size: int = 16) -> dict:
+    """Loss, accuracy (ties count as misses) and the per-pair margins of a pair set."""
+    margins = []
+    for i in range(0, len(pairs), batch_size):
+        c, r = pair_scores(judge, pairs[i:i + batch_size], pad_id)
+        margins.append(c - r)
+    m = torch.cat(margins)
+    return {"loss": float(bradley_terry_loss(m, torch.zeros_like(m))), "accuracy": float((m > 0).float().mean()),
+            "ties": int((m == 0).sum()), "pairs": len(pairs), "margins": m.tolist()}
+
+
+def judge_budget(profile: dict, n_pairs: int) -> tuple[int, int]:
+    per_epoch = -(-n_pairs // profile["judge"]["pairs_per_update"])
+    return per_epoch, per_epoch * profile["judge"]["epochs"]
+
+
+def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
+                stop_after_epoch: int | None = None, progress=None) -> dict:
+    """Run (or continue) the judge's Bradley-Terry budget; returns the state after the last epoch."""
+    cfg, opt_cfg, limits = profile["judge"], profile["optim"], profile["limits"]
+    train = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
+    valid = encode_pairs(view.pairs("validation"), tokenizer, eos_id, limits)
+    per_update = cfg["pairs_per_update"]
+    per_epoch, total = judge_budget(profile, len(train))
+    params = [p for p in judge.learned_parameters() if p.requires_grad]
+    optimizer = adamw(params, cfg["lr"], opt_cfg["weight_decay"])
+    order = torch.Generator().manual_seed(profile["seeds"]["data_order"])
+    history = {"updates": [], "epochs": [], "total_updates": total}
+    first_epoch, step = 0, 0
+    if state is not None:
+        judge.load_learned_state(state["judge"])
+        optimizer.load_state_dict(state["optimizer"])
+        order.set_state(state["order_generator"])
+        set_rng_state(state["rng"])
+        history = state["history"]
+        first_epoch, step = state["epochs_done"], state["step"]
+    last_epoch = cfg["epochs"] if stop_after_epoch is None else stop_after_epoch
+    for epoch in range(first_epoch, last_epoch):
+        perm = torch.randperm(len(train), generator=order).tolist()
+        for u in range(per_epoch):
+            pairs = [train[i] for i in perm[u * per_update:(u + 1) * per_update]]
+            lr = learning_rate(step, total, cfg["lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
+            chosen, rejected = pair_scores(judge, pairs, pad_id)
+            loss = bradley_terry_loss(chosen, rejected)
+            grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
+                                       f"judge update {step} (epoch {epoch})")
+            acc = float((chosen > rejected).float().mean())
+            history["updates"].append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr,
+                                       "accuracy": acc, "grad_norm": grad_norm})
+            step += 1
+            if progress is not None:
+                progress(step, total, float(loss.detach()))
+        val = evaluate_pairs(judge, valid, pad_id)
+        recent = history["updates"][-per_epoch:]
+        history["epochs"].append({"epoch": epoch, "validation_loss": val["loss"],
+                                  "validation_accuracy": val["accuracy"], "validation_ties": val["ties"],
+                                  "train_loss": sum(h["loss"] for h in recent) / per_epoch,
+                                  "train_accuracy": sum(h["accuracy"] for h in recent) / per_epoch})
+    return {"stage": "judge", "epochs_done": last_epoch, "step": step, "judge": judge.learned_state(),
+            "optimizer": optimizer.state_dict(), "order_generator": order.get_state(), "rng": rng_state(),
+            "history": history}

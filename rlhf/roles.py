@@ -1,0 +1,257 @@
+"""The four RLHF objects of SPEC §4, each over its own backbone.
+
+| role      | starts from                       | learns                         | head              |
+|-----------|-----------------------------------|--------------------------------|-------------------|
+| actor     | SFT adapter                       | PPO                            | -                 |
+| reference | independent copy of SFT adapter   | nothing, fully frozen          | -                 |
+| reward    | base + own adapter (seed 50)      | Bradley-Terry, then frozen     | scalar, N(0,0.02) |
+| critic    | copy of SFT adapter               | value regression               | scalar, zeros     |
+
+Every role loads its own base from the model directory: no tensor storage is shared between
+roles (a backbone shared by critic and judge would silently change the rewards while the
+critic learns). `assert_role_isolation` proves it, and `fingerprint` hashes learned and frozen
+tensors so that the trainer can show that reference and judge never move.
+
+Roles stay in `eval()` (dropout off) while generating and learning; `eval()` does not turn
+off autograd, only explicit `torch.no_grad()` blocks do.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load, save as st_save
+from torch import nn
+
+from rlhf.io import dumps_json, read_json, sha256_bytes, write_bytes, write_json
+from rlhf.lora import inject_lora, load_lora_state_dict, lora_parameters, lora_state_dict
+from rlhf.models import load_base
+from rlhf.scoring import backbone_hidden, last_token_hidden, prefix_hidden
+from rlhf.tokens import Batch
+
+ROLE_KINDS = ("actor", "reference", "reward", "critic")
+FROZEN_KINDS = ("reference", "reward")
+HEAD_KINDS = ("reward", "critic")
+
+
+class RoleIsolationError(AssertionError):
+    """Two roles share storage, or a frozen role can receive gradients."""
+
+
+class RoleStateError(ValueError):
+    """A saved role state does not match the role it is loaded into."""
+
+
+@dataclass
+class Role:
+    kind: str
+    model: nn.Module                 # Qwen2ForCausalLM with LoRA adapters; base frozen
+    head: nn.Linear | None           # [hidden] -> scalar, FP32, reward and critic only
+    base_identity: dict = field(default_factory=dict)
+
+    def learned_parameters(self) -> list[nn.Parameter]:
+        return lora_parameters(self.model) + (list(self.head.parameters()) if self.head is not None else [])
+
+    def learned_state(self) -> dict[str, torch.Tensor]:
+        """Detached copies of the adapters (and head) keyed by name."""
+        state = lora_state_dict(self.model)
+        if self.head is not None:
+            state["head.weight"] = self.head.weight.detach().clone()
+            state["head.bias"] = self.head.bias.detach().clone()
+        return state
+
+    def load_learned_state(self, state: dict[str, torch.Tensor], *, adapters_only: bool = False) -> None:
+        load_lora_state_dict(self.model, {k: v for k, v in state.items() if not k.startswith("head.")})
+        if self.head is not None and not adapters_only:
+            with torch.no_grad():
+                self.head.weight.copy_(state["head.weight"])
+                self.head.bias.copy_(state["head.bias"])
+
+    def freeze(self) -> None:
+        """No parameter of this role requires or holds a gradient from now on."""
+        for p in self.all_parameters():
+            p.requires_grad_(False)
+            p.grad = None
+
+    def all_parameters(self):
+        yield from self.model.parameters()
+        if self.head is not None:
+            yield from self.head.parameters()
+
+    def frozen_named_tensors(self):
+        """The base's parameters and buffers (never learned)."""
+        learned = {id(p) for p in self.learned_parameters()}
+        for name, t in self.model.named_parameters():
+            if id(t) not in learned:
+                yield name, t
+        yield from self.model.named_buffers()
+
+
+def new_head(hidden: int, kind: str, profile: dict) -> nn.Linear:
+    """Scalar head (hidden + 1 parameters, FP32): reward N(0, std) from seed 50, bias 0; critic zeros."""
+    head = nn.Linear(hidden, 1, dtype=torch.float32)
+    with torch.no_grad():
+        head.bias.zero_()
+        if kind == "reward":
+            g = torch.Generator().manual_seed(profile["seeds"]["judge_head"])
+            head.weight.copy_(torch.randn(head.weight.shape, generator=g) * profile["judge"]["head_init_std"])
+        else:
+            head.weight.zero_()
+    return head
+
+
+def new_role(kind: str, profile: dict, model_dir, *, base_identity: dict | None = None,
+             device: str = "cpu") -> Role:
+    """Load a fresh backbone from `model_dir` and give it this role's adapters and head."""
+    if kind not in ROLE_KINDS:
+        raise ValueError(f"unknown role {kind!r}; roles are {ROLE_KINDS}")
+    base = load_base(profile, model_dir, device=device, identity=base_identity)
+    lora = profile["lora"]
+    seed = lora["judge_seed"] if kind == "reward" else lora["seed"]
+    inject_lora(base.model, rank=lora["rank"], alpha=lora["alpha"], seed=seed, targets=lora["targets"])
+    base.model.to(device)
+    head = new_head(base.model.config.hidden_size, kind, profile).to(device) if kind in HEAD_KINDS else None
+    role = Role(kind=kind, model=base.model, head=head, base_identity=base.identity)
+    role.model.eval()
+    if head is not None:
+        head.eval()
+    if kind == "reference":
+        role.freeze()  # the judge is frozen after its Bradley-Terry training (rlhf.judge)
+    return role
+
+
+# ------------------------------------------------------------------------------ role outputs
+
+def reward_scores(role: Role, batch: Batch) -> torch.Tensor:
+    """[B] judge score read at the last active response token (EOS included), never at the
+    last column of a padded batch."""
+    hidden = backbone_hidden(role.model, batch)
+    return role.head(last_token_hidden(hidden, batch).float())[:, 0]
+
+
+def critic_values(role: Role, batch: Batch, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, R] V_j: the critic's value on the prefix that produces response token j (0 where masked)."""
+    if hidden is None:
+        hidden = backbone_hidden(role.model, batch)
+    values = role.head(prefix_hidden(hidden, batch).float())[..., 0]
+    # Selected away, never multiplied by 0 (rlhf.masks): nan * 0 is nan.
+    return torch.where(batch.response_mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+# ------------------------------------------------------------------------------ fingerprints
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's dtype, shape and raw bytes."""
+    t = t.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def manifest_sha256(named: dict[str, str]) -> str:
+    return sha256_bytes(dumps_json(named).encode())
+
+
+def fingerprint(role: Role, *, frozen: bool = True) -> dict:
+    """SHA-256 manifests of the role's learned tensors and (optionally) frozen base tensors."""
+    learned = {k: tensor_sha256(v) for k, v in sorted(role.learned_state().items())}
+    out = {"role": role.kind, "learned": learned, "learned_sha256": manifest_sha256(learned)}
+    if frozen:
+        base = {k: tensor_sha256(v) for k, v in sorted(role.frozen_named_tensors())}
+        out.update(frozen=base, frozen_sha256=manifest_sha256(base))
+    return out
+
+
+def assert_role_isolation(roles) -> None:
+    """Raise RoleIsolationError if two roles share any tensor storage, if a reference or judge
+    parameter requires or holds a gradient, or if a role is in training mode."""
+    roles = list(roles.values()) if isinstance(roles, dict) else list(roles)
+    owner: dict[int, tuple[int, str, str]] = {}  # storage -> (role position, kind, tensor name)
+    for i, role in enumerate(roles):
+        tensors = list(role.model.named_parameters(remove_duplicate=False)) + list(role.model.named_buffers())
+        if role.head is not None:
+            tensors += [(f"head.{n}", p) for n, p in role.head.named_parameters()]
+        for name, t in tensors:
+            if t.numel() == 0:
+                continue
+            ptr = t.untyped_storage().data_ptr()
+            # Keyed by the role's position, not its kind: two roles of one kind (two actors)
+            # sharing storage are refused too. Sharing inside one role (tied embeddings) is fine.
+            if ptr in owner and owner[ptr][0] != i:
+                _, other, other_name = owner[ptr]
+                raise RoleIsolationError(f"roles {other} and {role.kind} share tensor storage "
+                                         f"({other_name} / {name}): each role needs its own backbone")
+            owner[ptr] = (i, role.kind, name)
+    for role in roles:
+        if any(m.training for m in role.model.modules()) or (role.head is not None and role.head.training):
+            raise RoleIsolationError(f"role {role.kind} is in training mode; roles stay in eval()")
+        if role.kind in FROZEN_KINDS:
+            for name, p in role.model.named_parameters():
+                if p.requires_grad or p.grad is not None:
+                    raise RoleIsolationError(f"frozen role {role.kind}: {name} "
+                                             f"{'requires' if p.requires_grad else 'holds'} a gradient")
+            for name, p in (role.head.named_parameters() if role.head is not None else []):
+                if p.requires_grad or p.grad is not None:
+                    raise RoleIsolationError(f"frozen role {role.kind}: head.{name} can receive gradients")
+
+
+# ------------------------------------------------------------------------------ safetensors
+
+def save_role(role: Role, path, identity: dict | None = None) -> dict:
+    """Write the learned state to `path` (.safetensors) and `path`.json; never overwrite."""
+    path = Path(path)
+    state = {k: v.contiguous() for k, v in role.learned_state().items()}
+    base_fp = fingerprint(role)["frozen_sha256"]
+    meta = {"role": role.kind, "identity": dumps_json(identity or {}), "base_frozen_sha256": base_fp}
+    data = st_save(state, metadata=meta)
+    manifest = {
+        "role": role.kind, "file": path.name, "sha256": sha256_bytes(data),
+        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in sorted(state.items())},
+        "base_frozen_sha256": base_fp, "base_identity": role.base_identity, "identity": identity or {},
+    }
+    if Path(str(path) + ".json").exists():
+        raise FileExistsError(f"refusing to overwrite existing artifact {path}.json")
+    write_bytes(path, data)
+    write_json(Path(str(path) + ".json"), manifest)
+    return manifest
+
+
+def load_role(role: Role, path, *, source_kind: str | None = None, adapters_only: bool = False) -> dict:
+    """Verify and load a state written by `save_role` into `role`; each mismatch has its own error.
+
+    `source_kind`: the kind the file must hold when it differs from the role's (the reference
+    and the critic start from the SFT actor's adapters). `adapters_only`: load the LoRA tensors
+    and leave the head as initialised (the critic's zero head).
+    """
+    path = Path(path)
+    mpath = Path(str(path) + ".json")
+    if not path.is_file() or not mpath.is_file():
+        raise RoleStateError(f"missing role state {path} or its manifest {mpath.name}")
+    manifest = read_json(mpath)
+    data = path.read_bytes()
+    if sha256_bytes(data) != manifest["sha256"]:
+        raise RoleStateError(f"hash mismatch: {path} does not match its manifest (corrupted or replaced)")
+    want_kind = source_kind or role.kind
+    if manifest["role"] != want_kind:
+        raise RoleStateError(f"role kind mismatch: {path} holds a {manifest['role']} state, not {want_kind}")
+    state = st_load(data)
+    own = role.learned_state()
+    if adapters_only:
+        own = {k: v for k, v in own.items() if not k.startswith("head.")}
+    if set(state) != set(own):
+        missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        raise RoleStateError(f"tensor names mismatch in {path}: missing {missing[:3]}, unexpected {extra[:3]}")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise RoleStateError(f"shape mismatch for {k}: file {list(v.shape)}, role {list(own[k].shape)}")
+        if v.dtype != own[k].dtype:
+            raise RoleStateError(f"dtype mismatch for {k}: file {v.dtype}, role {own[k].dtype}")
+    base_fp = fingerprint(role)["frozen_sha256"]
+    if manifest["base_frozen_sha256"] != base_fp:
+        raise RoleStateError(f"base mismatch: {path} was trained on a base with frozen fingerprint "
+                             f"{manifest['base_frozen_sha256'][:12]}, this role's base is {base_fp[:12]}")
+    role.load_learned_state(state, adapters_only=adapters_only)
+    return manifest

@@ -1,0 +1,129 @@
+"""Text <-> token ids: the chat format, the token limits, padding and decoding.
+
+Layout used everywhere (SFT, judge, PPO, evaluation): a sequence is `prompt_ids + response_ids`,
+the prompt rendered in ChatML (the format Qwen2.5-Instruct was tuned on) and the response
+ending with EOS when it ended by itself. A `Batch` holds sequences padded on one side plus
+
+    input_ids      [B, T]  long
+    attention_mask [B, T]  bool   real tokens (prompt and response)
+    position_ids   [B, T]  long   0.. along real tokens, so left and right padding agree
+    response_index [B, R]  long   column of the j-th response token in the row
+    response_mask  [B, R]  bool   j < response length of the row
+
+Response-aligned tensors (`logp_old`, `logp_ref`, values, rewards, advantages) are [B, R]
+with `response_mask`; masks are by position, never by token id (a sampled PAD id inside a
+response is a token like any other).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+class OverLimitError(ValueError):
+    """An example longer than the profile's token limits: rejected, never truncated."""
+
+
+def chat_prompt(prompt: str) -> str:
+    """ChatML with a single user turn, opened for the assistant's answer."""
+    return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
+
+
+def encode_prompt(tokenizer, prompt: str, limits: dict, document_id: str = "?") -> list[int]:
+    ids = tokenizer(chat_prompt(prompt), add_special_tokens=False)["input_ids"]
+    if len(ids) > limits["prompt_tokens"]:
+        raise OverLimitError(f"{document_id}: prompt has {len(ids)} tokens, limit {limits['prompt_tokens']}")
+    return ids
+
+
+def encode_response(tokenizer, response: str, eos_id: int, limits: dict, document_id: str = "?") -> list[int]:
+    """Response ids followed by EOS (the model must learn to stop)."""
+    ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos_id]
+    if len(ids) > limits["response_tokens"]:
+        raise OverLimitError(f"{document_id}: response has {len(ids)} tokens with EOS, "
+                             f"limit {limits['response_tokens']}")
+    return ids
+
+
+def encode_example(tokenizer, prompt: str, response: str, eos_id: int, limits: dict,
+                   document_id: str = "?") -> tuple[list[int], list[int]]:
+    p = encode_prompt(tokenizer, prompt, limits, document_id)
+    r = encode_response(tokenizer, response, eos_id, limits, document_id)
+    if len(p) + len(r) > limits["context_tokens"]:
+        raise OverLimitError(f"{document_id}: {len(p) + len(r)} tokens, context limit {limits['context_tokens']}")
+    return p, r
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor       # [B, T]
+    attention_mask: torch.Tensor  # [B, T] bool
+    position_ids: torch.Tensor    # [B, T]
+    response_index: torch.Tensor  # [B, R]
+    response_mask: torch.Tensor   # [B, R] bool
+
+    def to(self, device):
+        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
+                                              self.response_index, self.response_mask)))
+
+    @property
+    def last_index(self) -> torch.Tensor:
+        """[B] column of the last active response token (EOS included)."""
+        from rlhf.masks import last_active_index
+        return self.response_index.gather(1, last_active_index(self.response_mask)[:, None])[:, 0]
+
+
+def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+            padding_side: str = "right") -> Batch:
+    """Pad `prompt + response` rows to one length; every response needs at least one token."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', not {padding_side!r}")
+    if len(prompts) != len(responses) or not prompts:
+        raise ValueError("collate needs as many responses as prompts, at least one")
+    if any(len(r) == 0 for r in responses):
+        raise ValueError("every response needs at least one token")
+    B = len(prompts)
+    T = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    R = max(len(r) for r in responses)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.bool)
+    response_index = torch.zeros((B, R), dtype=torch.long)
+    response_mask = torch.zeros((B, R), dtype=torch.bool)
+    for b, (p, r) in enumerate(zip(prompts, responses)):
+        n = len(p) + len(r)
+        start = T - n if padding_side == "left" else 0
+        input_ids[b, start:start + n] = torch.tensor(p + r, dtype=torch.long)
+        attention_mask[b, start:start + n] = True
+        response_index[b, :len(r)] = torch.arange(start + len(p), start + n)
+        response_index[b, len(r):] = start + n - 1  # any valid column; masked out
+        response_mask[b, :len(r)] = True
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return Batch(input_ids, attention_mask, position_ids, response_index, response_mask)
+
+
+def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
+    """Text of a generated response and its finish reason: "eos", "length" or "undecodable".
+
+    Undecodable: an id outside the tokenizer (the embedding matrix is larger than the
+    vocabulary, as in Qwen2.5), a special token inside the answer, or bytes that are not UTF-8.
+    """
+    ended = len(ids) > 0 and ids[-1] == eos_id
+    body = list(ids[:-1]) if ended else list(ids)
+    n_vocab = len(tokenizer)
+    # all_special_ids lists only the *named* special tokens (eos, pad, unk, additional): a
+    # tokenizer may register more (the embedded one registers <|im_start|> as an added special
+    # token only), so every added token flagged special counts too.
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = (set(tokenizer.all_special_ids) | {eos_id}
+               | {i for i, t in added.items() if getattr(t, "special", False)})
+    if any(i < 0 or i >= n_vocab for i in body):
+        return tokenizer.decode([i for i in body if 0 <= i < n_vocab]), "undecodable"
+    if any(i in special for i in body):
+        return tokenizer.decode(body), "undecodable"
+    text = tokenizer.decode(body)
+    if "\ufffd" in text:
+        return text, "undecodable"
+    return text, ("eos" if ended else "length")

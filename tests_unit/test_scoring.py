@@ -1,0 +1,165 @@
+"""The one masked scoring path for token log-probs (rlhf.scoring.response_logprobs).
+
+FP32 log-softmax of the logits at the prefix before each response token, gathered at the
+response token, masked by position (prompt and padding never count).
+
+Tolerances: NAIVE_ATOL = 1e-5 against a naive full-logits computation (`model(ids).logits`,
+log-softmax over every position, gather) on single FP32 sequences: the same ops, except the
+vocabulary projection runs on R rows instead of T. PAD_ATOL = 1e-5 for batched vs single and
+left vs right padding. BF16_ATOL = 1e-5 for the BF16 base against the naive BF16 logits cast
+to FP32 (the same BF16 logits; only the FP32 log-softmax follows). Measured maxima are
+recorded in results.json.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlhf.lora import inject_lora, lora_modules
+from rlhf.models import load_base
+from rlhf.roles import new_role
+from rlhf.scoring import response_logprobs, response_targets
+from rlhf.tokens import collate
+
+pytestmark = pytest.mark.unit
+
+NAIVE_ATOL = 1e-5
+PAD_ATOL = 1e-5
+BF16_ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # profile embedded: torch_threads = 1
+    yield
+    torch.set_num_threads(old)
+
+
+def move_adapters(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in lora_modules(model).values():
+            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
+
+
+@pytest.fixture(scope="module")
+def actor(embedded_profile, embedded_dir, embedded_base):
+    role = new_role("actor", embedded_profile, embedded_dir)
+    move_adapters(role.model, 21)
+    return role.model, embedded_base.eos_id, embedded_base.pad_id
+
+
+def rows(pad_id, eos_id):
+    g = torch.Generator().manual_seed(5)
+    r = lambda n: torch.randint(3, 958, (n,), generator=g).tolist()  # noqa: E731
+    prompts = [r(7), r(2), r(11), r(4)]
+    responses = [r(3) + [eos_id], [pad_id, eos_id], r(6), r(1) + [pad_id] + r(2)]  # PAD ids inside
+    return prompts, responses
+
+
+def naive_logprobs(model, prompt, response):
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    logp = F.log_softmax(logits, dim=-1)[0]
+    cols = torch.arange(len(prompt), len(prompt) + len(response))
+    return logp[cols - 1, ids[0, cols]]
+
+
+def test_logprobs_equal_a_naive_full_logits_computation(actor, record_result):
+    model, eos_id, pad_id = actor
+    prompts, responses = rows(pad_id, eos_id)
+    worst = 0.0
+    for p, r in zip(prompts, responses):
+        batch = collate([p], [r], pad_id)
+        with torch.no_grad():
+            got = response_logprobs(model, batch)[0]
+        want = naive_logprobs(model, p, r)
+        assert got.dtype == torch.float32 and got.shape == (len(r),)
+        assert torch.all(got <= 0)
+        worst = max(worst, float((got - want).abs().max()))
+    record_result("max_abs_diff_logprobs_vs_naive", worst)
+    record_result("logprobs_vs_naive_atol", NAIVE_ATOL)
+    assert worst <= NAIVE_ATOL
+
+
+def test_left_right_and_single_agree_and_masked_positions_are_exactly_zero(actor, record_result):
+    model, eos_id, pad_id = actor
+    prompts, responses = rows(pad_id, eos_id)
+    alone = []
+    for p, r in zip(prompts, responses):
+        with torch.no_grad():
+            alone.append(response_logprobs(model, collate([p], [r], pad_id))[0])
+    out, worst = {}, 0.0
+    for side in ("left", "right"):
+        batch = collate(prompts, responses, pad_id, padding_side=side)
+        with torch.no_grad():
+            out[side] = response_logprobs(model, batch)
+        assert out[side].dtype == torch.float32
+        assert torch.equal(response_targets(batch)[batch.response_mask],
+                           torch.tensor([t for r in responses for t in r]))
+        for b, r in enumerate(responses):
+            worst = max(worst, float((out[side][b, :len(r)] - alone[b]).abs().max()))
+        inactive = out[side][~batch.response_mask]
+        assert inactive.numel() == sum(6 - len(r) for r in responses) > 0
+        assert torch.all(inactive == 0) and not torch.any(torch.signbit(inactive))  # exactly +0
+        assert torch.all(out[side][batch.response_mask] < 0)
+    left_right = float((out["left"] - out["right"]).abs().max())
+    record_result("max_abs_diff_logprobs_batched_vs_single", worst)
+    record_result("max_abs_diff_logprobs_left_vs_right", left_right)
+    assert worst <= PAD_ATOL and left_right <= PAD_ATOL
+
+
+def test_output_is_fp32_for_a_bf16_base(embedded_profile, embedded_dir, embedded_base, record_result):
+    base = load_base(embedded_profile, embedded_dir)
+    base.model.to(torch.bfloat16)
+    inject_lora(base.model, rank=8, alpha=16, seed=49)
+    move_adapters(base.model, 21)
+    model = base.model
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    prompts, responses = rows(base.pad_id, base.eos_id)
+    batch = collate(prompts, responses, base.pad_id, padding_side="left")
+    with torch.no_grad():
+        got = response_logprobs(model, batch)
+    assert got.dtype == torch.float32
+    worst = 0.0
+    for b, (p, r) in enumerate(zip(prompts, responses)):
+        alone = collate([p], [r], base.pad_id)
+        with torch.no_grad():
+            single = response_logprobs(model, alone)[0]
+        want = naive_logprobs(model, p, r)   # BF16 logits, FP32 log-softmax
+        worst = max(worst, float((single - want).abs().max()))
+        assert torch.all(got[b, len(r):] == 0)
+    # FP32 log-softmax keeps resolution that a BF16 log-softmax would round away
+    with torch.no_grad():
+        h = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
+                        position_ids=batch.position_ids).last_hidden_state
+        logits_bf16 = model.lm_head(h)
+    assert logits_bf16.dtype == torch.bfloat16
+    record_result("max_abs_diff_logprobs_bf16_vs_naive", worst)
+    assert worst <= BF16_ATOL
+    fine = got[batch.response_mask]
+    assert not torch.equal(fine, fine.to(torch.bfloat16).float())  # values below BF16 resolution
+
+
+def test_masked_positions_are_selected_away_not_multiplied(actor):
+    """A non-finite read at a masked position must not leak: nan * 0 is nan (rlhf.masks)."""
+    from rlhf.scoring import logprobs_from_hidden
+    model, eos_id, pad_id = actor
+    h = torch.randn(2, 3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    h[1, 2] = float("nan")
+    h[0, 1] = float("inf")
+    mask = torch.tensor([[True, False, True], [True, True, False]])
+    targets = torch.tensor([[4, 5, 6], [7, 8, 9]])
+    with torch.no_grad():
+        out = logprobs_from_hidden(model, h, targets, mask)
+    assert torch.isfinite(out).all()
+    assert out[0, 1] == 0 and out[1, 2] == 0 and torch.all(out[mask] < 0)
+    # an integer 0/1 mask is read as a mask; anything else is refused
+    with torch.no_grad():
+        assert torch.equal(logprobs_from_hidden(model, h, targets, mask.long()), out)
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        logprobs_from_hidden(model, h, targets, mask.float() * 0.5)
