@@ -29,7 +29,11 @@ _OUTCOMES: dict[str, dict] = {}
 
 def pytest_addoption(parser):
     parser.addoption("--reports-dir", default=os.environ.get("RLHF_REPORTS_DIR", "reports"),
-                     help="folder for junit.xml and results.json (default: reports/)")
+                     help="folder for junit.xml and results.json (default: reports/); write --reports-dir=DIR")
+    parser.addoption("--model-dir", default=os.environ.get("RLHF_MODEL_DIR"),
+                     help="gpu tier: local Qwen2.5-0.5B-Instruct directory (rlhf fetch-model --out DIR)")
+    parser.addoption("--random-weights", action="store_true",
+                     help="gpu tier: use the full Qwen2.5-0.5B shape with random weights (no download)")
 
 
 def pytest_configure(config):
@@ -52,6 +56,8 @@ def pytest_collection_modifyitems(config, items):
         layer = LAYER_OF_FOLDER.get(folder)
         if layer:
             item.add_marker(getattr(pytest.mark, layer))
+        if "lab_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("lab"))  # one worker runs the lab once
     if bad:
         raise pytest.UsageError("every test needs exactly one run tier (unit, gpu or benchmark):\n  "
                                 + "\n  ".join(bad))

@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
+# Headless Chromium (Debian's package) renders report.html in tests_heldout/test_report_render.py.
+# Checked before the stamp so that a machine with a ready .venv still gets it; a no-op once present.
+if [ ! -x /usr/bin/chromium ]; then
+    echo "setup: installing Debian's chromium (renders report.html in the held-out report test)" >&2
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 stamp_src=$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)
 if [ -f .venv/.rlhf-stamp ] && [ "$(cat .venv/.rlhf-stamp)" = "$stamp_src" ]; then
     exit 0

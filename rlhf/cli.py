@@ -4,6 +4,7 @@
     rlhf build-embedded --out DIR [--seed 49]    the embedded base model and tokenizer
     rlhf fetch-model --out DIR                   download Qwen2.5-0.5B-Instruct (network needed)
     rlhf sft|reward|ppo --run DIR [--resume] [--stop-after N]   one stage
+    rlhf evaluate --run DIR / rlhf report --run DIR
     rlhf lab --out DIR [--profile embedded]      the whole lab in one run
 """
 from __future__ import annotations
@@ -61,22 +62,60 @@ def cmd_stage(args) -> int:
     return 0
 
 
+STAGE_OUTPUTS = {"sft": "sft/actor.safetensors", "reward": "reward/judge.safetensors",
+                 "ppo": "ppo/actor.safetensors", "evaluate": "evaluation/results.json", "report": "report.html"}
+
+
+def cmd_evaluate(args) -> int:
+    from rlhf.evaluate import stage_evaluate
+    ctx = _context(args)
+    stage_evaluate(ctx)
+    print(f"evaluation written to {ctx.run / STAGE_OUTPUTS['evaluate']}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from rlhf.report import print_summary, write_reports
+    paths = write_reports(args.run)
+    print(print_summary(json.loads(Path(paths["results.json"]).read_text())))
+    return 0
+
+
 def cmd_lab(args) -> int:
+    """prepare -> base -> SFT -> judge -> PPO (each with the interrupt/resume protocol) ->
+    held-out evaluation and politeness exercise -> reports. A finished stage is skipped."""
     from rlhf import lab
+    from rlhf.evaluate import stage_evaluate
+    from rlhf.report import print_summary, write_reports
     t0 = time.perf_counter()
     ctx = _context(args)
-    print("corpus audit:")
+    print(f"corpus {ctx.corpus.dataset} {ctx.corpus.revision} audit:")
     print(json.dumps(ctx.corpus.manifest["audit"], indent=1, sort_keys=True))
     n = sum(p.numel() for p in ctx.role("reference").model.parameters())
-    print(f"base model: {ctx.profile['name']} from {ctx.model_dir}: {n:,} parameters (with adapters), "
+    print(f"base model: {ctx.profile['name']} from {ctx.model_dir}: {n:,} parameters with adapters, "
           f"vocab {len(ctx.tokenizer)}, EOS {ctx.eos_id}, PAD {ctx.pad_id}")
     for name, fn in (("sft", lab.stage_sft), ("reward", lab.stage_reward), ("ppo", lab.stage_ppo)):
+        if (ctx.run / STAGE_OUTPUTS[name]).exists():
+            print(f"{name}: already done in {ctx.run} (skipped)")
+            continue
         result = fn(ctx)
         check = result.get("check", {})
         print(f"{name}: {result['seconds']:.1f} s; interrupt/resume identical: {check.get('identical')} "
-              f"({check.get('tensors_compared')} tensors, sha256 {str(check.get('sha256_resumed'))[:12]} "
-              f"vs {str(check.get('sha256_continuous'))[:12]})")
-    print(f"lab folder: {ctx.run}  ({time.perf_counter() - t0:.1f} s)")
+              f"({check.get('tensors_compared')} tensors; state sha256 resumed {str(check.get('sha256_resumed'))[:12]}"
+              f" = continuous {str(check.get('sha256_continuous'))[:12]})")
+    if (ctx.run / STAGE_OUTPUTS["evaluate"]).exists():
+        print(f"evaluate: already done in {ctx.run} (skipped)")
+    else:
+        t = time.perf_counter()
+        stage_evaluate(ctx)
+        print(f"evaluate: {time.perf_counter() - t:.1f} s")
+    if not (ctx.run / "shortcut_audit" / "results.json").exists():
+        from rlhf.shortcut import run_shortcut_audit
+        run_shortcut_audit(ctx)
+    if not (ctx.run / STAGE_OUTPUTS["report"]).exists():
+        write_reports(ctx.run)
+    print(print_summary(json.loads((ctx.run / "results.json").read_text())))
+    print(f"report: {ctx.run / 'report.html'}   (lab {time.perf_counter() - t0:.1f} s)")
     return 0
 
 
@@ -113,6 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "ppo":
             p.add_argument("--no-kv-cache", action="store_true", help="generate without a KV cache")
         p.set_defaults(func=cmd_stage)
+
+    for name, text, fn in (("evaluate", "held-out generation, rubric, judge accuracy, politeness exercise", cmd_evaluate),
+                           ("report", "results.json, report.md and report.html of a run folder", cmd_report)):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--run", required=True)
+        if name == "evaluate":
+            p.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
+            p.add_argument("--model-dir", default=None)
+            p.add_argument("--revision", default="r001")
+        p.set_defaults(func=fn)
 
     p = sub.add_parser("lab", help="the whole lab in one run")
     p.add_argument("--out", required=True)

@@ -1,8 +1,27 @@
 """OfficeHelpPrefs corpus (SPEC §2): build, audit, write, load, and access control.
 
-Revision ``r001`` (OfficeHelpPrefs-v1, seed 49) is the default and the only one implemented; a
-revision is a ``Revision`` entry of ``REVISIONS`` (dataset name, seed, heading function), so that
-r002 (SPEC §11) can be added without touching r001's bytes.
+Revision ``r001`` (OfficeHelpPrefs-v1, seed 49) is the default; a revision is a ``Revision``
+entry of ``REVISIONS`` (dataset name, seed, heading function, extra prompt seeds).
+
+Revision ``r002`` (OfficeHelpPrefs-v2, SPEC §11) keeps every family, split (seed 49), count,
+pair table, demonstration, rollout prompt and probe of r001 and changes only the heading sentence
+of pair, demonstration and rollout prompts, removing r001's two give-aways:
+
+* printed family number: family ``i`` prints ``OH{perm[i]:03d}`` where ``perm`` is
+  ``list(range(240))`` shuffled by ``random.Random(R002_FAMILY_PERMUTATION_SEED)`` (4902). The
+  printed number no longer predicts the action. Document ids and the ``family`` field keep the
+  true id (``OH003``), so splits, audits and evaluation are unchanged; only prompt text differs.
+* heading form and note number: one ``random.Random(R002_HEADING_SEED)`` (4903), used in family
+  order 0..239 and, per family, for the pair variants 0-4, then the demonstration (variant 7),
+  then the rollouts (variants 11-14): each group takes ``rng.sample(R002_HEADING_CHOICES, k)``
+  (k = 5, 1, 4) from the 45 (form, note) choices = 3 r001 heading templates x note numbers
+  ``R002_NOTE_NUMBERS`` (0..14). The draw never looks at the variant: every variant gets the same
+  uniform marginal over the 45 choices. Deterministic adjustment for the 2040-distinct-prompts
+  audit: drawing *without replacement inside a group* keeps the prompts of one family and
+  population distinct (independent draws with replacement would collide in about one family in
+  five); prompts of different populations differ by their ``Source:`` kind, and those of
+  different families by the printed number (a bijection).
+  The audit summary of r002 records these seeds under ``prompt_seeds``.
 
 Public API
 ----------
@@ -145,21 +164,84 @@ class CorpusExistsError(ArtifactExists):
 
 @dataclass(frozen=True)
 class Revision:
-    """What varies between corpus revisions. r002 (SPEC §11) would supply its own heading
-    function (permuted family number, heading/note drawn independently of the variant, from
-    seeds documented next to it) and dataset name; counts, splits and probes stay."""
+    """What varies between corpus revisions: dataset name, split seed, heading function and the
+    extra seeds of that heading (recorded in the audit summary when not empty); counts, splits,
+    pair table and probes stay."""
     name: str
     dataset: str
     seed: int
     heading: Callable[[int, int], str]  # (family index, variant) -> heading sentence
+    prompt_seeds: tuple[tuple[str, int], ...] = ()
+
+
+def render_heading(form: int, printed_index: int, note: int) -> str:
+    """One of the three r001 heading templates with a printed family number and a note number."""
+    return HEADINGS_R001[form].format(family=family_id(printed_index), variant=note)
+
+
+_HEADING_RE = re.compile(r"(Help request|Case|Desk incident) OH(\d{3}), (note|message|record) (\d+)\.")
+_HEADING_WORDS = (("Help request", "note"), ("Case", "message"), ("Desk incident", "record"))
+
+
+def heading_parts(prompt: str) -> tuple[int, int, int, str]:
+    """(form, printed family index, note number, rest of the prompt) of a pair/demo/rollout
+    prompt; ``render_heading(form, printed, note) + rest == prompt``."""
+    m = _HEADING_RE.match(prompt)
+    if not m or (m.group(1), m.group(3)) not in _HEADING_WORDS:
+        raise ValueError(f"prompt does not start with a corpus heading: {prompt[:60]!r}")
+    form = _HEADING_WORDS.index((m.group(1), m.group(3)))
+    out = (form, int(m.group(2)), int(m.group(4)), prompt[m.end():])
+    if render_heading(*out[:3]) + out[3] != prompt:
+        raise ValueError(f"prompt heading is not canonical: {prompt[:60]!r}")
+    return out
 
 
 def _heading_r001(index: int, variant: int) -> str:
     return HEADINGS_R001[variant % 3].format(family=family_id(index), variant=variant)
 
 
+# r002 (SPEC §11): see the module docstring. Changing any of these changes r002's bytes.
+R002_FAMILY_PERMUTATION_SEED = 4902
+R002_HEADING_SEED = 4903
+R002_NOTE_NUMBERS = tuple(range(15))  # 0..14, the note numbers r001 prints (variants 0-14)
+R002_HEADING_CHOICES = tuple((form, note) for form in range(len(HEADINGS_R001))
+                             for note in R002_NOTE_NUMBERS)
+_R002_TABLES: dict = {}
+
+
+def r002_printed_family(index: int) -> int:
+    """The family number r002 prints for family ``index`` (a seeded permutation of 0..239)."""
+    if "perm" not in _R002_TABLES:
+        perm = list(range(N_FAMILIES))
+        random.Random(R002_FAMILY_PERMUTATION_SEED).shuffle(perm)
+        _R002_TABLES["perm"] = tuple(perm)
+    return _R002_TABLES["perm"][index]
+
+
+def r002_heading_choice(index: int, variant: int) -> tuple[int, int]:
+    """(heading form, note number) of r002 for (family index, variant), drawn without looking at
+    the variant (see the module docstring for the order of the draws)."""
+    if "heading" not in _R002_TABLES:
+        rng = random.Random(R002_HEADING_SEED)
+        table = {}
+        for i in range(N_FAMILIES):
+            for group in (PAIR_VARIANTS, (DEMO_VARIANT,), ROLLOUT_VARIANTS):
+                for v, choice in zip(group, rng.sample(R002_HEADING_CHOICES, len(group))):
+                    table[(i, v)] = choice
+        _R002_TABLES["heading"] = table
+    return _R002_TABLES["heading"][(index, variant)]
+
+
+def _heading_r002(index: int, variant: int) -> str:
+    form, note = r002_heading_choice(index, variant)
+    return render_heading(form, r002_printed_family(index), note)
+
+
 REVISIONS: dict[str, Revision] = {
     "r001": Revision("r001", "OfficeHelpPrefs-v1", 49, _heading_r001),
+    "r002": Revision("r002", "OfficeHelpPrefs-v2", 49, _heading_r002,
+                     (("family_permutation", R002_FAMILY_PERMUTATION_SEED),
+                      ("heading_and_note", R002_HEADING_SEED))),
 }
 DEFAULT_REVISION = "r001"
 
@@ -533,6 +615,7 @@ def audit(corpus: dict) -> dict:
         "rollout_prompts": len(rolls), "distinct_pair_demo_rollout_prompts": len(set(prompts)),
         "probe_rows": len(probes), "unique_probe_contexts": len({r["prompt"] for r in probes}),
         "labelled_documents": labelled, "human_feedback": False,
+        **({"prompt_seeds": dict(rev.prompt_seeds)} if rev.prompt_seeds else {}),
     }
 
 

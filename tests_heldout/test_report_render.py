@@ -1,0 +1,101 @@
+"""The reports of the session's embedded lab run, rendered by a real browser (SPEC §1, §8, §9.5).
+
+The lab run (`lab_run`) is copied to a temporary folder so that this test never changes the
+session's run (other held-out tests write its evaluation/results.json). The copy gets the real
+evaluation stage if the run has none yet, then `write_reports`. Every report file must be free
+of forbidden wording, and headless Chromium must render report.html with its tables and
+decoded images. The screenshot is kept as reports/report_screenshot.png.
+
+Chromium is a system package: `bash setup.sh` installs Debian's `chromium`. Without it this
+test fails (it is never skipped).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlhf import report
+
+pytestmark = pytest.mark.unit
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Test-only probe appended to a copy of the page: after load, write what the browser decoded
+# into attributes of <body>, which --dump-dom then shows. report.html itself has no script.
+PROBE = ("<script>window.addEventListener('load', function () {"
+         "var imgs = Array.prototype.slice.call(document.images);"
+         "document.body.setAttribute('data-images', imgs.map(function (i) {"
+         "return i.complete + ':' + i.naturalWidth + 'x' + i.naturalHeight; }).join(','));"
+         "document.body.setAttribute('data-tables', String(document.querySelectorAll('table').length));"
+         "});</script>")
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def test_reports_render_in_headless_chromium(lab_run, tmp_path, request, record_result):
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing: run `bash setup.sh` (it installs Debian's chromium) "
+                    f"to render and check report.html")
+    run = tmp_path / "run"
+    shutil.copytree(lab_run.run, run, ignore=shutil.ignore_patterns("state-*.pt.gz"))
+    if not (run / "evaluation" / "results.json").is_file():
+        from rlhf import lab
+        from rlhf.evaluate import stage_evaluate
+        stage_evaluate(lab.open_context(run, lab_run.profile))
+    paths = report.write_reports(run)
+
+    # SPEC §9.5: no report file names the learned score helpfulness, satisfaction or utility
+    for name, path in paths.items():
+        assert report.find_forbidden_wording(path.read_text(encoding="utf-8")) == [], name
+    page = paths["report.html"].read_text(encoding="utf-8")
+    for sentence in report.HONESTY:
+        assert sentence in page and sentence in paths["report.md"].read_text(encoding="utf-8")
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
+    n_tables = page.count("<table")
+    n_imgs = len(re.findall(r'<img src="data:image/png;base64,', page))
+    assert n_imgs == 4 and len(re.findall(r"<img\b", page)) == n_imgs
+    assert "Evaluation not run" not in page  # the real evaluation is in this report
+
+    # the DOM as Chromium built it, with every image decoded
+    probe_page = tmp_path / "probe.html"
+    probe_page.write_text(page.replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    out = _chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe_page.as_uri())
+    assert out.returncode == 0, out.stderr[-2000:]
+    dom = out.stdout
+    assert len(re.findall(r"<table\b", dom)) == n_tables >= 20
+    assert len(re.findall(r"<img\b", dom)) == n_imgs
+    tables = re.search(r'data-tables="(\d+)"', dom)
+    images = re.search(r'data-images="([^"]*)"', dom)
+    assert tables and int(tables.group(1)) == n_tables, "the browser did not finish loading the page"
+    assert images, "the browser did not finish loading the page"
+    decoded = [m.groups() for m in re.finditer(r"(true|false):(\d+)x(\d+)", images.group(1))]
+    assert len(decoded) == n_imgs
+    for complete, w, h in decoded:
+        assert complete == "true" and int(w) >= 600 and int(h) >= 250, decoded
+
+    # the screenshot a person looks at, kept with the test reports
+    reports_dir = Path(request.config._rlhf_reports)
+    shot = reports_dir / "report_screenshot.png"
+    tmp_shot = tmp_path / "report_screenshot.png"
+    out = _chromium(tmp_path, f"--screenshot={tmp_shot}", "--window-size=1280,4000", paths["report.html"].as_uri())
+    assert out.returncode == 0 and tmp_shot.is_file(), out.stderr[-2000:]
+    from PIL import Image
+    with Image.open(tmp_shot) as im:
+        assert im.size == (1280, 4000)
+        colours = im.convert("RGB").resize((320, 1000)).getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # text, tables and plots, not a blank page
+    shutil.copyfile(tmp_shot, shot)
+    record_result("report_tables", n_tables)
+    record_result("report_images", n_imgs)
+    record_result("report_screenshot", str(shot))
+    record_result("report_summary", report.print_summary(json.loads(paths["results.json"].read_text(encoding="utf-8"))))

@@ -1,0 +1,138 @@
+"""SPEC §5-§6 as running code: budgets, the SFT loss, generation with and without a KV cache,
+and the stage commands."""
+import copy
+
+import pytest
+import torch
+
+from rlhf import cli
+from rlhf.config import load_profile
+from rlhf.generate import generate
+from rlhf.judge import judge_budget
+from rlhf.lora import count_lora_parameters
+from rlhf.roles import new_role
+from rlhf.sft import encode_demonstrations, sft_budget, sft_loss
+from rlhf.tokens import OverLimitError, collate, encode_prompt
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_spec_budgets_for_qwen_and_the_embedded_profile(embedded_profile):
+    q = load_profile("qwen2.5-0.5b")
+    assert sft_budget(q, 168) == (21, 63)
+    assert judge_budget(q, 840) == (105, 210)
+    assert q["ppo"]["iterations"] * q["ppo"]["prompts_per_iteration"] == 400
+    assert q["ppo"]["iterations"] * q["ppo"]["updates_per_iteration"] == 200
+    for p in (q, embedded_profile):
+        assert sft_budget(p, 168)[1] == p["sft"]["expected_updates"]
+        assert judge_budget(p, 840)[1] == p["judge"]["expected_updates"]
+        assert (p["ppo"]["kl_coef"], p["ppo"]["truncation_penalty"], p["ppo"]["gamma"], p["ppo"]["lam"],
+                p["ppo"]["clip"], p["ppo"]["iterations"], p["ppo"]["resume_stop_iteration"]) == \
+            (0.02, -1.0, 1.0, 0.95, 0.2, 100, 40)
+        assert (p["limits"]["prompt_tokens"], p["limits"]["response_tokens"], p["limits"]["context_tokens"]) == (256, 64, 320)
+    assert (q["sft"]["lr"], q["judge"]["lr"], q["ppo"]["actor_lr"], q["ppo"]["critic_lr"]) == (2e-5, 2e-5, 5e-6, 1e-5)
+
+
+def test_embedded_adapter_count_matches_its_profile(embedded_profile, embedded_dir):
+    actor = new_role("actor", embedded_profile, embedded_dir)
+    cfg = actor.model.config
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    per_layer = sum(i + o for i, o in [(cfg.hidden_size, cfg.num_attention_heads * hd)] * 2 +
+                    [(cfg.hidden_size, cfg.num_key_value_heads * hd)] * 2 +
+                    [(cfg.hidden_size, cfg.intermediate_size)] * 2 + [(cfg.intermediate_size, cfg.hidden_size)])
+    # q and o are hidden->heads*hd and back; k and v hidden->kv*hd (listed above as pairs).
+    expected = 8 * cfg.num_hidden_layers * per_layer
+    assert count_lora_parameters(actor.model) == expected == embedded_profile["lora"]["expected_parameters"]
+
+
+def test_sft_loss_is_token_weighted_not_a_mean_of_means(embedded_profile, embedded_dir, embedded_base):
+    from rlhf.corpus import Corpus
+    actor = new_role("actor", embedded_profile, embedded_dir)
+    demos = Corpus.build().learning_view().demonstrations()[:8]
+    ex = encode_demonstrations(demos, embedded_base.tokenizer, embedded_base.eos_id, embedded_profile["limits"])
+    ex[0] = (ex[0][0], ex[0][1], ex[0][2] + ex[0][2][:-1][:20] + [embedded_base.eos_id])  # unequal lengths
+    loss, n = sft_loss(actor.model, ex, embedded_base.pad_id)
+    per_example, sums, counts = [], 0.0, 0
+    for e in ex:
+        l1, n1 = sft_loss(actor.model, [e], embedded_base.pad_id)
+        per_example.append(float(l1))
+        sums += float(l1) * n1
+        counts += n1
+    assert n == counts
+    assert float(loss) == pytest.approx(sums / counts, rel=1e-5)
+    assert abs(float(loss) - sum(per_example) / len(per_example)) > 1e-3  # a mean of means differs
+
+
+def test_over_limit_examples_are_rejected_with_their_id(embedded_profile, embedded_base):
+    rec = {"document_id": "OH007-SFT", "prompt": "x", "response": "word " * 200}
+    with pytest.raises(OverLimitError, match="OH007-SFT"):
+        encode_demonstrations([rec], embedded_base.tokenizer, embedded_base.eos_id, embedded_profile["limits"])
+
+
+def _prompts(base, profile, n=4):
+    from rlhf.corpus import Corpus
+    recs = Corpus.build().learning_view().rollout_prompts()[:n]
+    return [encode_prompt(base.tokenizer, r["prompt"], profile["limits"]) for r in recs]
+
+
+def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(embedded_profile, embedded_dir, embedded_base, record_result):
+    actor = new_role("actor", embedded_profile, embedded_dir)
+    prompts = _prompts(embedded_base, embedded_profile)
+    kw = dict(eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id, max_new_tokens=64)
+    a = generate(actor.model, prompts, generator=torch.Generator().manual_seed(249), use_cache=True, **kw)
+    b = generate(actor.model, prompts, generator=torch.Generator().manual_seed(249), use_cache=False, **kw)
+    assert a.responses == b.responses and a.ended == b.ended
+    diff = max(abs(x - y) for la, lb in zip(a.logps, b.logps) for x, y in zip(la, lb))
+    record_result("kv_vs_recompute_max_logp_diff_fp32", diff)
+    assert diff <= 1e-5  # stated FP32 bound (measured: see the JSON report)
+    # and the behaviour log-probs equal teacher-forced scoring of the same tokens
+    from rlhf.scoring import response_logprobs
+    batch = collate(prompts, a.responses, embedded_base.pad_id)
+    with torch.no_grad():
+        tf = response_logprobs(actor.model, batch)
+    tf_diff = max(abs(float(tf[i, j]) - a.logps[i][j]) for i in range(len(prompts)) for j in range(len(a.logps[i])))
+    record_result("behaviour_vs_teacher_forced_max_diff_fp32", tf_diff)
+    assert tf_diff <= 1e-4
+
+
+def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(embedded_profile, embedded_dir, embedded_base, record_result):
+    actor = new_role("actor", embedded_profile, embedded_dir)
+    actor.model.to(torch.bfloat16)
+    for m in actor.model.modules():  # adapters stay FP32 (the LoRA contract)
+        if hasattr(m, "lora_A"):
+            m.lora_A.data = m.lora_A.data.float()
+            m.lora_B.data = m.lora_B.data.float()
+    prompts = _prompts(embedded_base, embedded_profile)
+    kw = dict(eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id, max_new_tokens=64, greedy=True)
+    a = generate(actor.model, prompts, use_cache=True, **kw)
+    b = generate(actor.model, prompts, use_cache=False, **kw)
+    n = min(len(a.logps[0]), len(b.logps[0]))
+    same_prefix = [next((j for j, (x, y) in enumerate(zip(ra, rb)) if x != y), min(len(ra), len(rb)))
+                   for ra, rb in zip(a.responses, b.responses)]
+    diffs = [abs(x - y) for i, k in enumerate(same_prefix) for x, y in zip(a.logps[i][:k], b.logps[i][:k])]
+    record_result("kv_vs_recompute_bf16", {"max_logp_diff_on_shared_prefix": max(diffs) if diffs else 0.0,
+                                           "identical_rows": sum(ra == rb for ra, rb in zip(a.responses, b.responses)),
+                                           "rows": len(prompts)})
+    assert n > 0 and diffs
+    assert max(diffs) <= 0.1  # stated BF16 bound on the log-probs of the tokens both paths drew
+
+
+def test_stage_commands_stop_and_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli.main(["sft", "--run", str(run), "--stop-after", "1"]) == 0
+    assert (run / "sft" / "state-stop001.pt.gz").is_file()
+    out = capsys.readouterr().out
+    assert "sft epoch 1: train loss" in out and "validation loss" in out
+    assert cli.main(["sft", "--run", str(run), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "sft epoch 20:" in out and (run / "sft" / "state-resumed.pt.gz").is_file()
+    assert cli.main(["reward", "--run", str(run), "--resume"]) == 2  # nothing to resume: clear error
+    assert "nothing to resume" in capsys.readouterr().err
