@@ -115,7 +115,7 @@ def cmd_lab(args) -> int:
     if not (ctx.run / STAGE_OUTPUTS["report"]).exists():
         write_reports(ctx.run)
     print(print_summary(json.loads((ctx.run / "results.json").read_text())))
-    print(f"report: {ctx.run / 'report.html'}   (lab {time.perf_counter() - t0:.1f} s)")
+    print(f"lab finished in {time.perf_counter() - t0:.1f} s; everything is in {ctx.run}")
     return 0
 
 

@@ -168,7 +168,7 @@ def random_base(profile: dict, tokenizer, *, seed: int = 0, device: str = "cpu")
     config = Qwen2Config(**{k: spec[k] for k in SHAPE_KEYS}, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
                          eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
-                         architectures=[spec["architecture"]])
+                         architectures=[spec["architecture"]], dtype=spec["dtype"])
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(DTYPES[spec["dtype"]])
@@ -223,7 +223,6 @@ def write_random_model_dir(profile: dict, out_dir, tokenizer_file, *, seed: int 
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>",
                                         pad_token="<|endoftext|>")
     base = random_base(profile, tokenizer, seed=seed)
-    base.model.config.dtype = DTYPES[profile["model"]["dtype"]]
     base.model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     write_text(out_dir / FETCH_MARKER, dumps_json({"random_weights": True, "seed": seed,

@@ -1,0 +1,686 @@
+"""Benchmarks of the embedded profile (issue #7): tier `benchmark`, never in CI.
+
+Run them alone, without xdist (pytest-benchmark switches itself off under xdist):
+
+    pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json
+
+What is measured (each in its own test):
+  * generation tokens/s with and without the KV cache, batch 1 and 4 (64 tokens, EOS disabled
+    so every round draws exactly 64 tokens);
+  * teacher-forced scoring (rlhf.scoring.response_logprobs), one SFT update, one judge update,
+    one PPO actor+critic update (rlhf.ppo.ppo_update), one whole PPO iteration (rollout + 2 updates);
+  * the CPU's dense-matmul peak (torch.mm 2048 x 2048 FP32, best of N) with 2 threads (all
+    cores) and with 1 thread; every phase's model FLOPs (rlhf.flops) and its utilisation;
+  * teacher-forced scoring of the full Qwen2.5-0.5B shape, random weights, FP32, 4 x 256 tokens,
+    with 2 threads (all cores);
+  * TRL's PPO (trl.experimental.ppo.PPOTrainer, trl==1.12.0, `pip install -e .[bench]`) side by
+    side with ours on the same embedded roles: seconds per iteration and the ratio;
+  * peak RSS per stage, each stage in its own process, and the qwen2.5-0.5b memory estimate.
+
+The embedded phases run with 1 torch thread (the profile's setting; rlhf.config.configure_torch).
+Only the matmul peak and the full-shape scoring use 2 threads.
+
+Inputs: the SFT actor and the judge of a finished embedded run, copied to a temporary folder:
+$RLHF_BENCH_RUN, else runs/lab, else runs/t1. Without one, untrained adapters are used (the
+timings of the shapes stay meaningful; PPO response lengths differ) and the JSON says so.
+
+Numbers go to pytest-benchmark's JSON (extra_info: tokens/s, FLOPs, utilisation), to
+results.json through `record_result`, and to benchmark_summary.json in the reports folder;
+a table is printed at the end of the module.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhf import flops
+
+pytestmark = pytest.mark.benchmark
+
+ROOT = Path(__file__).resolve().parents[1]
+RESPONSE = 64            # tokens per generated answer (the SPEC's limit)
+ALL_CORES = os.cpu_count() or 2
+TRL_WARMUP, TRL_TIMED = 1, 10
+SUMMARY: dict = {"rows": [], "notes": []}
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+def _source_run() -> Path | None:
+    cands = [os.environ.get("RLHF_BENCH_RUN")] if os.environ.get("RLHF_BENCH_RUN") else []
+    cands += [ROOT / "runs" / "lab", ROOT / "runs" / "t1"]
+    for c in cands:
+        c = Path(c)
+        if all((c / p).is_file() for p in ("corpus/manifest.json", "base_model/config.json",
+                                            "sft/actor.safetensors.json", "reward/judge.safetensors.json")):
+            return c
+    return None
+
+
+@pytest.fixture(scope="module")
+def bench_ctx(tmp_path_factory):
+    """A lab Context over a temporary copy of a finished run's corpus, base, SFT actor and judge."""
+    from rlhf import lab
+    from rlhf.roles import save_role
+    run = tmp_path_factory.mktemp("bench") / "run"
+    src = _source_run()
+    if src is not None:
+        shutil.copytree(src / "corpus", run / "corpus")
+        shutil.copytree(src / "base_model", run / "base_model")
+        for f in ("sft/actor.safetensors", "reward/judge.safetensors"):
+            (run / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / f, run / f)
+            shutil.copy2(src / (f + ".json"), run / (f + ".json"))
+    ctx = lab.open_context(run, "embedded")
+    if src is None:  # untrained adapters, so that ppo_roles() finds its files
+        save_role(ctx.role("actor"), run / "sft" / "actor.safetensors", ctx.identity(stage="sft"))
+        save_role(ctx.role("reward"), run / "reward" / "judge.safetensors", ctx.identity(stage="reward"))
+    ctx.bench_source = str(src) if src else "untrained adapters (no finished run found)"
+    SUMMARY["source_run"] = ctx.bench_source
+    assert torch.get_num_threads() == 1, "the embedded profile runs with 1 torch thread"
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def peak():
+    """The CPU's dense FP32 matmul peak, measured in this run: all cores (2 threads) and 1 thread."""
+    p = {"all_cores": flops.matmul_peak(2048, repeats=10, threads=ALL_CORES),
+         "one_thread": flops.matmul_peak(2048, repeats=10, threads=1)}
+    SUMMARY["matmul_peak"] = p
+    return p
+
+
+@pytest.fixture(scope="module")
+def shape(bench_ctx):
+    return flops.Shape.from_profile(bench_ctx.profile)
+
+
+@pytest.fixture(scope="module")
+def rank(bench_ctx):
+    return bench_ctx.profile["lora"]["rank"]
+
+
+@pytest.fixture(scope="module")
+def prompts(bench_ctx):
+    from rlhf.tokens import encode_prompt
+    view = bench_ctx.corpus.learning_view()
+    return [encode_prompt(bench_ctx.tokenizer, r["prompt"], bench_ctx.profile["limits"], r["document_id"])
+            for r in view.rollout_prompts()]
+
+
+@pytest.fixture(scope="module")
+def roles(bench_ctx):
+    from rlhf import lab
+    return lab.ppo_roles(bench_ctx)
+
+
+@pytest.fixture(scope="module")
+def full_batch(bench_ctx, roles, prompts):
+    """4 rollout prompts with 64 sampled response tokens each (EOS disabled): a full-length batch."""
+    from rlhf.generate import generate
+    from rlhf.tokens import collate
+    gen = generate(roles["actor"].model, prompts[:4], eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
+                   generator=torch.Generator().manual_seed(7))
+    return collate(prompts[:4], gen.responses, bench_ctx.pad_id)
+
+
+@pytest.fixture(scope="module")
+def fixed_rollout(bench_ctx, roles, prompts):
+    """One real rollout (EOS ends answers, as in the lab) on which the update benchmarks run."""
+    from rlhf.ppo import rollout
+    tm: dict = {}
+    return rollout(roles, prompts[:4], bench_ctx.eos_id, bench_ctx.pad_id, bench_ctx.profile,
+                   torch.Generator().manual_seed(bench_ctx.profile["seeds"]["ppo_sampling"]), True, tm)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary_table(request):
+    """Print the table and write benchmark_summary.json once the module is done."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("benchmarks must run in one process (pytest-benchmark switches itself off under xdist, and two "
+                    "workers would share the 2 cores): pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json",
+                    pytrace=False)
+    yield
+    reports = Path(getattr(request.config, "_rlhf_reports", "reports"))
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "benchmark_summary.json").write_text(json.dumps(SUMMARY, indent=1, sort_keys=True))
+    tr = request.config.pluginmanager.getplugin("terminalreporter")
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if tr is None or not (SUMMARY["rows"] or SUMMARY["notes"] or "trl" in SUMMARY):
+        return
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            _print_table(tr)
+    else:
+        _print_table(tr)
+
+
+def _print_table(tr):
+    tr.write_line("")
+    tr.write_sep("=", "rlhf benchmarks (embedded profile, 1 torch thread unless noted)")
+    if SUMMARY["rows"]:
+        tr.write_line(f"{'benchmark':48s} {'thr':>3s} {'median s':>9s} {'tokens/s':>10s} {'GFLOP/s':>8s} "
+                      f"{'util(all)':>9s} {'util(1t)':>8s}")
+    for r in SUMMARY["rows"]:
+        tps = f"{r['tokens_per_s']:10.0f}" if r.get("tokens_per_s") else f"{'':>10s}"
+        tr.write_line(f"{r['name']:48s} {r['torch_threads']:3d} {r['median_s']:9.4f} {tps} "
+                      f"{r['achieved_gflop_s']:8.2f} {r['utilisation_all_cores']:9.3f} "
+                      f"{r['utilisation_one_thread']:8.3f}")
+    if "matmul_peak" in SUMMARY:
+        p = SUMMARY["matmul_peak"]
+        tr.write_line(f"matmul peak (torch.mm 2048^2 FP32, best of 10): {p['all_cores']['gflop_s']:.1f} GFLOP/s with "
+                      f"{p['all_cores']['threads']} threads, {p['one_thread']['gflop_s']:.1f} GFLOP/s with 1 thread")
+    if "trl" in SUMMARY:
+        t = SUMMARY["trl"]
+        tr.write_line(f"PPO s/iteration ({t['timed_iterations']} timed): ours {t['ours']['mean_s']:.3f}, "
+                      f"TRL {t['trl']['mean_s']:.3f}, ratio ours/TRL {t['ratio_ours_over_trl']:.3f} (goal <= 0.5)")
+    for n in SUMMARY["notes"]:
+        tr.write_line(n)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+def _timed(fn, log: list):
+    """Wrap fn so that each call appends (seconds, what fn returns) to log."""
+    def run(*a, **k):
+        t = time.perf_counter()
+        out = fn(*a, **k)
+        log.append((time.perf_counter() - t, out))
+        return out
+    return run
+
+
+def _report(benchmark, record_result, name: str, log: list, warmup: int, peak: dict, *, tokens: int | None = None,
+            flop: dict | None = None, threads: int = 1, extra: dict | None = None) -> dict:
+    """Utilisation = sum of model FLOPs / sum of seconds over the timed rounds (warm-up dropped).
+
+    `flop` is the model FLOPs of one round when every round has the same shape; otherwise the
+    timed function returns its own {"model_flops": ..} and those are summed.
+    """
+    timed = log[warmup:] or log
+    secs = [s for s, _ in timed]
+    if flop is None:
+        total = {}
+        for _, out in timed:
+            total = flops.add(total, {k: v for k, v in out.items() if k.endswith("flops")})
+    else:
+        total = {k: v * len(timed) for k, v in flop.items()}
+    u_all = flops.utilisation(total["model_flops"], sum(secs), peak["all_cores"]["flops_per_s"])
+    u_one = flops.utilisation(total["model_flops"], sum(secs), peak["one_thread"]["flops_per_s"])
+    row = {"name": name, "rounds": len(secs), "median_s": statistics.median(secs), "min_s": min(secs),
+           "mean_s": statistics.fmean(secs), "torch_threads": threads,
+           "model_flops_per_round": total["model_flops"] / len(secs),
+           "attention_flops_per_round": total.get("attention_flops", 0) / len(secs),
+           "achieved_gflop_s": u_all["achieved_gflop_s"], "utilisation_all_cores": u_all["utilisation"],
+           "utilisation_one_thread": u_one["utilisation"],
+           "peak_gflop_s_all_cores": u_all["peak_gflop_s"], "peak_gflop_s_one_thread": u_one["peak_gflop_s"]}
+    if tokens:
+        row["tokens_per_round"] = tokens
+        row["tokens_per_s"] = tokens / row["median_s"]
+        row["tokens_per_s_best"] = tokens / row["min_s"]
+    row.update(extra or {})
+    benchmark.extra_info.update(row)
+    record_result(name, {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
+    SUMMARY["rows"].append(row)
+    return row
+
+
+# ------------------------------------------------------------------------------ CPU peak
+
+def test_cpu_matmul_peak(benchmark, record_result, peak):
+    """torch.mm of two 2048 x 2048 FP32 matrices with all cores; the peak the utilisations use."""
+    torch.set_num_threads(ALL_CORES)
+    try:
+        a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+        out = torch.empty(2048, 2048)
+        log: list = []
+        benchmark.pedantic(_timed(lambda: torch.mm(a, b, out=out), log), rounds=10, warmup_rounds=1, iterations=1)
+    finally:
+        torch.set_num_threads(1)
+    _report(benchmark, record_result, "cpu_matmul_2048_fp32_all_cores", log, 1, peak,
+            flop={"model_flops": 2 * 2048 ** 3}, threads=ALL_CORES,
+            extra={"peak_all_cores": peak["all_cores"], "peak_one_thread": peak["one_thread"]})
+    assert peak["all_cores"]["gflop_s"] > 0 and peak["one_thread"]["gflop_s"] > 0
+
+
+# ------------------------------------------------------------------------------ generation
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["kv_cache", "no_cache"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generation_tokens_per_second(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank,
+                                      use_cache, batch):
+    from rlhf.generate import generate
+    ps = prompts[:batch]
+    model = roles["actor"].model
+    log: list = []
+
+    def once():
+        g = generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
+                     generator=torch.Generator().manual_seed(11), use_cache=use_cache)
+        assert all(len(r) == RESPONSE for r in g.responses)
+
+    benchmark.pedantic(_timed(once, log), rounds=5 if use_cache else 3, warmup_rounds=1, iterations=1)
+    prompt_len = max(len(p) for p in ps)
+    f = flops.generation_flops(shape, batch, prompt_len, RESPONSE, use_cache=use_cache, lora_rank=rank)
+    _report(benchmark, record_result, f"generation_{'kv_cache' if use_cache else 'no_cache'}_batch{batch}", log, 1,
+            peak, tokens=batch * RESPONSE, flop={k: v for k, v in f.items() if k.endswith("flops")},
+            extra={"batch": batch, "prompt_tokens": prompt_len, "new_tokens": RESPONSE, "use_cache": use_cache})
+
+
+# ------------------------------------------------------------------------------ scoring and updates
+
+def test_teacher_forced_scoring(benchmark, record_result, roles, full_batch, peak, shape, rank):
+    """Reference log-probs of 4 x (prompt + 64) tokens, one forward (no gradient)."""
+    from rlhf.scoring import response_logprobs
+    model = roles["reference"].model
+    log: list = []
+    with torch.no_grad():
+        benchmark.pedantic(_timed(lambda: response_logprobs(model, full_batch), log), rounds=20, warmup_rounds=2,
+                           iterations=1)
+    B, T, R = flops.batch_dims(full_batch)
+    _report(benchmark, record_result, "teacher_forced_scoring_4x64", log, 2, peak, tokens=B * T,
+            flop=flops.scoring_flops(shape, full_batch, rank),
+            extra={"batch": B, "sequence": T, "response": R, "tokens_per_s_means": "positions scored per second"})
+
+
+def test_sft_update(benchmark, record_result, bench_ctx, peak, shape, rank):
+    """One SFT update: 8 demonstrations, loss, backward, clip, AdamW step."""
+    from rlhf.optim import adamw, optimizer_step
+    from rlhf.sft import encode_demonstrations, sft_loss
+    from rlhf.tokens import collate
+    prof = bench_ctx.profile
+    actor = bench_ctx.role("actor")
+    demos = encode_demonstrations(bench_ctx.corpus.learning_view().demonstrations("train"), bench_ctx.tokenizer,
+                                  bench_ctx.eos_id, prof["limits"])[:prof["sft"]["examples_per_update"]]
+    params = [p for p in actor.learned_parameters() if p.requires_grad]
+    opt = adamw(params, prof["sft"]["lr"], prof["optim"]["weight_decay"])
+
+    def once():
+        loss, _ = sft_loss(actor.model, demos, bench_ctx.pad_id)
+        optimizer_step(opt, params, loss, prof["sft"]["lr"], prof["optim"]["grad_clip_norm"], "bench sft")
+
+    log: list = []
+    benchmark.pedantic(_timed(once, log), rounds=20, warmup_rounds=2, iterations=1)
+    batch = collate([d[1] for d in demos], [d[2] for d in demos], bench_ctx.pad_id)
+    B, T, R = flops.batch_dims(batch)
+    _report(benchmark, record_result, "sft_update_8_examples", log, 2, peak, tokens=B * T,
+            flop=flops.trained(flops.scoring_flops(shape, batch, rank)),
+            extra={"batch": B, "sequence": T, "response": R})
+
+
+def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
+    """One Bradley-Terry update: 8 pairs (16 sequences in one batch), backward, clip, AdamW step."""
+    from rlhf.judge import encode_pairs, pair_scores
+    from rlhf.optim import adamw, optimizer_step
+    from rlhf.ppo_math import bradley_terry_loss
+    from rlhf.tokens import collate
+    prof = bench_ctx.profile
+    judge = bench_ctx.role("reward")
+    pairs = encode_pairs(bench_ctx.corpus.learning_view().pairs("train"), bench_ctx.tokenizer, bench_ctx.eos_id,
+                         prof["limits"])[:prof["judge"]["pairs_per_update"]]
+    params = [p for p in judge.learned_parameters() if p.requires_grad]
+    opt = adamw(params, prof["judge"]["lr"], prof["optim"]["weight_decay"])
+
+    def once():
+        c, r = pair_scores(judge, pairs, bench_ctx.pad_id)
+        optimizer_step(opt, params, bradley_terry_loss(c, r), prof["judge"]["lr"], prof["optim"]["grad_clip_norm"],
+                       "bench judge")
+
+    log: list = []
+    benchmark.pedantic(_timed(once, log), rounds=20, warmup_rounds=2, iterations=1)
+    batch = collate([p[1] for p in pairs] * 2, [p[2] for p in pairs] + [p[3] for p in pairs], bench_ctx.pad_id)
+    B, T, R = flops.batch_dims(batch)
+    _report(benchmark, record_result, "judge_update_8_pairs", log, 2, peak, tokens=B * T,
+            flop=flops.trained(flops.judge_flops(shape, batch, rank)), extra={"batch": B, "sequence": T})
+
+
+def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fixed_rollout, peak, shape, rank):
+    """One rlhf.ppo.ppo_update: actor (clipped loss) then critic (value loss), each with its AdamW."""
+    from rlhf.optim import adamw
+    from rlhf.ppo import ppo_update
+    prof = bench_ctx.profile
+    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], prof["ppo"][f"{k}_lr"],
+                           prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
+    tm: dict = {}
+    log: list = []
+    benchmark.pedantic(_timed(lambda: ppo_update(roles, optimizers, fixed_rollout, prof, 20, 200, "bench", tm), log),
+                       rounds=10, warmup_rounds=1, iterations=1)
+    batch = fixed_rollout["batch"]
+    B, T, R = flops.batch_dims(batch)
+    calls = len(log)
+    _report(benchmark, record_result, "ppo_actor_critic_update", log, 1, peak, tokens=B * T,
+            flop=flops.ppo_update_flops(shape, batch, rank),
+            extra={"batch": B, "sequence": T, "response": R,
+                   "actor_share": tm["actor_update"] / (tm["actor_update"] + tm["critic_update"]),
+                   "mean_actor_update_s": tm["actor_update"] / calls,
+                   "mean_critic_update_s": tm["critic_update"] / calls})
+
+
+def _iteration_flops(shape, rank, ro, prompt_len: int, updates: int) -> dict:
+    b = ro["batch"]
+    B, _, R = flops.batch_dims(b)
+    gen = flops.generation_flops(shape, B, prompt_len, R, use_cache=True, lora_rank=rank)
+    gen = {k: v for k, v in gen.items() if k.endswith("flops")}
+    parts = {"generation": gen, "reference": flops.scoring_flops(shape, b, rank),
+             "judge": flops.judge_flops(shape, b, rank), "critic_values": flops.critic_flops(shape, b, rank),
+             "updates": {k: updates * v for k, v in flops.ppo_update_flops(shape, b, rank).items()}}
+    return {**flops.add(*parts.values()), "parts": {k: v["model_flops"] for k, v in parts.items()}}
+
+
+def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank):
+    """One whole iteration as rlhf.ppo.train_ppo runs it: draw 4 prompts, rollout (sample with
+    the KV cache, reference, judge, critic), 2 x (actor update, critic update)."""
+    from rlhf.optim import adamw
+    from rlhf.ppo import PromptSampler, ppo_update, rollout
+    prof = bench_ctx.profile
+    cfg = prof["ppo"]
+    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"],
+                           prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
+    sampler = PromptSampler(len(prompts), prof["seeds"]["data_order"])
+    gen = torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"])
+    phases: list[dict] = []
+    lengths: list[float] = []
+
+    def once():
+        tm: dict = {}
+        ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
+        ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, tm)
+        for u in range(cfg["updates_per_iteration"]):
+            ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm)
+        phases.append(tm)
+        lengths.append(float(ro["batch"].response_mask.sum(-1).float().mean()))
+        return _iteration_flops(shape, rank, ro, max(len(p) for p in ps), cfg["updates_per_iteration"])
+
+    log: list = []
+    benchmark.pedantic(_timed(once, log), rounds=10, warmup_rounds=1, iterations=1)
+    timed_phases = phases[1:] or phases
+    seconds = {k: statistics.fmean(p.get(k, 0.0) for p in timed_phases)
+               for k in ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update")}
+    flop_parts = {k: statistics.fmean(out["parts"][k] for _, out in log[1:] or log)
+                  for k in ("generation", "reference", "judge", "critic_values", "updates")}
+    sec_parts = dict(seconds, updates=seconds["actor_update"] + seconds["critic_update"])
+    phase_util = {k: {"seconds": sec_parts[k], "model_flops": flop_parts[k],
+                      "achieved_gflop_s": flop_parts[k] / sec_parts[k] / 1e9,
+                      "utilisation_all_cores": flop_parts[k] / sec_parts[k] / peak["all_cores"]["flops_per_s"],
+                      "utilisation_one_thread": flop_parts[k] / sec_parts[k] / peak["one_thread"]["flops_per_s"]}
+                  for k in flop_parts}
+    tokens = int(4 * statistics.fmean(lengths[1:] or lengths))
+    SUMMARY["notes"].append("ppo_iteration phases (s, GFLOP/s, util 1 thread): " + ", ".join(
+        f"{k} {v['seconds']:.4f} {v['achieved_gflop_s']:.2f} {v['utilisation_one_thread']:.3f}"
+        for k, v in phase_util.items()))
+    _report(benchmark, record_result, "ppo_iteration", log, 1, peak, tokens=tokens,
+            extra={"mean_response_length": statistics.fmean(lengths[1:] or lengths),
+                   "phase_seconds": seconds, "phase_utilisation": phase_util,
+                   "tokens_per_s_means": "sampled response tokens per second of whole iteration"})
+
+
+# ------------------------------------------------------------------------------ full Qwen2.5-0.5B shape
+
+@pytest.mark.parametrize("with_lora", [False, True], ids=["plain", "lora_r8"])
+def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
+    """Teacher-forced scoring of the Qwen2.5-0.5B shape (random weights, FP32, no download),
+    4 x 256 tokens (192 prompt + 64 response), with all cores. Goal: >= 50% of the peak."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from rlhf.config import load_profile
+    from rlhf.lora import inject_lora
+    from rlhf.scoring import response_logprobs
+    from rlhf.tokens import collate
+    prof = load_profile("qwen2.5-0.5b")
+    m = prof["model"]
+    config = Qwen2Config(hidden_size=m["hidden_size"], num_hidden_layers=m["num_hidden_layers"],
+                         num_attention_heads=m["num_attention_heads"], num_key_value_heads=m["num_key_value_heads"],
+                         intermediate_size=m["intermediate_size"], vocab_size=m["vocab_size"], tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+    torch.set_num_threads(ALL_CORES)
+    try:
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).float().eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        rank = 0
+        if with_lora:
+            rank = prof["lora"]["rank"]
+            inject_lora(model, rank=rank, alpha=prof["lora"]["alpha"], seed=prof["lora"]["seed"],
+                        targets=prof["lora"]["targets"])
+            model.eval()
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 151000, (4, 256), generator=g).tolist()
+        batch = collate([r[:192] for r in ids], [r[192:] for r in ids], pad_id=151643)
+        log: list = []
+        with torch.no_grad():
+            benchmark.pedantic(_timed(lambda: response_logprobs(model, batch), log), rounds=3, warmup_rounds=1,
+                               iterations=1)
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(1)
+    shape = flops.Shape.from_config(config)
+    f = flops.scoring_flops(shape, batch, rank)
+    row = _report(benchmark, record_result, f"full_qwen_shape_fp32_scoring_4x256_{'lora_r8' if with_lora else 'plain'}",
+                  log, 1, peak, tokens=4 * 256, flop=f, threads=threads,
+                  extra={"goal_utilisation": 0.5, "dtype": "float32", "params": flops.total_params(shape)})
+    row["goal_met"] = row["utilisation_all_cores"] >= 0.5
+    benchmark.extra_info["goal_met"] = row["goal_met"]
+    del model
+
+
+# ------------------------------------------------------------------------------ memory
+
+def test_peak_rss_per_stage(benchmark, record_result, bench_ctx):
+    """Peak RSS of each stage in its own fresh process (rlhf.flops.measure_stage_rss), the run's
+    own ppo/timings.json figure when there is one, and the qwen2.5-0.5b estimate."""
+    from rlhf.config import load_profile
+    code = ("import json, sys; from rlhf.flops import measure_stage_rss; "
+            "print('RSS=' + json.dumps(measure_stage_rss(sys.argv[1], sys.argv[2])))")
+    measured = {}
+
+    def run_all():
+        for stage in ("import", "sft", "reward", "ppo"):
+            out = subprocess.run([sys.executable, "-c", code, stage, str(bench_ctx.run)], capture_output=True,
+                                 text=True, cwd=ROOT, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RSS=")][-1]
+            measured[stage] = json.loads(line[4:])
+
+    benchmark.pedantic(run_all, rounds=1, iterations=1)
+    result = {"embedded_measured": measured}
+    src = SUMMARY.get("source_run", "")
+    timings = Path(src) / "ppo" / "timings.json" if src and Path(src).is_dir() else None
+    if timings and timings.is_file():
+        result["embedded_lab_process_peak_rss_mib"] = json.loads(timings.read_text()).get("memory")
+    est = flops.memory_estimate(load_profile("qwen2.5-0.5b"))
+    result["qwen2.5-0.5b_estimate"] = est
+    result["embedded_estimate"] = flops.memory_estimate(load_profile("embedded"))
+    SUMMARY["memory"] = result
+    benchmark.extra_info.update(result)
+    record_result("peak_rss_mib_per_stage", {k: round(v["peak_rss_mib"], 1) for k, v in measured.items()})
+    record_result("qwen2.5-0.5b_memory_estimate_gib", round(est["total_gib"], 3))
+    SUMMARY["notes"].append("peak RSS MiB per stage (own process): "
+                            + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in measured.items())
+                            + f"; qwen2.5-0.5b estimate {est['total_gib']:.2f} GiB")
+    assert all(v["peak_rss_mib"] > 0 for v in measured.values())
+
+
+# ------------------------------------------------------------------------------ TRL side by side
+
+class _ScoreModel(torch.nn.Module):
+    """Our judge/critic role in the shape TRL's PPOTrainer reads: `base_model_prefix` names the
+    backbone (a Qwen2Model with our LoRA adapters), `score` is our FP32 scalar head."""
+
+    base_model_prefix = "model"
+
+    def __init__(self, role):
+        super().__init__()
+        self.model = role.model.model
+        self.score = role.head
+
+
+def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+    import copy
+    prof = bench_ctx.profile
+    cfg = prof["ppo"]
+    tok = copy.deepcopy(bench_ctx.tokenizer)
+    tok.padding_side = "left"
+    assert tok.eos_token_id == bench_ctx.eos_id and tok.pad_token_id == bench_ctx.pad_id
+    args = PPOConfig(
+        output_dir=str(out_dir), report_to=[], save_strategy="no", eval_strategy="no", use_cpu=True,
+        bf16=False, fp16=False, seed=prof["seeds"]["torch"], disable_tqdm=True, dataloader_num_workers=0,
+        per_device_train_batch_size=cfg["prompts_per_iteration"], gradient_accumulation_steps=1,
+        num_mini_batches=1, num_ppo_epochs=cfg["updates_per_iteration"], total_episodes=episodes,
+        local_rollout_forward_batch_size=cfg["prompts_per_iteration"], response_length=RESPONSE,
+        stop_token="eos", temperature=cfg["temperature"], missing_eos_penalty=-cfg["truncation_penalty"],
+        kl_coef=cfg["kl_coef"], kl_estimator="k1", cliprange=cfg["clip"], vf_coef=1.0, gamma=cfg["gamma"],
+        lam=cfg["lam"], whiten_rewards=False, num_sample_generations=0, learning_rate=cfg["actor_lr"],
+        weight_decay=prof["optim"]["weight_decay"])
+    # Two learning rates as in ours (actor 1e-4, critic 1e-3), one AdamW (TRL steps one optimizer).
+    actor_params = [p for p in roles["actor"].learned_parameters() if p.requires_grad]
+    critic_params = [p for p in roles["critic"].learned_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": actor_params, "lr": cfg["actor_lr"]},
+                             {"params": critic_params, "lr": cfg["critic_lr"]}],
+                            weight_decay=prof["optim"]["weight_decay"], foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    data = Dataset.from_dict({"input_ids": prompts})
+    trainer = PPOTrainer(args=args, processing_class=tok, model=roles["actor"].model,
+                         ref_model=roles["reference"].model, reward_model=_ScoreModel(roles["reward"]),
+                         value_model=_ScoreModel(roles["critic"]), train_dataset=data,
+                         eval_dataset=data.select(range(4)), optimizers=(opt, sched))
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    return trainer
+
+
+def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prompts, tmp_path):
+    """Seconds per PPO iteration, ours (rlhf.ppo.train_ppo) and TRL's PPOTrainer, same roles,
+    4 prompts, 64-token responses, 2 PPO epochs, 1 warm-up + TRL_TIMED timed iterations each."""
+    try:
+        import trl
+        from trl.experimental.ppo import PPOTrainer  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"TRL is not installed ({e}): pip install 'trl==1.12.0' (or pip install -e '.[bench]'); "
+                    f"the TRL comparison needs trl.experimental.ppo.PPOTrainer", pytrace=False)
+    from transformers import TrainerCallback
+    from rlhf import lab
+    from rlhf.ppo import PHASES, train_ppo
+    n = TRL_WARMUP + TRL_TIMED
+    prof = json.loads(json.dumps(bench_ctx.profile))
+    prof["ppo"]["iterations"] = n
+
+    def ours():
+        roles = lab.ppo_roles(bench_ctx)
+        torch.manual_seed(prof["seeds"]["torch"])
+        state, tm = train_ppo(roles, bench_ctx.corpus.learning_view(), bench_ctx.tokenizer, bench_ctx.eos_id,
+                              bench_ctx.pad_id, prof)
+        its = tm["per_iteration"][TRL_WARMUP:]
+        lengths = [i["response_length"] for i in state["history"]["iterations"][TRL_WARMUP:]]
+        return {"per_iteration_s": [i["iteration"] for i in its],
+                "phase_mean_s": {k: statistics.fmean(i.get(k, 0.0) for i in its) for k in PHASES},
+                "mean_response_length": statistics.fmean(lengths),
+                "truncations": sum(i["truncations"] for i in state["history"]["iterations"][TRL_WARMUP:]),
+                "torch_threads": torch.get_num_threads()}
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.marks, self.threads = [], None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            self.marks.append(time.perf_counter())
+            self.threads = torch.get_num_threads()
+
+    def theirs():
+        roles = lab.ppo_roles(bench_ctx)
+        torch.manual_seed(prof["seeds"]["torch"])
+        trainer = _trl_trainer(bench_ctx, roles, prompts, tmp_path / "trl", episodes=4 * n)
+        clock = Clock()
+        trainer.add_callback(clock)
+        gen_lengths: list = []
+        policy = roles["actor"].model
+        original = policy.generate
+
+        def generate(*a, **k):  # record what TRL's sampling produced (steps, EOS-truncated lengths, time)
+            t = time.perf_counter()
+            out = original(*a, **k)
+            seconds = time.perf_counter() - t
+            resp = out.sequences[:, k["input_ids"].shape[1]:]
+            eos = (resp == bench_ctx.eos_id)
+            first = torch.where(eos.any(1), eos.float().argmax(1) + 1, torch.full_like(eos[:, 0], resp.shape[1],
+                                                                                       dtype=torch.long))
+            gen_lengths.append({"steps": int(resp.shape[1]), "mean_length": float(first.float().mean()),
+                                "seconds": seconds,
+                                "truncations": int((~eos.any(1)).sum())})
+            return out
+
+        policy.generate = generate
+        torch.set_num_threads(1)
+        trainer.train()
+        marks = clock.marks
+        per_it = [b - a for a, b in zip(marks, marks[1:])][TRL_WARMUP:]
+        g = gen_lengths[TRL_WARMUP:]
+        return {"per_iteration_s": per_it, "mean_response_length": statistics.fmean(x["mean_length"] for x in g),
+                "mean_generation_steps": statistics.fmean(x["steps"] for x in g),
+                "mean_generation_s": statistics.fmean(x["seconds"] for x in g),
+                "truncations": sum(x["truncations"] for x in g), "torch_threads": clock.threads,
+                "trl_version": trl.__version__}
+
+    results = {}
+
+    def both():
+        results["ours"] = ours()
+        results["trl"] = theirs()
+
+    benchmark.pedantic(both, rounds=1, iterations=1)
+    for k in ("ours", "trl"):
+        s = results[k]["per_iteration_s"]
+        assert len(s) == TRL_TIMED, (k, len(s))
+        results[k]["mean_s"], results[k]["median_s"] = statistics.fmean(s), statistics.median(s)
+    ratio = results["ours"]["mean_s"] / results["trl"]["mean_s"]
+    out = {"timed_iterations": TRL_TIMED, "warmup_iterations": TRL_WARMUP, **results,
+           "ratio_ours_over_trl": ratio, "goal_ratio_at_most": 0.5, "goal_met": ratio <= 0.5,
+           "matched": {"prompts_per_iteration": 4, "response_tokens": RESPONSE, "ppo_epochs": 2, "minibatches": 1,
+                       "temperature": 1.0, "kl_coef": 0.02, "clip": 0.2, "gamma": 1.0, "lam": 0.95,
+                       "lr": "actor 1e-4 / critic 1e-3 (one AdamW, two param groups, constant)",
+                       "roles": "the same four embedded roles (our LoRA adapters, FP32), 1 torch thread"},
+           "differences": TRL_DIFFERENCES}
+    SUMMARY["trl"] = out
+    benchmark.extra_info.update(out)
+    record_result("ppo_seconds_per_iteration_ours", round(results["ours"]["mean_s"], 4))
+    record_result("ppo_seconds_per_iteration_trl", round(results["trl"]["mean_s"], 4))
+    record_result("ppo_time_ratio_ours_over_trl", round(ratio, 4))
+    reports = Path(getattr(request.config, "_rlhf_reports", "reports"))
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "benchmark_trl.json").write_text(json.dumps(out, indent=1, sort_keys=True))
+
+
+TRL_DIFFERENCES = [
+    "advantages: TRL always whitens them (masked mean/variance over the batch, masked_whiten); ours never "
+    "whiten rewards or advantages (SPEC §6)",
+    "value loss: TRL clips it (max of clipped and unclipped squared error, cliprange_value 0.2); ours has no value "
+    "clipping",
+    "one optimizer step on pg_loss + vf_coef * value loss through one backward of both backbones (vf_coef 1.0 here; "
+    "two param groups give the actor 1e-4 and the critic 1e-3); ours: two AdamW, actor update then critic update",
+    "no gradient clipping in TRL's PPO loop (max_grad_norm is never applied there); ours clips each update at norm 1",
+    "KL: both use the sampled-token log-ratio (TRL kl_estimator k1) from the sampling scores (TRL: output_scores at "
+    "temperature 1+1e-7) minus the reference's; TRL fills positions after EOS with log-prob 1.0 so they cancel",
+    "EOS: TRL finds the end by token id (first EOS; a sampled PAD id also ends the answer); ours by position. TRL "
+    "adds the judge score one position past EOS (a padding column whose value is kept) when there is room, and "
+    "bootstraps from that value; ours adds it at the last active token and ends the episode there (done)",
+    "truncation: TRL subtracts missing_eos_penalty (1.0 here) from the judge score of answers without EOS; ours adds "
+    "-1 at the last token of a 64-token answer without EOS (same total, same place when cut at 64)",
+    "loss averaging: TRL averages over all active tokens of the minibatch (long answers weigh more); ours per "
+    "response, then over the 4 responses",
+    "TRL computes full-vocabulary logits at every position of the policy forward (and an entropy) and keeps the "
+    "generation scores [B, 64, V]; ours projects only the response prefixes",
+]

@@ -1,0 +1,86 @@
+"""Arithmetic of rlhf.flops (FLOP formula, parameter counts, the qwen2.5-0.5b memory estimate)."""
+import pytest
+
+from rlhf import flops
+from rlhf.config import load_profile
+
+pytestmark = pytest.mark.unit
+
+QWEN = flops.Shape(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936)
+
+
+def test_shapes_from_profiles():
+    assert flops.Shape.from_profile(load_profile("qwen2.5-0.5b")) == QWEN
+    emb = flops.Shape.from_profile(load_profile("embedded"))
+    assert (emb.hidden, emb.layers, emb.kv_dim, emb.head_dim) == (64, 2, 32, 16)
+
+
+def test_qwen_parameter_counts():
+    # Qwen2.5-0.5B: 494,032,768 parameters with the tied embedding counted once.
+    assert flops.total_params(QWEN) == 494_032_768
+    per_layer = 2 * 896 * 896 + 2 * 896 * 128 + 3 * 896 * 4864
+    assert per_layer == 14_909_440
+    assert flops.backbone_matmul_params(QWEN) == 24 * per_layer == 357_826_560
+    assert flops.lm_head_params(QWEN) == 151936 * 896 == 136_134_656
+    assert flops.lora_params(QWEN, 8) == load_profile("qwen2.5-0.5b")["lora"]["expected_parameters"] == 4_399_104
+    assert flops.backbone_matmul_params(QWEN, lora_rank=8) == 357_826_560 + 4_399_104
+
+
+def test_embedded_counts_match_a_built_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    profile = load_profile("embedded")
+    m = profile["model"]
+    config = Qwen2Config(hidden_size=m["hidden_size"], num_hidden_layers=m["num_hidden_layers"],
+                         num_attention_heads=m["num_attention_heads"], num_key_value_heads=m["num_key_value_heads"],
+                         intermediate_size=m["intermediate_size"], vocab_size=m["vocab_size"],
+                         tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config)
+    shape = flops.Shape.from_config(config)
+    assert flops.total_params(shape) == sum(p.numel() for p in model.parameters())
+    linear = sum(mod.weight.numel() for name, mod in model.model.layers.named_modules()
+                 if name.endswith("_proj"))
+    assert flops.backbone_matmul_params(shape) == linear
+    assert flops.lora_params(shape, 8) == profile["lora"]["expected_parameters"] == 22528
+
+
+def test_forward_and_train_flops_formula():
+    s = flops.Shape(hidden=4, layers=1, heads=2, kv_heads=1, intermediate=8, vocab=10)
+    # projections: q 4x4, k 4x2, v 4x2, o 4x4, gate/up 4x8, down 8x4 -> 16+8+8+16+32+32+32 = 144
+    assert flops.backbone_matmul_params(s) == 144
+    assert flops.lora_params(s, 1) == (8 + 6 + 6 + 8 + 12 + 12 + 12)
+    f = flops.forward_flops(s, tokens=3, logit_rows=2, head_rows=1)
+    assert f == 2 * 144 * 3 + 2 * 40 * 2 + 2 * 4 * 1
+    assert flops.train_flops(f) == 3 * f
+    assert flops.attention_flops(s, pairs=5) == 4 * 4 * 1 * 5
+
+
+def test_generation_flops_with_and_without_cache():
+    s = flops.Shape(hidden=4, layers=1, heads=2, kv_heads=1, intermediate=8, vocab=10)
+    per_tok = 2 * 144 + 2 * 40            # every position given to the causal LM gets logits
+    cached = flops.generation_flops(s, batch=2, prompt_len=3, steps=3, use_cache=True)
+    assert cached["model_flops"] == per_tok * 2 * (3 + 1 + 1)
+    full = flops.generation_flops(s, batch=2, prompt_len=3, steps=3, use_cache=False)
+    assert full["model_flops"] == per_tok * 2 * (3 + 4 + 5)
+    assert full["generated_tokens"] == cached["generated_tokens"] == 6
+    assert cached["attention_flops"] == 16 * 2 * (9 + 4 + 5)
+    assert full["attention_flops"] == 16 * 2 * (9 + 16 + 25)
+
+
+def test_qwen_memory_estimate_arithmetic():
+    est = flops.memory_estimate(load_profile("qwen2.5-0.5b"))
+    n, lora, H = 494_032_768, 4_399_104, 896
+    assert est["backbones"] == n * 2 * 4 == 3_952_262_144
+    assert est["adapters_and_heads"] == lora * 4 * 4 + 2 * (H + 1) * 4
+    assert est["optimizer_and_grads"] == (2 * lora + H + 1) * 12
+    per_tok_layer = 2 * (7 * 896 + 2 * 128 + 4 * 4864) + 4 * (6 * 896 + 4864)
+    assert per_tok_layer == 92_928
+    assert est["activations_layers"] == 24 * 4 * 320 * per_tok_layer
+    assert est["activations_logits"] == 3 * 4 * 64 * 151936 * 4
+    assert est["total"] == (est["backbones"] + est["adapters_and_heads"] + est["optimizer_and_grads"]
+                            + est["activations"])
+    assert 6.0 < est["total_gib"] < 7.5
+
+
+def test_utilisation_ratio():
+    u = flops.utilisation(2e9, 0.5, 8e9)
+    assert u["achieved_gflop_s"] == pytest.approx(4.0) and u["utilisation"] == pytest.approx(0.5)
