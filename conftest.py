@@ -46,6 +46,7 @@ def pytest_configure(config):
         pass  # pytest-benchmark JSON is asked for explicitly (see README)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
     bad = []
     for item in items:

@@ -19,7 +19,9 @@ fi
 echo "setup: creating .venv and installing pinned dependencies (first run only)" >&2
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch first and pinned: pip takes the CPU wheel from local disk instead of a CUDA build.
-.venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
+# (pip's notes about this machine's missing local index folders are filtered out; errors are not)
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+quiet .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+quiet .venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
 echo "$stamp_src" > .venv/.rlhf-stamp
 echo "setup: done" >&2

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.checkpoint import rng_state, set_rng_state
-from rlhf.optim import adamw, optimizer_step
+from rlhf.optim import epoch_state, optimizer_step, start_epochs
 from rlhf.ppo_math import bradley_terry_loss, learning_rate
 from rlhf.roles import reward_scores
 from rlhf.tokens import collate, encode_example
@@ -32,7 +31,8 @@ def encode_pairs(records: list[dict], tokenizer, eos_id: int, limits: dict):
 
 def pair_scores(judge, pairs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores of the chosen and rejected answers of `pairs`, in one batch: ([N], [N])."""
-    batch = collate([p[1] for p in pairs] * 2, [p[2] for p in pairs] + [p[3] for p in pairs], pad_id)
+    device = next(judge.model.parameters()).device
+    batch = collate([p[1] for p in pairs] * 2, [p[2] for p in pairs] + [p[3] for p in pairs], pad_id).to(device)
     scores = reward_scores(judge, batch)
     return scores[:len(pairs)], scores[len(pairs):]
 
@@ -63,17 +63,8 @@ def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict,
     per_update = cfg["pairs_per_update"]
     per_epoch, total = judge_budget(profile, len(train))
     params = [p for p in judge.learned_parameters() if p.requires_grad]
-    optimizer = adamw(params, cfg["lr"], opt_cfg["weight_decay"])
-    order = torch.Generator().manual_seed(profile["seeds"]["data_order"])
-    history = {"updates": [], "epochs": [], "total_updates": total}
-    first_epoch, step = 0, 0
-    if state is not None:
-        judge.load_learned_state(state["judge"])
-        optimizer.load_state_dict(state["optimizer"])
-        order.set_state(state["order_generator"])
-        set_rng_state(state["rng"])
-        history = state["history"]
-        first_epoch, step = state["epochs_done"], state["step"]
+    optimizer, order, history, first_epoch, step = start_epochs(
+        judge, "judge", params, cfg["lr"], opt_cfg["weight_decay"], profile["seeds"]["data_order"], total, state)
     last_epoch = cfg["epochs"] if stop_after_epoch is None else stop_after_epoch
     for epoch in range(first_epoch, last_epoch):
         perm = torch.randperm(len(train), generator=order).tolist()
@@ -96,6 +87,4 @@ def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict,
                                   "validation_accuracy": val["accuracy"], "validation_ties": val["ties"],
                                   "train_loss": sum(h["loss"] for h in recent) / per_epoch,
                                   "train_accuracy": sum(h["accuracy"] for h in recent) / per_epoch})
-    return {"stage": "judge", "epochs_done": last_epoch, "step": step, "judge": judge.learned_state(),
-            "optimizer": optimizer.state_dict(), "order_generator": order.get_state(), "rng": rng_state(),
-            "history": history}
+    return epoch_state("judge", "judge", judge, optimizer, order, history, last_epoch, step)

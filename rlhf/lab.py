@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.checkpoint import (StateError, assert_states_equal, code_sha256, identity_of, load_state, save_state,
+from rlhf.checkpoint import (StateError, assert_states_equal, identity_of, load_state, save_state,
                              sha256_file)
 from rlhf.config import configure_torch, load_profile, profile_hash
 from rlhf.io import read_json, write_json
@@ -154,66 +154,55 @@ def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict
 
 # ------------------------------------------------------------------------- stages
 
-def stage_sft(ctx: Context, *, resume=False, stop_after=None) -> dict:
-    from rlhf.sft import train_sft
+def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_line, artifact: str,
+                 resume: bool, stop_after) -> dict:
+    """SFT and the judge: the same resumable epoch stage over a different role and loss."""
     view = ctx.corpus.learning_view()
-    identity = ctx.identity(stage="sft")
-    bar, tick = _progress("SFT", 1)
+    identity = ctx.identity(stage=stage)
+    bar, tick = _progress(stage, 1)
 
     def run_fn(state, stop):
-        actor = ctx.role("actor")
+        role = ctx.role(kind)
         torch.manual_seed(ctx.profile["seeds"]["torch"])
+
         def progress(step, total, loss):
             bar.total = total
             tick(step, total, loss)
-        out = train_sft(actor, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=state,
-                        stop_after_epoch=stop, progress=progress)
+        out = train_fn(role, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=state,
+                       stop_after_epoch=stop, progress=progress)
         return out, {}
 
-    result = run_protocol(ctx, "sft", 1, run_fn, identity, resume=resume, stop_after=stop_after)
+    result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after)
     bar.close()
     history = result["state"]["history"]
     for e in history["epochs"]:
-        _say(f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation loss {e['validation_loss']:.4f}")
+        _say(epoch_line(e))
     if stop_after is None:
-        actor = ctx.role("actor")
-        actor.load_learned_state(result["state"]["actor"])
-        save_role(actor, ctx.run / "sft" / "actor.safetensors", identity)
-        write_json(ctx.run / "sft" / "history.json", history)
-        write_json(ctx.run / "sft" / "timings.json", {"seconds": result["seconds"], **result.get("check", {})})
+        role = ctx.role(kind)
+        role.load_learned_state(result["state"][key])
+        if kind == "reward":
+            role.freeze()  # the judge is frozen from here on
+        save_role(role, ctx.run / stage / artifact, identity)
+        write_json(ctx.run / stage / "history.json", history)
+        write_json(ctx.run / stage / "timings.json", {"seconds": result["seconds"], **result.get("check", {})})
     return result
+
+
+def stage_sft(ctx: Context, *, resume=False, stop_after=None) -> dict:
+    from rlhf.sft import train_sft
+    return _epoch_stage(ctx, "sft", "actor", "actor", train_sft,
+                        lambda e: (f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
+                                   f"validation loss {e['validation_loss']:.4f}"),
+                        "actor.safetensors", resume, stop_after)
 
 
 def stage_reward(ctx: Context, *, resume=False, stop_after=None) -> dict:
     from rlhf.judge import train_judge
-    view = ctx.corpus.learning_view()
-    identity = ctx.identity(stage="reward")
-    bar, tick = _progress("judge", 1)
-
-    def run_fn(state, stop):
-        judge = ctx.role("reward")
-        torch.manual_seed(ctx.profile["seeds"]["torch"])
-        def progress(step, total, loss):
-            bar.total = total
-            tick(step, total, loss)
-        out = train_judge(judge, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=state,
-                          stop_after_epoch=stop, progress=progress)
-        return out, {}
-
-    result = run_protocol(ctx, "reward", 1, run_fn, identity, resume=resume, stop_after=stop_after)
-    bar.close()
-    history = result["state"]["history"]
-    for e in history["epochs"]:
-        _say(f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation loss "
-             f"{e['validation_loss']:.4f}  validation accuracy {e['validation_accuracy']:.3f}")
-    if stop_after is None:
-        judge = ctx.role("reward")
-        judge.load_learned_state(result["state"]["judge"])
-        judge.freeze()
-        save_role(judge, ctx.run / "reward" / "judge.safetensors", identity)
-        write_json(ctx.run / "reward" / "history.json", history)
-        write_json(ctx.run / "reward" / "timings.json", {"seconds": result["seconds"], **result.get("check", {})})
-    return result
+    return _epoch_stage(ctx, "reward", "reward", "judge", train_judge,
+                        lambda e: (f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation "
+                                   f"loss {e['validation_loss']:.4f}  validation accuracy "
+                                   f"{e['validation_accuracy']:.3f}"),
+                        "judge.safetensors", resume, stop_after)
 
 
 def ppo_roles(ctx: Context) -> dict:

@@ -33,3 +33,29 @@ def optimizer_step(optimizer, params, loss: torch.Tensor, lr: float, clip_norm: 
                              f"(the last saved state is intact)")
     optimizer.step()
     return float(grad_norm)
+
+
+def start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: int, total: int,
+                 state: dict | None):
+    """The shared start of an epoch-based stage (SFT, judge): AdamW, the data-order generator,
+    the history, and - when resuming - everything restored from `state` (its learned tensors
+    under `key`). Returns (optimizer, order, history, first_epoch, step)."""
+    from rlhf.checkpoint import set_rng_state
+    optimizer = adamw(params, lr, weight_decay)
+    order = torch.Generator().manual_seed(seed)
+    history = {"updates": [], "epochs": [], "total_updates": total}
+    if state is None:
+        return optimizer, order, history, 0, 0
+    role.load_learned_state(state[key])
+    optimizer.load_state_dict(state["optimizer"])
+    order.set_state(state["order_generator"])
+    set_rng_state(state["rng"])
+    return optimizer, order, state["history"], state["epochs_done"], state["step"]
+
+
+def epoch_state(stage: str, key: str, role, optimizer, order, history: dict, epochs_done: int, step: int) -> dict:
+    """Everything an epoch-based stage needs to resume after `epochs_done` epochs."""
+    from rlhf.checkpoint import rng_state
+    return {"stage": stage, "epochs_done": epochs_done, "step": step, key: role.learned_state(),
+            "optimizer": optimizer.state_dict(), "order_generator": order.get_state(), "rng": rng_state(),
+            "history": history}

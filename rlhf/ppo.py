@@ -100,7 +100,7 @@ def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, 
     mask = batch.response_mask
     logp_old = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
     for b, lp in enumerate(gen.logps):
-        logp_old[b, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        logp_old[b, :len(lp)] = torch.tensor(lp, dtype=torch.float32, device=device)
     t = time.perf_counter()
     logp_ref = response_logprobs(roles["reference"].model, batch)          # [B, R]
     _sync()
@@ -117,7 +117,7 @@ def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, 
     rewards = ppo_math.token_rewards(logp_old, logp_ref, score, mask, truncated,
                                      kl_coef=cfg["kl_coef"], truncation_penalty=cfg["truncation_penalty"])
     dones = torch.zeros_like(mask)
-    dones[torch.arange(mask.shape[0]), last_active_index(mask)] = True      # EOS or truncation ends it
+    dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True      # EOS or truncation ends it
     advantages, returns = ppo_math.gae(rewards, values, dones, gamma=cfg["gamma"], lam=cfg["lam"])
     return {"batch": batch, "responses": gen.responses, "ended": gen.ended, "logp_old": logp_old,
             "logp_ref": logp_ref, "score": score, "values": values, "rewards": rewards,

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.checkpoint import rng_state, set_rng_state
 from rlhf.masks import masked_sum
-from rlhf.optim import adamw, optimizer_step
+from rlhf.optim import epoch_state, optimizer_step, start_epochs
 from rlhf.ppo_math import learning_rate
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, encode_example
@@ -37,7 +36,7 @@ def encode_demonstrations(records: list[dict], tokenizer, eos_id: int, limits: d
 
 def sft_loss(model, examples, pad_id: int) -> tuple[torch.Tensor, int]:
     """Summed response-token NLL / active response tokens of the batch, and that token count."""
-    batch = collate([e[1] for e in examples], [e[2] for e in examples], pad_id)
+    batch = collate([e[1] for e in examples], [e[2] for e in examples], pad_id).to(next(model.parameters()).device)
     logp = response_logprobs(model, batch)                     # [B, R], 0 where masked
     n_tokens = int(batch.response_mask.sum())
     return -masked_sum(logp, batch.response_mask).sum() / n_tokens, n_tokens
@@ -69,17 +68,8 @@ def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *
     per_update = cfg["examples_per_update"]
     per_epoch, total = sft_budget(profile, len(train))
     params = [p for p in actor.learned_parameters() if p.requires_grad]
-    optimizer = adamw(params, cfg["lr"], opt_cfg["weight_decay"])
-    order = torch.Generator().manual_seed(profile["seeds"]["data_order"])
-    history = {"updates": [], "epochs": [], "total_updates": total}
-    first_epoch, step = 0, 0
-    if state is not None:
-        actor.load_learned_state(state["actor"])
-        optimizer.load_state_dict(state["optimizer"])
-        order.set_state(state["order_generator"])
-        set_rng_state(state["rng"])
-        history = state["history"]
-        first_epoch, step = state["epochs_done"], state["step"]
+    optimizer, order, history, first_epoch, step = start_epochs(
+        actor, "actor", params, cfg["lr"], opt_cfg["weight_decay"], profile["seeds"]["data_order"], total, state)
     last_epoch = cfg["epochs"] if stop_after_epoch is None else stop_after_epoch
     for epoch in range(first_epoch, last_epoch):
         perm = torch.randperm(len(train), generator=order).tolist()
@@ -97,6 +87,4 @@ def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *
         val = evaluate_loss(actor.model, valid, pad_id)
         train_loss = sum(h["loss"] for h in history["updates"][-per_epoch:]) / per_epoch
         history["epochs"].append({"epoch": epoch, "validation_loss": val, "train_loss": train_loss})
-    return {"stage": "sft", "epochs_done": last_epoch, "step": step, "actor": actor.learned_state(),
-            "optimizer": optimizer.state_dict(), "order_generator": order.get_state(), "rng": rng_state(),
-            "history": history}
+    return epoch_state("sft", "actor", actor, optimizer, order, history, last_epoch, step)

@@ -92,7 +92,7 @@ def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(embedded_profile,
     assert a.responses == b.responses and a.ended == b.ended
     diff = max(abs(x - y) for la, lb in zip(a.logps, b.logps) for x, y in zip(la, lb))
     record_result("kv_vs_recompute_max_logp_diff_fp32", diff)
-    assert diff <= 1e-5  # stated FP32 bound (measured: see the JSON report)
+    assert diff == 0.0  # FP32: the cached and the recomputed forward give the same log-probs exactly
     # and the behaviour log-probs equal teacher-forced scoring of the same tokens
     from rlhf.scoring import response_logprobs
     batch = collate(prompts, a.responses, embedded_base.pad_id)
@@ -122,7 +122,7 @@ def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(embedded_profi
                                            "identical_rows": sum(ra == rb for ra, rb in zip(a.responses, b.responses)),
                                            "rows": len(prompts)})
     assert n > 0 and diffs
-    assert max(diffs) <= 0.1  # stated BF16 bound on the log-probs of the tokens both paths drew
+    assert max(diffs) <= 0.05  # stated BF16 bound on the log-probs of the tokens both paths drew
 
 
 def test_stage_commands_stop_and_resume(tmp_path, capsys):
