@@ -275,6 +275,22 @@ def memory_estimate(profile: dict, *, batch: int = 4, seq: int | None = None, re
             "total_gib": total / 2 ** 30}
 
 
+def peak_rss_mib() -> float:
+    """Peak RSS of this process image: VmHWM from /proc/self/status (reset by exec), else ru_maxrss.
+
+    ru_maxrss alone is wrong for a freshly started child: Linux carries the parent's high-water
+    mark across fork + exec, so a child of a 3 GB parent reports 3 GB.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: int = 3) -> dict:
     """Peak RSS of one stage of the embedded profile, meant to run alone in a fresh process.
 
@@ -325,7 +341,7 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
         train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, prof)
     elif stage != "import":
         raise ValueError(f"unknown stage {stage!r}")
-    return {"stage": stage, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    return {"stage": stage, "peak_rss_mib": peak_rss_mib(),
             "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),
             "updates": updates if stage in ("sft", "reward") else None,
             "iterations": iterations if stage == "ppo" else None}
