@@ -114,7 +114,12 @@ def cmd_lab(args) -> int:
         run_shortcut_audit(ctx)
     if not (ctx.run / STAGE_OUTPUTS["report"]).exists():
         write_reports(ctx.run)
-    print(print_summary(json.loads((ctx.run / "results.json").read_text())))
+    results = json.loads((ctx.run / "results.json").read_text())
+    print(print_summary(results))
+    audit = results.get("shortcut_audit")
+    if audit:
+        print("shortcut audit (judge accuracy on the 180 test pairs): " + ", ".join(
+            f"{k} {audit['counterfactuals'][k]['accuracy']:.3f}" for k in audit["order"]))
     print(f"lab finished in {time.perf_counter() - t0:.1f} s; everything is in {ctx.run}")
     return 0
 
