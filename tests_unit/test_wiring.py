@@ -31,7 +31,7 @@ def test_a_test_without_a_tier_is_refused(tmp_path):
 
 
 def test_a_test_with_two_tiers_is_refused(tmp_path):
-    src = "import pytest\n@pytest.mark.unit\n@pytest.mark.gpu\ndef test_two():\n    assert True is not False\n"
+    src = "import pytest\n@pytest.mark.unit\n@pytest.mark.gpu\ndef test_two():\n    assert 2 > 1\n"
     out = run_pytest(tmp_path, src)
     assert out.returncode != 0 and "test_two" in out.stdout + out.stderr
 
