@@ -158,7 +158,8 @@ def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_
                  resume: bool, stop_after) -> dict:
     """SFT and the judge: the same resumable epoch stage over a different role and loss."""
     view = ctx.corpus.learning_view()
-    identity = ctx.identity(stage=stage)
+    # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
+    identity = ctx.identity(stage=stage, initial=_initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
 
     def run_fn(state, stop):
@@ -222,7 +223,8 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True) ->
     from rlhf.ppo import train_ppo
     view = ctx.corpus.learning_view()
     identity = ctx.identity(stage="ppo", sft=sha256_file(ctx.run / "sft" / "actor.safetensors"),
-                            judge=sha256_file(ctx.run / "reward" / "judge.safetensors"))
+                            judge=sha256_file(ctx.run / "reward" / "judge.safetensors"),
+                            initial=_initial_fingerprints(ppo_roles(ctx)))
     cfg = ctx.profile["ppo"]
     bar, tick = _progress("PPO", cfg["iterations"])
     fingerprints = {}
@@ -265,6 +267,12 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True) ->
                                                       **result.get("check", {})})
         write_json(ctx.run / "ppo" / "fingerprints.json", fingerprints)
     return result
+
+
+def _initial_fingerprints(roles: dict) -> dict:
+    """{role: [learned_sha256, frozen_sha256]} of freshly built roles (part of a stage's identity)."""
+    return {k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in
+            ((k, fingerprint(r)) for k, r in roles.items())}
 
 
 def _short(fps: dict) -> dict:

@@ -7,7 +7,7 @@ import pytest
 from rlhf import lab, ppo_math
 from rlhf.checkpoint import StateError, load_state
 from rlhf.config import load_profile
-from rlhf.io import sha256_file
+from rlhf.io import read_json, sha256_file
 from rlhf.optim import NonFiniteError
 
 pytestmark = pytest.mark.unit
@@ -41,8 +41,8 @@ def test_resume_with_changed_config_is_refused(small_run):
 @pytest.mark.parametrize("part", ["corpus", "code", "base_model"])
 def test_resume_with_changed_corpus_code_or_base_is_refused(small_run, part):
     path = small_run.run / "sft" / "state-stop001.pt.gz"
-    identity = small_run.identity(stage="sft")
-    load_state(path, identity)  # the true identity loads
+    identity = small_run.identity(stage="sft", initial=read_json(str(path) + ".json")["identity"]["initial"])
+    load_state(path, identity)  # the run's own identity loads
     with pytest.raises(StateError, match=f"identity changed in {part}"):
         load_state(path, {**identity, part: "0" * 64})
 
