@@ -152,10 +152,6 @@ def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, ex
     return ident
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    return optimizer.state_dict()
-
-
 def assert_states_equal(a, b, path: str = "state") -> int:
     """Recursively compare two states exactly (tensors bit for bit). Returns tensors compared."""
     if isinstance(a, torch.Tensor):
