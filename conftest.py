@@ -108,6 +108,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 # ---------------------------------------------------------------- shared fixtures (embedded)
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread, as the embedded profile runs (two were ~27x slower for the tiny model)."""
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def embedded_profile():
     from rlhf.config import load_profile

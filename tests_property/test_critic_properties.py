@@ -22,20 +22,12 @@ from rlhf.lora import lora_modules
 from rlhf.roles import critic_values, new_role
 from rlhf.tokens import collate
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 BATCH_ATOL = 1e-5
 PREFIX_ATOL = 1e-6
 CHANGE_MIN = 1e-4
 HYPOTHESIS = dict(deadline=None, max_examples=50, derandomize=True, database=None)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # profile embedded: torch_threads = 1
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

@@ -19,19 +19,11 @@ from rlhf.roles import new_role, reward_scores
 from rlhf.scoring import backbone_hidden
 from rlhf.tokens import collate
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 BATCH_ATOL = 1e-5
 PAD_GAP_MIN = 1e-3
 HYPOTHESIS = dict(deadline=None, max_examples=50, derandomize=True, database=None)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # profile embedded: torch_threads = 1
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

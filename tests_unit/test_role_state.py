@@ -23,17 +23,9 @@ from rlhf.lora import export_peft, lora_modules
 from rlhf.models import load_base
 from rlhf.roles import RoleStateError, fingerprint, load_role, new_role, save_role
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 LOGITS_ATOL = 0.0
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # profile embedded: torch_threads = 1
-    yield
-    torch.set_num_threads(old)
 
 
 def trained(role, seed):

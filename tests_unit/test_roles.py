@@ -17,21 +17,13 @@ from rlhf.models import load_base
 from rlhf.roles import (FROZEN_KINDS, HEAD_KINDS, ROLE_KINDS, Role, RoleIsolationError,
                         assert_role_isolation, fingerprint, new_head, new_role, tensor_sha256)
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 QWEN_HIDDEN = 896          # SPEC §4
 QWEN_HEAD_PARAMS = 897     # SPEC §4: hidden + 1
 HEAD_STD = 0.02            # SPEC §4: reward head weight N(0, 0.02)
 JUDGE_HEAD_SEED = 50       # SPEC §10
 LORA_SEED, JUDGE_LORA_SEED = 49, 50   # SPEC §10
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # profile embedded: torch_threads = 1
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture

@@ -22,19 +22,11 @@ from rlhf.roles import new_role
 from rlhf.scoring import response_logprobs, response_targets
 from rlhf.tokens import collate
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 NAIVE_ATOL = 1e-5
 PAD_ATOL = 1e-5
 BF16_ATOL = 1e-5
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # profile embedded: torch_threads = 1
-    yield
-    torch.set_num_threads(old)
 
 
 def move_adapters(model, seed):

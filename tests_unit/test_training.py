@@ -14,15 +14,7 @@ from rlhf.roles import new_role
 from rlhf.sft import encode_demonstrations, sft_budget, sft_loss
 from rlhf.tokens import OverLimitError, collate, encode_prompt
 
-pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def test_spec_budgets_for_qwen_and_the_embedded_profile(embedded_profile):
