@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.io import dumps_json, read_json, sha256_bytes, sha256_file, write_bytes, write_json
+from rlhf.io import dumps_json, read_verified, sha256_bytes, sha256_file, write_with_sidecar
 
 CODE_DIR = Path(__file__).parent
 
@@ -99,32 +99,16 @@ def unflatten_state(flat: dict):
 
 
 def save_state(path, state: dict, identity: dict) -> dict:
-    """Write a resume state atomically; refuse to overwrite. Returns the sidecar manifest."""
-    path = Path(path)
-    sidecar = Path(str(path) + ".json")
-    if path.exists() or sidecar.exists():
-        raise FileExistsError(f"refusing to overwrite existing state {path}")
+    """Write a resume state atomically with its sidecar manifest; refuse to overwrite."""
     buf = io.BytesIO()
     torch.save(flatten_state(state), buf)
     data = gzip.compress(buf.getvalue(), compresslevel=1, mtime=0)
-    manifest = {"file": path.name, "sha256": sha256_bytes(data), "bytes": len(data), "identity": identity}
-    write_bytes(path, data)
-    write_json(sidecar, manifest)
-    return manifest
+    return write_with_sidecar(path, data, {"file": Path(path).name, "identity": identity})
 
 
 def load_state(path, identity: dict | None = None) -> dict:
     """Verify the hash (and identity, when given), then load with weights-only unpickling."""
-    path = Path(path)
-    sidecar = Path(str(path) + ".json")
-    if not path.is_file() or not sidecar.is_file():
-        raise StateError(f"missing state {path} or its manifest {sidecar.name}")
-    manifest = read_json(sidecar)
-    data = path.read_bytes()
-    if len(data) != manifest["bytes"]:
-        raise StateError(f"state {path} is truncated: {len(data)} bytes, expected {manifest['bytes']}")
-    if sha256_bytes(data) != manifest["sha256"]:
-        raise StateError(f"state {path} is corrupted: SHA-256 does not match its manifest")
+    data, manifest = read_verified(path, StateError, "state")
     if identity is not None:
         check_identity(manifest["identity"], identity, what=str(path))
     try:

@@ -76,3 +76,36 @@ def write_json(path, obj, *, overwrite: bool = False) -> Path:
 def read_json(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def write_with_sidecar(path, data: bytes, manifest: dict) -> dict:
+    """Write `data` and `<path>.json` (its manifest, with the SHA-256 and size added); never overwrite.
+
+    The one way artifacts that are loaded back (resume states, role states) are written, so that
+    `read_verified` can check them before anything reads their content.
+    """
+    path = Path(path)
+    sidecar = Path(str(path) + ".json")
+    for p in (path, sidecar):
+        if p.exists():
+            raise ArtifactExists(f"refusing to overwrite existing artifact {p}")
+    manifest = {**manifest, "sha256": sha256_bytes(data), "bytes": len(data)}
+    write_bytes(path, data)
+    write_json(sidecar, manifest)
+    return manifest
+
+
+def read_verified(path, error=ValueError, what: str = "artifact") -> tuple[bytes, dict]:
+    """Read a file written by `write_with_sidecar`; raise `error` if it is missing, truncated or
+    does not match the SHA-256 in its manifest. Returns (bytes, manifest)."""
+    path = Path(path)
+    sidecar = Path(str(path) + ".json")
+    if not path.is_file() or not sidecar.is_file():
+        raise error(f"missing {what} {path} or its manifest {sidecar.name}")
+    manifest = read_json(sidecar)
+    data = path.read_bytes()
+    if "bytes" in manifest and len(data) != manifest["bytes"]:
+        raise error(f"{what} {path} is truncated: {len(data)} bytes, expected {manifest['bytes']}")
+    if sha256_bytes(data) != manifest["sha256"]:
+        raise error(f"hash mismatch: {what} {path} is corrupted or replaced (SHA-256 differs from its manifest)")
+    return data, manifest

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load as st_load, save as st_save
 from torch import nn
 
-from rlhf.io import dumps_json, read_json, sha256_bytes, write_bytes, write_json
+from rlhf.io import dumps_json, read_verified, sha256_bytes, write_with_sidecar
 from rlhf.lora import inject_lora, load_lora_state_dict, lora_parameters, lora_state_dict
 from rlhf.models import load_base
 from rlhf.scoring import backbone_hidden, last_token_hidden, prefix_hidden
@@ -207,16 +207,11 @@ def save_role(role: Role, path, identity: dict | None = None) -> dict:
     base_fp = fingerprint(role)["frozen_sha256"]
     meta = {"role": role.kind, "identity": dumps_json(identity or {}), "base_frozen_sha256": base_fp}
     data = st_save(state, metadata=meta)
-    manifest = {
-        "role": role.kind, "file": path.name, "sha256": sha256_bytes(data),
+    return write_with_sidecar(path, data, {
+        "role": role.kind, "file": path.name,
         "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in sorted(state.items())},
         "base_frozen_sha256": base_fp, "base_identity": role.base_identity, "identity": identity or {},
-    }
-    if Path(str(path) + ".json").exists():
-        raise FileExistsError(f"refusing to overwrite existing artifact {path}.json")
-    write_bytes(path, data)
-    write_json(Path(str(path) + ".json"), manifest)
-    return manifest
+    })
 
 
 def load_role(role: Role, path, *, source_kind: str | None = None, adapters_only: bool = False) -> dict:
@@ -227,13 +222,7 @@ def load_role(role: Role, path, *, source_kind: str | None = None, adapters_only
     and leave the head as initialised (the critic's zero head).
     """
     path = Path(path)
-    mpath = Path(str(path) + ".json")
-    if not path.is_file() or not mpath.is_file():
-        raise RoleStateError(f"missing role state {path} or its manifest {mpath.name}")
-    manifest = read_json(mpath)
-    data = path.read_bytes()
-    if sha256_bytes(data) != manifest["sha256"]:
-        raise RoleStateError(f"hash mismatch: {path} does not match its manifest (corrupted or replaced)")
+    data, manifest = read_verified(path, RoleStateError, "role state")
     want_kind = source_kind or role.kind
     if manifest["role"] != want_kind:
         raise RoleStateError(f"role kind mismatch: {path} holds a {manifest['role']} state, not {want_kind}")

@@ -61,6 +61,7 @@ def rewrite(path: Path, change):
     mpath = Path(str(path) + ".json")
     manifest = json.loads(mpath.read_text())
     manifest["sha256"] = sha256_bytes(new)
+    manifest["bytes"] = len(new)
     manifest["tensors"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in sorted(state.items())}
     mpath.write_text(json.dumps(manifest))
 
@@ -233,3 +234,12 @@ def test_actor_adapter_loads_in_peft_with_the_same_logits(make, embedded_profile
     record_result("max_abs_diff_actor_peft_logits", diff)
     assert diff <= LOGITS_ATOL
     assert float((plain - ours).abs().max()) > 1e-3  # the adapter is live and it matters
+
+
+def test_truncated_role_state_is_refused(saved):
+    """The shared verified read also checks the recorded size (same path as resume states)."""
+    role, path, _ = saved
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(RoleStateError, match="is truncated"):
+        load_role(role, path)
