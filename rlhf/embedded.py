@@ -69,9 +69,22 @@ _MISC = ["ticket", "incident", "request", "case", "record", "note", "message", "
          "situation", "card", "preference", "demonstration", "live", "rollout", "number"]
 
 
-def tokenizer_training_text(seed: int = BUILD_SEED, lines: int = 6000) -> str:
-    """Deterministic generic office text used only to learn the BPE merges."""
+TEXTS = ("office", "control")
+
+
+def tokenizer_training_text(seed: int = BUILD_SEED, lines: int = 6000, text: str = "office") -> str:
+    """Deterministic generic office text used only to learn the BPE merges.
+
+    "office" (the embedded base): six sentence forms, every field drawn independently; a
+    situation (subject + state) and a fix (an action) never share a line.
+    "control" (the control base of issue 8): the same lines, and after every situation line a
+    fix sentence whose action is drawn from a second, independent stream: text that pairs each
+    situation with a fix unrelated to it. The first stream is consumed exactly as for "office".
+    """
+    if text not in TEXTS:
+        raise ValueError(f"unknown build text {text!r}; one of {TEXTS}")
     rng = random.Random(seed)
+    fixes = random.Random(seed + 1_000_003)  # independent of every situation drawn by `rng`
     out = []
     for _ in range(lines):
         form = rng.randrange(6)
@@ -87,21 +100,24 @@ def tokenizer_training_text(seed: int = BUILD_SEED, lines: int = 6000) -> str:
             s = f"{rng.choice(_MISC).capitalize()} {rng.randint(0, 300)}, {rng.choice(_MISC)} {rng.randint(0, 20)}: {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_STATES)}."
         else:
             s = f"{rng.choice(_HEDGES).capitalize()} {rng.choice(_ACTIONS)} {rng.choice(_TAILS)}."
+        if text == "control" and form in (0, 4):
+            s += f" {fixes.choice(_REQUESTS)} {fixes.choice(_ACTIONS)}."
         out.append(s)
     return "\n".join(out) + "\n"
 
 
 def lab_strings() -> list[str]:
-    """Every lab prompt, response and probe string (what the base must never have seen)."""
-    from rlhf.corpus import build_corpus  # local import: corpus is independent of the model
+    """Every lab prompt, response and probe string of every corpus revision (r001 and r002):
+    what the base must never have seen."""
+    from rlhf.corpus import REVISIONS, build_corpus  # local import: corpus is independent of the model
     from rlhf.rubric import CONTEXTS
 
-    corpus = build_corpus()
     strings = set(CONTEXTS)
-    for rec in corpus_records(corpus):
-        for key in ("prompt", "chosen", "rejected", "response"):
-            if key in rec:
-                strings.add(rec[key])
+    for revision in REVISIONS:
+        for rec in corpus_records(build_corpus(revision)):
+            for key in ("prompt", "chosen", "rejected", "response"):
+                if key in rec:
+                    strings.add(rec[key])
     return sorted(strings)
 
 
@@ -149,16 +165,24 @@ def train_tokenizer(text: str):
     return tok
 
 
-def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bool = True) -> dict:
-    """Build the embedded base into `out_dir` (must not exist). Returns the manifest."""
+def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bool = True,
+                   text: str = "office") -> dict:
+    """Build the embedded base into `out_dir` (must not exist). Returns the manifest.
+
+    `text="control"` builds issue 8's control base: the same shape, weight seed and (zero)
+    training budget, with the tokenizer learned on the control text (see tokenizer_training_text).
+    """
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a 0.8 MB shard needs no progress bar
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ArtifactExists(f"refusing to overwrite existing model directory {out_dir}")
     t0 = time.perf_counter()
-    text = tokenizer_training_text(seed)
+    kind, text = text, tokenizer_training_text(seed, text=text)
     if audit:
         audit_training_text(text, lab_strings())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -188,7 +212,7 @@ def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bo
         tokenizer.save_pretrained(tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {
-            "kind": "embedded", "seed": seed, "shape": SHAPE, "final_norm_gain": FINAL_NORM_GAIN,
+            "kind": "embedded", "text": kind, "seed": seed, "shape": SHAPE, "final_norm_gain": FINAL_NORM_GAIN,
             "special_tokens": SPECIAL_TOKENS, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN,
             "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
             "parameters": sum(p.numel() for p in model.parameters()),

@@ -81,3 +81,42 @@ def test_tokenizer_round_trips_lab_text_and_keeps_prompts_short(embedded_base):
         assert tok.decode(ids) == chat_prompt(rec["prompt"])
         longest = max(longest, len(ids))
     assert longest <= 256
+
+
+def test_lab_strings_cover_both_corpus_revisions():
+    from rlhf.corpus import build_corpus
+    strings = set(embedded.lab_strings())
+    for revision in ("r001", "r002"):
+        prompts = {r["prompt"] for r in embedded.corpus_records(build_corpus(revision))}
+        assert prompts <= strings, revision
+
+
+def test_control_text_pairs_each_situation_with_an_independent_fix():
+    office = embedded.tokenizer_training_text().splitlines()
+    control = embedded.tokenizer_training_text(text="control").splitlines()
+    assert len(office) == len(control)
+    assert all(c.startswith(o) for o, c in zip(office, control))  # the same first stream
+    pairs = [(o, c[len(o):]) for o, c in zip(office, control) if c != o]
+    assert len(pairs) > 1500  # every situation line (two of the six forms) got a fix
+    import re
+    verb_state = re.compile(r" (?:%s) (\w+)" % "|".join(sorted(embedded._VERBS, key=len, reverse=True)))
+    fixes_by_state: dict = {}
+    for line, fix in pairs:
+        state = verb_state.search(line).group(1)
+        action = next(a for a in embedded._ACTIONS if fix.endswith(f" {a}."))
+        fixes_by_state.setdefault(state, set()).add(action)
+    # independent: every situation state meets (nearly) every fix, none is tied to one
+    assert min(len(v) for v in fixes_by_state.values()) >= len(embedded._ACTIONS) - 2
+    embedded.audit_training_text("\n".join(control), embedded.lab_strings())
+
+
+def test_control_build_keeps_the_weights_and_changes_only_the_tokenizer(tmp_path, embedded_dir):
+    manifest = embedded.build_embedded(tmp_path / "control", text="control")
+    office = read_json(embedded_dir / "manifest.json")
+    assert manifest["text"] == "control" and office["text"] == "office"
+    assert manifest["parameters"] == office["parameters"]
+    assert manifest["files"]["model.safetensors"] == office["files"]["model.safetensors"]
+    assert manifest["files"]["tokenizer.json"] != office["files"]["tokenizer.json"]
+    with pytest.raises(ValueError, match="unknown build text"):
+        embedded.build_embedded(tmp_path / "other", text="knowledge")
+    assert not (tmp_path / "other").exists()
