@@ -1,11 +1,12 @@
 """Command line: `rlhf lab` (the main job) and one command per stage.
 
     rlhf prepare --out DIR [--revision r001]     corpus: inputs/, labels/, manifest.json
-    rlhf build-embedded --out DIR [--seed 49]    the embedded base model and tokenizer
+    rlhf build-embedded --out DIR [--seed 49] [--text office|control]   the embedded base (or its control)
     rlhf fetch-model --out DIR                   download Qwen2.5-0.5B-Instruct (network needed)
     rlhf sft|reward|ppo --run DIR [--resume] [--stop-after N]   one stage
     rlhf evaluate --run DIR / rlhf report --run DIR
     rlhf lab --out DIR [--profile embedded]      the whole lab in one run
+    rlhf base-study --out DIR                    issue 8: the embedded base beside its control base
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def cmd_prepare(args) -> int:
 
 def cmd_build_embedded(args) -> int:
     from rlhf.embedded import build_embedded
-    manifest = build_embedded(args.out, seed=args.seed)
-    print(f"embedded base: {manifest['parameters']:,} parameters, built in "
+    manifest = build_embedded(args.out, seed=args.seed, text=args.text)
+    print(f"embedded base ({manifest['text']} text): {manifest['parameters']:,} parameters, built in "
           f"{manifest['build_seconds']} s -> {args.out}")
     return 0
 
@@ -124,6 +125,18 @@ def cmd_lab(args) -> int:
     return 0
 
 
+def cmd_base_study(args) -> int:
+    from rlhf.base_study import run_base_study, summary_lines
+    result = run_base_study(args.out)
+    print("\n".join(summary_lines(result)))
+    for name, checks in result["verdict"].items():
+        if name == result["chosen"]:
+            print(f"{name}: " + ", ".join(f"{k} {v['value']:.3f} >= {v['at_least']}: {v['holds']}"
+                                          for k, v in checks.items()))
+    print(f"base study finished in {result['seconds']:.1f} s; everything is in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build-embedded", help="build the embedded base model deterministically")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=49)
+    p.add_argument("--text", default="office", choices=["office", "control"],
+                   help="tokenizer text: office (the lab's base) or control (issue 8's control base)")
     p.set_defaults(func=cmd_build_embedded)
 
     p = sub.add_parser("fetch-model", help="download the pinned Qwen2.5-0.5B-Instruct revision")
@@ -174,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b)")
     p.add_argument("--revision", default="r001")
     p.set_defaults(func=cmd_lab)
+
+    p = sub.add_parser("base-study", help="SFT on r001 and the judge on r002 for the embedded and control bases")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_base_study)
     return parser
 
 

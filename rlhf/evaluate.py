@@ -110,14 +110,22 @@ def check_probe_identity(rows: list[dict]) -> int:
 
 
 @torch.no_grad()
-def greedy_responses(actor_model, prompt_ids: list[list[int]], ctx) -> list[list[int]]:
-    """Greedy token ids for each prompt (EOS included when the row stopped by itself)."""
+def policy_responses(actor_model, prompt_ids: list[list[int]], ctx,
+                     generator: torch.Generator | None = None) -> list[list[int]]:
+    """Token ids for each prompt (EOS included when the row stopped by itself): greedy when
+    `generator` is None, else drawn at the profile's PPO temperature from `generator`."""
     out = []
     for chunk in _batches(prompt_ids):
         gen = generate(actor_model, chunk, eos_id=ctx.eos_id, pad_id=ctx.pad_id,
-                       max_new_tokens=ctx.profile["limits"]["response_tokens"], greedy=True)
+                       max_new_tokens=ctx.profile["limits"]["response_tokens"], greedy=generator is None,
+                       temperature=ctx.profile["ppo"]["temperature"], generator=generator)
         out += gen.responses
     return out
+
+
+def greedy_responses(actor_model, prompt_ids: list[list[int]], ctx) -> list[list[int]]:
+    """Greedy token ids for each prompt (EOS included when the row stopped by itself)."""
+    return policy_responses(actor_model, prompt_ids, ctx)
 
 
 def generate_heldout(actor_model, ctx) -> list[dict]:

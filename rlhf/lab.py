@@ -154,24 +154,27 @@ def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict
 
 # ------------------------------------------------------------------------- stages
 
+def train_role(ctx: Context, kind: str, train_fn, *, state=None, stop=None, progress=None) -> dict:
+    """A fresh `kind` role trained by `train_fn` (train_sft or train_judge) on the learning view,
+    from the profile's torch seed; returns the training state (what a stage saves and resumes)."""
+    role = ctx.role(kind)
+    torch.manual_seed(ctx.profile["seeds"]["torch"])
+    return train_fn(role, ctx.corpus.learning_view(), ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile,
+                    state=state, stop_after_epoch=stop, progress=progress)
+
+
 def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_line, artifact: str,
                  resume: bool, stop_after) -> dict:
     """SFT and the judge: the same resumable epoch stage over a different role and loss."""
-    view = ctx.corpus.learning_view()
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=_initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
 
     def run_fn(state, stop):
-        role = ctx.role(kind)
-        torch.manual_seed(ctx.profile["seeds"]["torch"])
-
         def progress(step, total, loss):
             bar.total = total
             tick(step, total, loss)
-        out = train_fn(role, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=state,
-                       stop_after_epoch=stop, progress=progress)
-        return out, {}
+        return train_role(ctx, kind, train_fn, state=state, stop=stop, progress=progress), {}
 
     result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after)
     bar.close()

@@ -1,0 +1,210 @@
+"""Issue 8, items 3-4: can the embedded base carry an SFT actor and a judge that reads the situation?
+
+The study measures a base through the project's own code, with the budgets the profile fixed
+before any measurement (one training run each, validation picks nothing):
+
+* on r001: SFT (the profile's budget, `lab.train_role`), then on the 180 held-out test prompts
+  the share with the correct action when greedy, and the share of in-grammar responses that end
+  with EOS when sampled at temperature 1 from a generator seeded with `seeds.evaluation`;
+* on r002 (no give-aways): the judge (the profile's budget), its accuracy on the 180 test pairs,
+  on variants 1, 2 and 4 together (the 108 pairs whose preferred action depends on reading the
+  situation), and the shortcut audit's conflict accuracy (1d: the situation sentence swapped so
+  that the preferred answer flips; rlhf.shortcut).
+
+It runs on two bases of one size and one (zero-step) training budget, built by
+`rlhf.embedded.build_embedded` from the same weight seed:
+
+* "embedded", the lab's base (its files must equal rlhf/embedded_expected.json);
+* "control", whose tokenizer is learned on text where each situation is followed by a fix drawn
+  independently of it. The embedded base's weights are random, so the only text-dependent part
+  is the tokenizer; the control says whether that text matters.
+
+`rlhf base-study --out DIR` writes DIR/results.json (never overwritten) and keeps every run
+folder (corpus, actor, judge, shortcut audit) under DIR/<base>/r001 and DIR/<base>/r002.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from rlhf import rubric
+from rlhf.config import load_profile, profile_hash
+from rlhf.embedded import EMBEDDED_DIR, build_embedded
+from rlhf.io import read_json, write_json
+
+STUDY = "base_study"
+VERSION = 1
+BASES = {"embedded": "office", "control": "control"}   # base name -> build text
+CONFLICT_VARIANTS = ("1", "2", "4")
+# Issue 8 item 3, for the chosen base (the control is measured, not judged).
+CRITERIA = {"sft_greedy_correct_action": 0.90, "sft_temperature_1_in_grammar": 0.80,
+            "judge_r002_test_accuracy": 0.90, "judge_r002_variants_1_2_4": 0.85}
+
+
+class BaseStudyError(ValueError):
+    """The study's inputs are not what it claims to measure."""
+
+
+def _share(flags) -> float:
+    flags = list(flags)
+    return sum(bool(f) for f in flags) / len(flags)
+
+
+def _test_rows(ctx, responses: list[list[int]], records: list[dict]) -> list[dict]:
+    """Rubric verdicts of responses to the test prompts (labels read only here, after generation)."""
+    from rlhf.evaluate import expected_actions
+    from rlhf.tokens import decode_response
+    expected = expected_actions(ctx.corpus.evaluation_view())
+    rows = []
+    for rec, ids in zip(records, responses):
+        text, finish = decode_response(ctx.tokenizer, ids, ctx.eos_id)
+        verdict = rubric.evaluate(text, finish, expected[rec["document_id"]])
+        rows.append({"document_id": rec["document_id"], "response": text, "finish_reason": finish,
+                     "expected_action": expected[rec["document_id"]], **verdict})
+    return rows
+
+
+def _summary(rows: list[dict]) -> dict:
+    return {"n": len(rows),
+            "correct_action": _share(r["action"] == r["expected_action"] for r in rows),
+            "in_grammar": _share(r["recognized"] and r["finish_reason"] == "eos" for r in rows),
+            "rubric_success": _share(r["rubric_success"] for r in rows),
+            "examples": [r["response"] for r in rows[:3]]}
+
+
+def measure_sft(ctx) -> dict:
+    """r001: SFT with the profile's budget; greedy and temperature-1 answers to the 180 test prompts."""
+    from rlhf.evaluate import heldout_prompts, policy_responses
+    from rlhf.lab import train_role
+    from rlhf.roles import save_role
+    from rlhf.sft import train_sft
+    from rlhf.tokens import encode_prompt
+
+    t0 = time.perf_counter()
+    state = train_role(ctx, "actor", train_sft)
+    actor = ctx.role("actor")
+    actor.load_learned_state(state["actor"])
+    actor.model.eval()
+    save_role(actor, ctx.run / "sft" / "actor.safetensors", ctx.identity(stage="base_study_sft"))
+    train_seconds = time.perf_counter() - t0
+
+    records = [r for r in heldout_prompts(ctx.corpus.evaluation_view()) if r["population"] == "test"]
+    limits = ctx.profile["limits"]
+    prompt_ids = [encode_prompt(ctx.tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
+    seed = ctx.profile["seeds"]["evaluation"]
+    greedy = _test_rows(ctx, policy_responses(actor.model, prompt_ids, ctx), records)
+    sampled = _test_rows(ctx, policy_responses(actor.model, prompt_ids, ctx,
+                                               generator=torch.Generator().manual_seed(seed)), records)
+    last = state["history"]["epochs"][-1]
+    return {"revision": ctx.corpus.revision, "updates": state["step"],
+            "last_epoch": {"train_loss": last["train_loss"], "validation_loss": last["validation_loss"]},
+            "greedy": _summary(greedy),
+            "temperature_1": {**_summary(sampled), "temperature": ctx.profile["ppo"]["temperature"],
+                              "generator_seed": seed},
+            "train_seconds": train_seconds, "seconds": time.perf_counter() - t0}
+
+
+def measure_judge(ctx) -> dict:
+    """r002: the judge with the profile's budget; test accuracy, variants 1/2/4, the conflict audit."""
+    from rlhf.evaluate import judge_test_accuracy
+    from rlhf.judge import train_judge
+    from rlhf.lab import train_role
+    from rlhf.roles import save_role
+    from rlhf.shortcut import run_shortcut_audit
+
+    if ctx.corpus.revision != "r002":
+        raise BaseStudyError(f"the judge is measured on r002 (no give-aways), not {ctx.corpus.revision}")
+    t0 = time.perf_counter()
+    state = train_role(ctx, "reward", train_judge)
+    judge = ctx.role("reward")
+    judge.load_learned_state(state["judge"])
+    judge.freeze()
+    save_role(judge, ctx.run / "reward" / "judge.safetensors", ctx.identity(stage="base_study_reward"))
+    train_seconds = time.perf_counter() - t0
+    test = judge_test_accuracy(judge, ctx)
+    audit = run_shortcut_audit(ctx)  # reloads the saved judge, hash-checked, writes shortcut_audit/
+    conflict = audit["counterfactuals"]["d_conflict"]
+    # Variants hold equal numbers of pairs (36 each), so the pooled share is the mean of shares;
+    # checked against the pair count rather than assumed.
+    labels = ctx.corpus.evaluation_view().labels("pair", "test")
+    counts = {v: sum(str(lab["variant"]) == v for lab in labels) for v in CONFLICT_VARIANTS}
+    pooled = sum(test["by_variant"][v] * counts[v] for v in CONFLICT_VARIANTS) / sum(counts.values())
+    last = state["history"]["epochs"][-1]
+    return {"revision": ctx.corpus.revision, "updates": state["step"],
+            "last_epoch": {k: last[k] for k in ("train_loss", "validation_loss", "validation_accuracy")},
+            "test_accuracy": test["accuracy"], "by_variant": test["by_variant"], "ties": test["ties"],
+            "pairs": test["pairs"], "variants_1_2_4": pooled, "variants_1_2_4_pairs": sum(counts.values()),
+            "conflict": {"accuracy": conflict["accuracy"], "by_variant": conflict["by_variant"],
+                         "pairs": conflict["pairs"]},
+            "shortcut_audit": {k: v["accuracy"] for k, v in audit["counterfactuals"].items()},
+            "train_seconds": train_seconds, "seconds": time.perf_counter() - t0}
+
+
+def verdict(measures: dict) -> dict:
+    """Each criterion of CRITERIA: the measured value, the bound, and whether it holds."""
+    values = {"sft_greedy_correct_action": measures["sft"]["greedy"]["correct_action"],
+              "sft_temperature_1_in_grammar": measures["sft"]["temperature_1"]["in_grammar"],
+              "judge_r002_test_accuracy": measures["judge"]["test_accuracy"],
+              "judge_r002_variants_1_2_4": measures["judge"]["variants_1_2_4"]}
+    return {k: {"value": values[k], "at_least": bound, "holds": values[k] >= bound}
+            for k, bound in CRITERIA.items()}
+
+
+def build_base(out: Path, name: str) -> tuple[Path, dict]:
+    """Build base `name` into out/bases/name; the embedded one must equal the committed build."""
+    model_dir = out / "bases" / name
+    manifest = build_embedded(model_dir, text=BASES[name])
+    if name == "embedded":
+        expected = read_json(EMBEDDED_DIR.parent / "embedded_expected.json")["files"]
+        if manifest["files"] != expected:
+            raise BaseStudyError("the rebuilt embedded base differs from rlhf/embedded_expected.json")
+    return model_dir, manifest
+
+
+def measure_base(out: Path, name: str, profile: dict) -> dict:
+    from rlhf.lab import open_context
+    model_dir, manifest = build_base(out, name)
+    sft = measure_sft(open_context(out / name / "r001", profile, model_dir=model_dir, revision="r001"))
+    judge = measure_judge(open_context(out / name / "r002", profile, model_dir=model_dir, revision="r002"))
+    return {"build": {"text": manifest["text"], "seed": manifest["seed"], "parameters": manifest["parameters"],
+                      "files": manifest["files"], "seconds": manifest["build_seconds"],
+                      "pretraining_steps": 0},
+            "sft": sft, "judge": judge}
+
+
+def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> dict:
+    """Measure every base in `bases`; write out/results.json (refused if it exists)."""
+    out = Path(out)
+    if (out / "results.json").exists():
+        raise FileExistsError(f"{out / 'results.json'} exists: the base study already ran (use a new --out)")
+    profile = load_profile(profile_name)
+    if profile["model"]["kind"] != "embedded":
+        raise BaseStudyError(f"the base study measures embedded bases, not profile {profile['name']}")
+    t0 = time.perf_counter()
+    measured = {name: measure_base(out, name, profile) for name in bases}
+    result = {
+        "study": STUDY, "version": VERSION, "profile": profile["name"], "profile_sha256": profile_hash(profile),
+        "budgets": {"sft": {k: profile["sft"][k] for k in ("epochs", "lr", "expected_updates")},
+                    "judge": {k: profile["judge"][k] for k in ("epochs", "lr", "expected_updates")},
+                    "fixed_before_measuring": True},
+        "chosen": "embedded", "criteria": CRITERIA,
+        "bases": measured,
+        "verdict": {name: verdict(m) for name, m in measured.items()},
+        "seconds": time.perf_counter() - t0,
+    }
+    write_json(out / "results.json", result)
+    return result
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The table `rlhf base-study` prints."""
+    head = ("base", "SFT greedy correct", "SFT T=1 in-grammar", "judge r002 test", "variants 1/2/4",
+            "conflict (1d)")
+    lines = ["  ".join(f"{h:>18}" for h in head)]
+    for name, m in result["bases"].items():
+        cells = (name, m["sft"]["greedy"]["correct_action"], m["sft"]["temperature_1"]["in_grammar"],
+                 m["judge"]["test_accuracy"], m["judge"]["variants_1_2_4"], m["judge"]["conflict"]["accuracy"])
+        lines.append("  ".join(f"{c:>18}" if isinstance(c, str) else f"{c:>18.3f}" for c in cells))
+    return lines
