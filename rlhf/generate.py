@@ -23,19 +23,54 @@ class Generation:
     ended: list[bool]            # True when the row produced EOS
 
 
-def _left_pad(prompts: list[list[int]], pad_id: int, device):
+def _left_pad(prompts: list[list[int]], pad_id: int, room: int, device):
+    """Left-padded ids and mask [B, T + room]: prompts end in column T-1, drawn tokens go after.
+
+    Writing each drawn token into its column costs one small copy per step, where growing the
+    sequence by torch.cat copied all of it every step.
+    """
     T = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), T), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(prompts), T), dtype=torch.long, device=device)
+    ids = torch.full((len(prompts), T + room), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), T + room), dtype=torch.long, device=device)
     for b, p in enumerate(prompts):
-        ids[b, T - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-        mask[b, T - len(p):] = 1
-    return ids, mask
+        ids[b, T - len(p):T] = torch.tensor(p, dtype=torch.long, device=device)
+        mask[b, T - len(p):T] = 1
+    return ids, mask, T
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """mask [B, L] -> position of every column [B, L], counted along real tokens (pads clamp to 0)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _prepares_decode_masks(config) -> bool:
+    """True when _decode_mask builds exactly the mask transformers would: SDPA attention, every
+    layer full attention (no sliding window). Otherwise the model gets the 2D mask as before."""
+    layer_types = getattr(config, "layer_types", None) or ()
+    return config._attn_implementation == "sdpa" and all(t == "full_attention" for t in layer_types)
+
+
+def _decode_mask(mask: torch.Tensor) -> dict:
+    """mask [B, L] -> the prepared attention masks of one cached step (1 new token, L columns).
+
+    What transformers' create_causal_mask returns for SDPA there, without its ~0.1-0.2 ms of
+    argument handling per step: None when no column is padding (SDPA runs unmasked), else
+    [B, 1, 1, L] bool, True where attended (causality is no constraint for the last position).
+    tests_unit/test_training.py checks it against create_causal_mask.
+    """
+    return {"full_attention": None if bool(mask.all()) else mask.bool()[:, None, None, :]}
 
 
 def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generator):
-    """logits [B, V] -> (token [B], log-prob of the token under the sampling distribution [B])."""
-    logp = F.log_softmax(logits.float() / (1.0 if greedy else temperature), dim=-1)
+    """logits [B, V] -> (token [B], log-prob of the token under the sampling distribution [B]).
+
+    The division by a temperature of 1 (and greedy's 1) is skipped: x / 1.0 is x exactly.
+    """
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    if not greedy and temperature != 1.0:
+        logits = logits / temperature
+    logp = F.log_softmax(logits, dim=-1)
     if greedy:
         token = logp.argmax(-1)
     else:
@@ -43,36 +78,45 @@ def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generato
     return token, logp.gather(-1, token[:, None])[:, 0]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, max_new_tokens: int,
              greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
              use_cache: bool = True) -> Generation:
+    """Draw up to `max_new_tokens` per prompt (see the module docstring).
+
+    Inference mode rather than no_grad: nothing made here outlives the call as a tensor (the
+    result is Python lists), and it spares each of the few hundred small ops of a step the
+    autograd and version-counter bookkeeping. The kernels, and so every drawn bit, are the same.
+    """
     if not greedy and generator is None:
         raise ValueError("sampling needs an explicit torch.Generator (seeded by the caller)")
     device = next(model.parameters()).device
-    ids, mask = _left_pad(prompts, pad_id, device)
+    ids, mask, T = _left_pad(prompts, pad_id, max_new_tokens, device)   # [B, T + N] each
     B = ids.shape[0]
+    seen = mask.sum(-1)                  # [B] real tokens in mask[:, :L]; the last one sits at seen - 1
     done = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps = [], []
     past = None
-    step_ids, step_mask = ids, mask
-    for _ in range(max_new_tokens):
-        positions = (step_mask.cumsum(-1) - 1).clamp(min=0)
+    prepared = _prepares_decode_masks(model.config)
+    for L in range(T, T + max_new_tokens):   # L: columns the model sees this step
         if use_cache and past is not None:
-            out = model(input_ids=step_ids[:, -1:], attention_mask=step_mask,
-                        position_ids=positions[:, -1:], cache=past, use_cache=True)
+            out = model(input_ids=ids[:, L - 1:L],
+                        attention_mask=_decode_mask(mask[:, :L]) if prepared else mask[:, :L],
+                        position_ids=(seen - 1).clamp(min=0)[:, None], cache=past, use_cache=True)
         else:
-            out = model(input_ids=step_ids, attention_mask=step_mask, position_ids=positions,
+            out = model(input_ids=ids[:, :L], attention_mask=mask[:, :L], position_ids=_positions(mask[:, :L]),
                         use_cache=use_cache)
         past = out.cache if use_cache else None
         token, logp = _next_token(out.logits[:, -1, :], greedy, temperature, generator)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
+        token = token.masked_fill(done, pad_id)
         tokens.append(token)
         logps.append(logp)
         # Finished rows keep a masked pad so that shapes stay rectangular.
-        step_ids = torch.cat([step_ids, token[:, None]], dim=1)
-        step_mask = torch.cat([step_mask, (~done).long()[:, None]], dim=1)
-        done = done | (token == eos_id)
+        live = ~done
+        ids[:, L] = token
+        mask[:, L] = live
+        seen += live
+        done |= token == eos_id
         if bool(done.all()):
             break
     tok = torch.stack(tokens, 1).tolist()

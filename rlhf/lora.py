@@ -75,6 +75,9 @@ class LoRALinear(nn.Module):
         self.rank = rank
         self.alpha = alpha
         self.scaling = alpha / rank
+        # A power of two >= 1 (2.0 for r 8, alpha 16): multiplying by it never rounds (short of
+        # overflow), so the scale may be fused into the add (_scaled_sum).
+        self.exact_scaling = self.scaling >= 1 and math.frexp(self.scaling)[0] == 0.5
         self.in_features = base.in_features
         self.out_features = base.out_features
         a = torch.empty(rank, base.in_features, dtype=torch.float32)
@@ -86,13 +89,38 @@ class LoRALinear(nn.Module):
                                                device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base_out = self.base(x)
-        branch = F.linear(F.linear(x.to(torch.float32), self.lora_A), self.lora_B) * self.scaling
-        return (base_out.float() + branch).to(self.base.weight.dtype)
+        # Generation runs this 14 times per drawn token on tiny shapes, where every dispatched op
+        # costs more than its arithmetic: the base is called through F.linear (what nn.Linear's
+        # forward does, without the module call), casts that would be no-ops are skipped, and
+        # with a power-of-two scaling the scale goes into the add (see _scaled_sum). The numbers
+        # are bit-identical to  (W x + b).float() + B(A x.float()) · scaling, cast back.
+        base = self.base
+        dtype = base.weight.dtype
+        base_out = F.linear(x, base.weight, base.bias)                          # [..., out]
+        branch = F.linear(F.linear(_fp32(x), self.lora_A), self.lora_B)         # [..., out] FP32, unscaled
+        y = _scaled_sum(_fp32(base_out), branch, self.scaling, self.exact_scaling)
+        return y if y.dtype == dtype else y.to(dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"rank={self.rank}, alpha={self.alpha}, scaling={self.scaling}")
+
+
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    """`t.float()` without dispatching an op when `t` is FP32 already (the embedded profile)."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _scaled_sum(base_out: torch.Tensor, branch: torch.Tensor, scaling: float, exact: bool) -> torch.Tensor:
+    """base_out + branch · scaling, both FP32, bit-identical to the two-op form.
+
+    `torch.add(a, b, alpha=s)` is one op instead of two; its kernel may fuse a + s·b into one
+    rounding, which equals round(a + round(s·b)) exactly when s·b needs no rounding: s a power
+    of two >= 1 and s·b finite (|b| < 2^128 / s). Any other scaling takes the two-op form.
+    """
+    if exact:
+        return torch.add(base_out, branch, alpha=scaling)
+    return base_out + branch * scaling
 
 
 # ---------------------------------------------------------------------------------------------

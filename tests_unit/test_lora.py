@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
@@ -231,6 +232,28 @@ def test_bf16_lora_linear_sums_in_fp32_and_casts_back_once():
         want = (base(x).float() + branch).to(torch.bfloat16)
     assert y.dtype == torch.bfloat16
     assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rank,alpha", [(8, 16), (4, 16), (8, 12), (16, 8)])
+def test_forward_and_gradients_equal_the_two_op_formula_bit_for_bit(dtype, rank, alpha):
+    """The forward fuses a power-of-two scaling into the add (rlhf.lora._scaled_sum) and calls
+    the base through F.linear; outputs and gradients must equal the plain formula exactly."""
+    g = torch.Generator().manual_seed(12)
+    layer = LoRALinear(nn.Linear(40, 24, dtype=dtype), rank=rank, alpha=alpha, generator=g)
+    assert layer.exact_scaling == (alpha / rank in (2.0, 4.0))
+    with torch.no_grad():
+        layer.lora_B.normal_(generator=g)
+    x = torch.randn(3, 5, 40, generator=g).to(dtype)
+    got = layer(x)
+    got.float().square().sum().backward()
+    grads = [layer.lora_A.grad.clone(), layer.lora_B.grad.clone()]
+    layer.zero_grad()
+    branch = F.linear(F.linear(x.to(torch.float32), layer.lora_A), layer.lora_B) * layer.scaling
+    want = (layer.base(x).float() + branch).to(dtype)
+    want.float().square().sum().backward()
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert torch.equal(grads[0], layer.lora_A.grad) and torch.equal(grads[1], layer.lora_B.grad)
 
 
 def test_tiny_bf16_model_logits_unchanged_at_init_and_only_B_gets_gradient():

@@ -95,6 +95,33 @@ def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(embedded_profile,
     assert tf_diff <= 1e-4
 
 
+def test_prepared_decode_mask_is_the_one_transformers_builds(embedded_base):
+    """generate passes one cached step's SDPA mask ready-made (rlhf.generate._decode_mask); it
+    must be what create_causal_mask returns: None without padding, else the same bool tensor."""
+    from transformers.masking_utils import create_causal_mask
+    from rlhf.generate import _decode_mask, _prepares_decode_masks
+    model = embedded_base.model
+    assert _prepares_decode_masks(model.config)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]] * 3)
+    full = torch.ones(3, 7, dtype=torch.long)
+    padded = full.clone()
+    padded[1, :2] = 0          # a left-padded prompt
+    padded[2, -1] = 0          # a finished row's masked pad
+    for mask in (full, padded, full[:1]):
+        B = mask.shape[0]
+        with torch.no_grad():
+            cache = model(input_ids=prompt[:B], attention_mask=mask[:, :-1], use_cache=True).cache
+            embeds = model.get_input_embeddings()(prompt[:B, -1:])
+        want = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=mask, cache=cache,
+                                  position_ids=torch.full((B, 1), 6))
+        got = _decode_mask(mask)["full_attention"]
+        if want is None:
+            assert got is None and bool(mask.all())
+        else:
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+            assert got.is_contiguous() and want.is_contiguous()
+
+
 def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(embedded_profile, embedded_dir, embedded_base, record_result):
     actor = new_role("actor", embedded_profile, embedded_dir)
     actor.model.to(torch.bfloat16)
