@@ -7,6 +7,9 @@ Run them alone, without xdist (pytest-benchmark switches itself off under xdist)
 What is measured (each in its own test):
   * generation tokens/s with and without the KV cache, batch 1 and 4 (64 tokens, EOS disabled
     so every round draws exactly 64 tokens);
+  * before/after in one run: the generation and the LoRA forward of commit PREVIOUS (read with
+    `git show`) against the working tree's, rounds interleaved, batch 1 and 4 with the KV cache,
+    and a few whole PPO iterations; both must give bit-identical draws, log-probs and states;
   * teacher-forced scoring (rlhf.scoring.response_logprobs), one SFT update, one judge update,
     one PPO actor+critic update (rlhf.ppo.ppo_update), one whole PPO iteration (rollout + 2 updates);
   * the CPU's dense-matmul peak (torch.mm 2048 x 2048 FP32, best of N) with 2 threads (all
@@ -30,6 +33,8 @@ a table is printed at the end of the module.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -51,6 +56,9 @@ RESPONSE = 64            # tokens per generated answer (the SPEC's limit)
 ALL_CORES = os.cpu_count() or 2
 TRL_WARMUP, TRL_TIMED = 1, 10
 SUMMARY: dict = {"rows": [], "notes": []}
+# The last commit before generation was tuned (issue #7 item 5): its rlhf/generate.py and
+# rlhf/lora.py are the "before" of the before/after benchmarks.
+PREVIOUS = "6347c95800da731abb68816282a7932ed8619570"
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -276,6 +284,162 @@ def test_generation_tokens_per_second(benchmark, record_result, bench_ctx, roles
     _report(benchmark, record_result, f"generation_{'kv_cache' if use_cache else 'no_cache'}_batch{batch}", log, 1,
             peak, tokens=batch * RESPONSE, flop={k: v for k, v in f.items() if k.endswith("flops")},
             extra={"batch": batch, "prompt_tokens": prompt_len, "new_tokens": RESPONSE, "use_cache": use_cache})
+
+
+# ------------------------------------------------------------------------------ before/after (issue #7 item 5)
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory):
+    """rlhf/generate.py and rlhf/lora.py of commit PREVIOUS as throw-away modules.
+
+    `previous.active()` swaps them in for a block: rlhf.ppo's `generate` and LoRALinear.forward
+    (every adapted projection of every role, so updates and scoring run the old forward too).
+    """
+    import types
+    from rlhf import ppo
+    from rlhf.lora import LoRALinear
+    folder = tmp_path_factory.mktemp("previous")
+    mods = {}
+    for name in ("generate", "lora"):
+        out = subprocess.run(["git", "-C", str(ROOT), "show", f"{PREVIOUS}:rlhf/{name}.py"], capture_output=True,
+                             text=True)
+        if out.returncode != 0:
+            pytest.fail(f"the before/after benchmarks read commit {PREVIOUS[:12]} with git and could not: "
+                        f"{out.stderr.strip()} (a clone with its history is needed)", pytrace=False)
+        path = folder / f"previous_{name}.py"
+        path.write_text(out.stdout)
+        spec = importlib.util.spec_from_file_location(f"rlhf_previous_{name}", path)
+        mods[name] = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mods[name]  # dataclasses look their module up while it executes
+        spec.loader.exec_module(mods[name])
+
+    @contextlib.contextmanager
+    def active():
+        saved = ppo.generate, LoRALinear.forward
+        ppo.generate, LoRALinear.forward = mods["generate"].generate, mods["lora"].LoRALinear.forward
+        try:
+            yield
+        finally:
+            ppo.generate, LoRALinear.forward = saved
+
+    yield types.SimpleNamespace(generate=mods["generate"].generate, active=active)
+    for name in mods:
+        sys.modules.pop(f"rlhf_previous_{name}", None)
+
+
+def _draws(g) -> tuple:
+    return g.responses, g.logps, g.ended
+
+
+def _previous_and_current(previous, fn) -> tuple:
+    """fn(generate) run with the previous code and with the current code: (previous, current)."""
+    from rlhf.generate import generate
+    with previous.active():
+        before = fn(previous.generate)
+    return before, fn(generate)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generation_before_after(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank, previous,
+                                 batch):
+    """Generation with the KV cache, 64 tokens, commit PREVIOUS vs the working tree in one process,
+    rounds interleaved (previous, current, previous, ...); every round's draws must be identical."""
+    ps = prompts[:batch]
+    model = roles["actor"].model
+    logs: dict = {"previous": [], "current": []}
+
+    def draw(generate):
+        t = time.perf_counter()
+        g = generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
+                     generator=torch.Generator().manual_seed(11))
+        return time.perf_counter() - t, _draws(g)
+
+    def both():
+        before, after = _previous_and_current(previous, draw)
+        assert before[1] == after[1], "the current generation no longer draws what the previous one drew"
+        logs["previous"].append(before)
+        logs["current"].append(after)
+
+    benchmark.pedantic(both, rounds=7, warmup_rounds=1, iterations=1)
+    # EOS on, sampled and greedy, with and without the cache: the same draws too (not timed)
+    for greedy, use_cache in ((False, True), (True, True), (False, False)):
+        before, after = _previous_and_current(previous, lambda generate: _draws(generate(
+            model, ps, eos_id=bench_ctx.eos_id, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE, greedy=greedy,
+            generator=torch.Generator().manual_seed(12), use_cache=use_cache)))
+        assert before == after, (greedy, use_cache)
+    f = flops.generation_flops(shape, batch, max(len(p) for p in ps), RESPONSE, use_cache=True, lora_rank=rank)
+    flop = {k: v for k, v in f.items() if k.endswith("flops")}
+    extra = {"batch": batch, "new_tokens": RESPONSE, "use_cache": True, "previous_commit": PREVIOUS}
+    old = _report(benchmark, record_result, f"generation_kv_cache_batch{batch}_previous", logs["previous"], 1, peak,
+                  tokens=batch * RESPONSE, flop=flop, extra=extra)
+    new = _report(benchmark, record_result, f"generation_kv_cache_batch{batch}_current", logs["current"], 1, peak,
+                  tokens=batch * RESPONSE, flop=flop, extra=extra)
+    speedup = old["median_s"] / new["median_s"]
+    benchmark.extra_info["speedup_over_previous"] = new["speedup_over_previous"] = speedup
+    record_result(f"generation_kv_cache_batch{batch}_speedup_over_previous", round(speedup, 4))
+    SUMMARY.setdefault("before_after", {})[f"generation_kv_cache_batch{batch}"] = {
+        "previous_median_s": old["median_s"], "current_median_s": new["median_s"], "speedup": speedup,
+        "previous_tokens_per_s": old["tokens_per_s"], "current_tokens_per_s": new["tokens_per_s"],
+        "identical_draws": True, "previous_commit": PREVIOUS}
+    SUMMARY["notes"].append(f"before/after generation, KV cache, batch {batch}: {old['tokens_per_s']:.0f} -> "
+                            f"{new['tokens_per_s']:.0f} tokens/s (x{speedup:.2f}, medians of {new['rounds']} interleaved "
+                            f"rounds; commit {PREVIOUS[:7]} vs working tree), draws bit-identical")
+
+
+def _ppo_trainer(bench_ctx, prompts):
+    """Fresh roles, optimizers, prompt sampler and sampling generator, as rlhf.ppo.train_ppo sets
+    them up; returns iteration(it) -> seconds of that whole iteration (rollout + updates)."""
+    from rlhf import lab
+    from rlhf.optim import adamw
+    from rlhf.ppo import PromptSampler, ppo_update, rollout
+    prof = bench_ctx.profile
+    cfg = prof["ppo"]
+    roles = lab.ppo_roles(bench_ctx)
+    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"],
+                           prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
+    sampler = PromptSampler(len(prompts), prof["seeds"]["data_order"])
+    gen = torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"])
+    updates = cfg["updates_per_iteration"]
+
+    def iteration(it: int) -> float:
+        t = time.perf_counter()
+        ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
+        ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, {})
+        for u in range(updates):
+            ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg["iterations"] * updates, "bench", {})
+        return time.perf_counter() - t
+
+    return roles, iteration
+
+
+def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompts, previous):
+    """Whole PPO iterations, commit PREVIOUS vs the working tree: two trainers from the same start
+    run iteration i in turn (previous, current, previous, ...), so each pair has the same prompts
+    and shapes; after 1 warm-up + 10 timed rounds their adapters and heads must be bit-identical."""
+    trainers = {"previous": _ppo_trainer(bench_ctx, prompts), "current": _ppo_trainer(bench_ctx, prompts)}
+    seconds: dict = {"previous": [], "current": []}
+    rounds = iter(range(10 ** 6))
+
+    def one_round():
+        it = next(rounds)
+        with previous.active():
+            seconds["previous"].append(trainers["previous"][1](it))
+        seconds["current"].append(trainers["current"][1](it))
+
+    benchmark.pedantic(one_round, rounds=10, warmup_rounds=1, iterations=1)
+    for kind in ("actor", "critic"):
+        before, after = (trainers[k][0][kind].learned_state() for k in ("previous", "current"))
+        assert all(torch.equal(before[n], after[n]) for n in before), f"{kind}: the PPO states parted"
+    med = {k: statistics.median(v[1:]) for k, v in seconds.items()}
+    out = {"previous_commit": PREVIOUS, "timed_iterations": len(seconds["current"]) - 1,
+           "previous_median_s": med["previous"], "current_median_s": med["current"],
+           "speedup": med["previous"] / med["current"], "identical_state": True}
+    SUMMARY.setdefault("before_after", {})["ppo_iteration"] = out
+    benchmark.extra_info.update(out)
+    record_result("ppo_iteration_before_after", {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()})
+    SUMMARY["notes"].append(f"before/after PPO iteration: {med['previous']:.3f} -> {med['current']:.3f} s "
+                            f"(x{out['speedup']:.2f}, medians of {out['timed_iterations']} paired iterations), actor "
+                            f"and critic states bit-identical")
 
 
 # ------------------------------------------------------------------------------ scoring and updates
