@@ -37,6 +37,14 @@ def code_sha256() -> str:
     return sha256_bytes("\n".join(parts).encode())
 
 
+def seed_system_rngs(seed: int) -> None:
+    """Seed the RNGs that `rng_state` saves (torch global, python `random`). Nothing in rlhf
+    draws from python's `random`, but a saved state holds it: seeded, two processes running the
+    same stage write byte-identical state files."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
 def rng_state() -> dict:
     """The system RNGs (torch global, python `random`)."""
     state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.checkpoint import (StateError, assert_states_equal, identity_of, load_state, save_state,
+from rlhf.checkpoint import (StateError, assert_states_equal, identity_of, load_state, save_state, seed_system_rngs,
                              sha256_file)
 from rlhf.config import configure_torch, load_profile, profile_hash
 from rlhf.io import read_json, write_json
@@ -158,7 +158,7 @@ def train_role(ctx: Context, kind: str, train_fn, *, state=None, stop=None, prog
     """A fresh `kind` role trained by `train_fn` (train_sft or train_judge) on the learning view,
     from the profile's torch seed; returns the training state (what a stage saves and resumes)."""
     role = ctx.role(kind)
-    torch.manual_seed(ctx.profile["seeds"]["torch"])
+    seed_system_rngs(ctx.profile["seeds"]["torch"])
     return train_fn(role, ctx.corpus.learning_view(), ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile,
                     state=state, stop_after_epoch=stop, progress=progress)
 
@@ -236,7 +236,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True) ->
         roles = ppo_roles(ctx)
         assert_role_isolation(roles)
         before = {k: fingerprint(r) for k, r in roles.items()}
-        torch.manual_seed(ctx.profile["seeds"]["torch"])
+        seed_system_rngs(ctx.profile["seeds"]["torch"])
 
         def progress(it, total, rec):
             tick(it, total, rec["policy_loss"][-1])
