@@ -61,3 +61,28 @@ def test_torch_is_pinned_to_the_local_cpu_wheel():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"torch==2.13.0"' in text
     assert "torch==2.13.0" in (ROOT / "setup.sh").read_text()
+
+
+def test_tests_of_the_lab_run_share_one_xdist_worker(tmp_path):
+    """conftest sends every test that uses `lab_run` to one xdist worker, so the lab runs once
+    per session. Here a stand-in `lab_run` fixture (shadowing the real one) records the worker;
+    with pytest 9.2.0 and pytest-xdist 3.8.0 the group was silently ignored."""
+    seen = tmp_path / "workers"
+    seen.mkdir()
+    src = ("import os, pytest\npytestmark = pytest.mark.unit\n"
+           "@pytest.fixture\ndef lab_run():\n    return os.environ.get('PYTEST_XDIST_WORKER', 'none')\n"
+           f"def _mark(kind, worker, i):\n    open(os.path.join({str(seen)!r}, f'{{kind}}-{{i}}-{{worker}}'), 'w').close()\n")
+    src += "".join(f"def test_lab_{i}(lab_run):\n    _mark('lab', lab_run, {i})\n" for i in range(6))
+    src += "".join(f"def test_other_{i}():\n    import time; time.sleep(0.2)\n"
+                   f"    _mark('other', os.environ.get('PYTEST_XDIST_WORKER', 'none'), {i})\n" for i in range(6))
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    shutil.copy(ROOT / "pytest.ini", tmp_path / "pytest.ini")  # with its -n 2 --dist loadgroup
+    (tmp_path / "tests_unit").mkdir()
+    (tmp_path / "tests_unit" / "test_x.py").write_text(src)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--reports-dir=" + str(tmp_path / "rep"), "tests_unit"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    marks = [p.name.split("-") for p in seen.iterdir()]
+    lab_workers = {w for kind, _, w in marks if kind == "lab"}
+    assert len([m for m in marks if m[0] == "lab"]) == 6
+    assert len(lab_workers) == 1 and lab_workers != {"none"}, f"lab tests ran on {sorted(lab_workers)}"
