@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.optim import epoch_state, optimizer_step, start_epochs
-from rlhf.ppo_math import bradley_terry_loss, learning_rate
+from rlhf.optim import epoch_budget, train_epochs
+from rlhf.ppo_math import bradley_terry_loss
 from rlhf.roles import reward_scores
 from rlhf.tokens import collate, encode_example
 
@@ -50,41 +50,27 @@ def evaluate_pairs(judge, pairs, pad_id: int, batch_size: int = 16) -> dict:
 
 
 def judge_budget(profile: dict, n_pairs: int) -> tuple[int, int]:
-    per_epoch = -(-n_pairs // profile["judge"]["pairs_per_update"])
-    return per_epoch, per_epoch * profile["judge"]["epochs"]
+    return epoch_budget(n_pairs, profile["judge"]["pairs_per_update"], profile["judge"]["epochs"])
 
 
 def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
                 stop_after_epoch: int | None = None, progress=None) -> dict:
     """Run (or continue) the judge's Bradley-Terry budget; returns the state after the last epoch."""
-    cfg, opt_cfg, limits = profile["judge"], profile["optim"], profile["limits"]
+    cfg, limits = profile["judge"], profile["limits"]
     train = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
     valid = encode_pairs(view.pairs("validation"), tokenizer, eos_id, limits)
-    per_update = cfg["pairs_per_update"]
-    per_epoch, total = judge_budget(profile, len(train))
-    params = [p for p in judge.learned_parameters() if p.requires_grad]
-    optimizer, order, history, first_epoch, step = start_epochs(
-        judge, "judge", params, cfg["lr"], opt_cfg["weight_decay"], profile["seeds"]["data_order"], total, state)
-    last_epoch = cfg["epochs"] if stop_after_epoch is None else stop_after_epoch
-    for epoch in range(first_epoch, last_epoch):
-        perm = torch.randperm(len(train), generator=order).tolist()
-        for u in range(per_epoch):
-            pairs = [train[i] for i in perm[u * per_update:(u + 1) * per_update]]
-            lr = learning_rate(step, total, cfg["lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
-            chosen, rejected = pair_scores(judge, pairs, pad_id)
-            loss = bradley_terry_loss(chosen, rejected)
-            grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
-                                       f"judge update {step} (epoch {epoch})")
-            acc = float((chosen > rejected).float().mean())
-            history["updates"].append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr,
-                                       "accuracy": acc, "grad_norm": grad_norm})
-            step += 1
-            if progress is not None:
-                progress(step, total, float(loss.detach()))
+
+    def update_loss(pairs):
+        chosen, rejected = pair_scores(judge, pairs, pad_id)
+        return bradley_terry_loss(chosen, rejected), {"accuracy": float((chosen > rejected).float().mean())}
+
+    def epoch_summary(updates):
         val = evaluate_pairs(judge, valid, pad_id)
-        recent = history["updates"][-per_epoch:]
-        history["epochs"].append({"epoch": epoch, "validation_loss": val["loss"],
-                                  "validation_accuracy": val["accuracy"], "validation_ties": val["ties"],
-                                  "train_loss": sum(h["loss"] for h in recent) / per_epoch,
-                                  "train_accuracy": sum(h["accuracy"] for h in recent) / per_epoch})
-    return epoch_state("judge", "judge", judge, optimizer, order, history, last_epoch, step)
+        return {"validation_loss": val["loss"], "validation_accuracy": val["accuracy"],
+                "validation_ties": val["ties"],
+                "train_loss": sum(h["loss"] for h in updates) / len(updates),
+                "train_accuracy": sum(h["accuracy"] for h in updates) / len(updates)}
+
+    return train_epochs(judge, "judge", "judge", train, cfg["pairs_per_update"], cfg, profile, update_loss,
+                        epoch_summary, label="judge", state=state, stop_after_epoch=stop_after_epoch,
+                        progress=progress)

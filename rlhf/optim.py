@@ -35,11 +35,56 @@ def optimizer_step(optimizer, params, loss: torch.Tensor, lr: float, clip_norm: 
     return float(grad_norm)
 
 
-def start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: int, total: int,
-                 state: dict | None):
-    """The shared start of an epoch-based stage (SFT, judge): AdamW, the data-order generator,
-    the history, and - when resuming - everything restored from `state` (its learned tensors
-    under `key`). Returns (optimizer, order, history, first_epoch, step)."""
+def epoch_budget(n_items: int, per_update: int, epochs: int) -> tuple[int, int]:
+    """(updates per epoch, total updates): a last short update takes the remainder."""
+    per_epoch = -(-n_items // per_update)
+    return per_epoch, per_epoch * epochs
+
+
+def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: dict, profile: dict,
+                 update_loss, epoch_summary, *, label: str, state: dict | None = None,
+                 stop_after_epoch: int | None = None, progress=None) -> dict:
+    """The epoch loop of SFT and the judge: the same order, schedule, step and resume state.
+
+    Each epoch draws a permutation of `train` from the data-order generator and takes
+    ceil(len(train) / per_update) updates of `per_update` items:
+
+        loss, extra = update_loss(items)     the stage's loss, and what its update record adds
+        lr = learning_rate(step, total)      warm-up then linear decay (rlhf.ppo_math)
+        optimizer_step(...)                  backward, clip, AdamW
+
+    After each epoch `epoch_summary(updates_of_the_epoch)` adds the validation numbers. Runs to
+    cfg["epochs"] or stops after `stop_after_epoch`; returns the state to save or resume from
+    (keys: stage, epochs_done, step, `key`, optimizer, order_generator, rng, history).
+    """
+    from rlhf.ppo_math import learning_rate
+    opt_cfg = profile["optim"]
+    per_epoch, total = epoch_budget(len(train), per_update, cfg["epochs"])
+    params = [p for p in role.learned_parameters() if p.requires_grad]
+    optimizer, order, history, first_epoch, step = _start_epochs(
+        role, key, params, cfg["lr"], opt_cfg["weight_decay"], profile["seeds"]["data_order"], total, state)
+    last_epoch = cfg["epochs"] if stop_after_epoch is None else stop_after_epoch
+    for epoch in range(first_epoch, last_epoch):
+        perm = torch.randperm(len(train), generator=order).tolist()
+        for u in range(per_epoch):
+            items = [train[i] for i in perm[u * per_update:(u + 1) * per_update]]
+            lr = learning_rate(step, total, cfg["lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
+            loss, extra = update_loss(items)
+            grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
+                                       f"{label} update {step} (epoch {epoch})")
+            history["updates"].append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr,
+                                       **extra, "grad_norm": grad_norm})
+            step += 1
+            if progress is not None:
+                progress(step, total, float(loss.detach()))
+        history["epochs"].append({"epoch": epoch, **epoch_summary(history["updates"][-per_epoch:])})
+    return _epoch_state(stage, key, role, optimizer, order, history, last_epoch, step)
+
+
+def _start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: int, total: int,
+                  state: dict | None):
+    """AdamW, the data-order generator, the history, and - when resuming - everything restored
+    from `state` (its learned tensors under `key`). Returns (optimizer, order, history, first_epoch, step)."""
     from rlhf.checkpoint import set_rng_state
     optimizer = adamw(params, lr, weight_decay)
     order = torch.Generator().manual_seed(seed)
@@ -53,7 +98,7 @@ def start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: i
     return optimizer, order, state["history"], state["epochs_done"], state["step"]
 
 
-def epoch_state(stage: str, key: str, role, optimizer, order, history: dict, epochs_done: int, step: int) -> dict:
+def _epoch_state(stage: str, key: str, role, optimizer, order, history: dict, epochs_done: int, step: int) -> dict:
     """Everything an epoch-based stage needs to resume after `epochs_done` epochs."""
     from rlhf.checkpoint import rng_state
     return {"stage": stage, "epochs_done": epochs_done, "step": step, key: role.learned_state(),

@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 
 from rlhf.masks import masked_sum
-from rlhf.optim import epoch_state, optimizer_step, start_epochs
-from rlhf.ppo_math import learning_rate
+from rlhf.optim import epoch_budget, train_epochs
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, encode_example
 
@@ -54,37 +53,25 @@ def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
 
 def sft_budget(profile: dict, n_examples: int) -> tuple[int, int]:
     """(updates per epoch, total updates): 168 demonstrations / 8 = 21 per epoch."""
-    per_epoch = -(-n_examples // profile["sft"]["examples_per_update"])
-    return per_epoch, per_epoch * profile["sft"]["epochs"]
+    return epoch_budget(n_examples, profile["sft"]["examples_per_update"], profile["sft"]["epochs"])
 
 
 def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
               stop_after_epoch: int | None = None, progress=None) -> dict:
     """Run (or continue) the profile's SFT budget on the actor Role; returns the state after the
     last epoch run (keys: stage, epochs_done, step, actor, optimizer, order_generator, rng, history)."""
-    cfg, opt_cfg, limits = profile["sft"], profile["optim"], profile["limits"]
+    cfg, limits = profile["sft"], profile["limits"]
     train = encode_demonstrations(view.demonstrations("train"), tokenizer, eos_id, limits)
     valid = encode_demonstrations(view.pairs("validation"), tokenizer, eos_id, limits, "chosen")
-    per_update = cfg["examples_per_update"]
-    per_epoch, total = sft_budget(profile, len(train))
-    params = [p for p in actor.learned_parameters() if p.requires_grad]
-    optimizer, order, history, first_epoch, step = start_epochs(
-        actor, "actor", params, cfg["lr"], opt_cfg["weight_decay"], profile["seeds"]["data_order"], total, state)
-    last_epoch = cfg["epochs"] if stop_after_epoch is None else stop_after_epoch
-    for epoch in range(first_epoch, last_epoch):
-        perm = torch.randperm(len(train), generator=order).tolist()
-        for u in range(per_epoch):
-            examples = [train[i] for i in perm[u * per_update:(u + 1) * per_update]]
-            lr = learning_rate(step, total, cfg["lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
-            loss, n = sft_loss(actor.model, examples, pad_id)
-            grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
-                                       f"SFT update {step} (epoch {epoch})")
-            history["updates"].append({"step": step, "epoch": epoch, "loss": float(loss.detach()),
-                                       "lr": lr, "tokens": n, "grad_norm": grad_norm})
-            step += 1
-            if progress is not None:
-                progress(step, total, float(loss.detach()))
-        val = evaluate_loss(actor.model, valid, pad_id)
-        train_loss = sum(h["loss"] for h in history["updates"][-per_epoch:]) / per_epoch
-        history["epochs"].append({"epoch": epoch, "validation_loss": val, "train_loss": train_loss})
-    return epoch_state("sft", "actor", actor, optimizer, order, history, last_epoch, step)
+
+    def update_loss(examples):
+        loss, n = sft_loss(actor.model, examples, pad_id)
+        return loss, {"tokens": n}
+
+    def epoch_summary(updates):
+        return {"validation_loss": evaluate_loss(actor.model, valid, pad_id),
+                "train_loss": sum(h["loss"] for h in updates) / len(updates)}
+
+    return train_epochs(actor, "sft", "actor", train, cfg["examples_per_update"], cfg, profile, update_loss,
+                        epoch_summary, label="SFT", state=state, stop_after_epoch=stop_after_epoch,
+                        progress=progress)
