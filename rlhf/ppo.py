@@ -124,28 +124,31 @@ def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, 
             "advantages": advantages, "returns": returns, "truncated": truncated}
 
 
+def _descend(role, optimizer, loss: torch.Tensor, kind: str, step: int, total: int, profile: dict,
+             where: str) -> tuple[float, float]:
+    """One optimizer step of the actor or the critic at its scheduled rate: (lr, pre-clip grad norm)."""
+    opt_cfg = profile["optim"]
+    lr = ppo_math.learning_rate(step, total, profile["ppo"][f"{kind}_lr"], opt_cfg["warmup_ratio"],
+                                opt_cfg["min_lr_ratio"])
+    params = [p for p in role.learned_parameters() if p.requires_grad]
+    grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"], f"{where} {kind}")
+    _sync()
+    return lr, grad_norm
+
+
 def ppo_update(roles, optimizers, ro: dict, profile: dict, step: int, total: int, where: str, timings: dict) -> dict:
     """One update of the actor, then one of the critic, on a fixed rollout."""
-    cfg, opt_cfg = profile["ppo"], profile["optim"]
+    cfg = profile["ppo"]
     batch, mask = ro["batch"], ro["batch"].response_mask
-    actor, critic = roles["actor"], roles["critic"]
     t = time.perf_counter()
-    logp_cur = response_logprobs(actor.model, batch)
+    logp_cur = response_logprobs(roles["actor"].model, batch)
     policy_loss = ppo_math.clipped_policy_loss(logp_cur, ro["logp_old"], ro["advantages"], mask, clip=cfg["clip"])
-    lr_a = ppo_math.learning_rate(step, total, cfg["actor_lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
-    actor_params = [p for p in actor.learned_parameters() if p.requires_grad]
-    gn_a = optimizer_step(optimizers["actor"], actor_params, policy_loss, lr_a, opt_cfg["grad_clip_norm"],
-                          f"{where} actor")
-    _sync()
+    lr_a, gn_a = _descend(roles["actor"], optimizers["actor"], policy_loss, "actor", step, total, profile, where)
     timings["actor_update"] = timings.get("actor_update", 0.0) + time.perf_counter() - t
     t = time.perf_counter()
-    v_cur = critic_values(critic, batch)
+    v_cur = critic_values(roles["critic"], batch)
     v_loss = ppo_math.value_loss(v_cur, ro["returns"], mask, coef=cfg["value_coef"])
-    lr_c = ppo_math.learning_rate(step, total, cfg["critic_lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
-    critic_params = [p for p in critic.learned_parameters() if p.requires_grad]
-    gn_c = optimizer_step(optimizers["critic"], critic_params, v_loss, lr_c, opt_cfg["grad_clip_norm"],
-                          f"{where} critic")
-    _sync()
+    lr_c, gn_c = _descend(roles["critic"], optimizers["critic"], v_loss, "critic", step, total, profile, where)
     timings["critic_update"] = timings.get("critic_update", 0.0) + time.perf_counter() - t
     with torch.no_grad():
         clip_frac = ppo_math.clip_fraction(logp_cur, ro["logp_old"], ro["advantages"], mask, clip=cfg["clip"])
