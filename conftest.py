@@ -23,6 +23,14 @@ LAYER_OF_FOLDER = {
     "tests_heldout": "heldout",
 }
 
+# One hypothesis profile for every property test: no deadline (the first call of a model is
+# slow), derandomized so that CI and a rerun draw the same examples, no example database on
+# disk. Tests set only their number of examples.
+from hypothesis import settings as _hypothesis_settings
+
+_hypothesis_settings.register_profile("rlhf", deadline=None, derandomize=True, database=None)
+_hypothesis_settings.load_profile("rlhf")
+
 _RECORDS: dict[str, dict] = {}
 _OUTCOMES: dict[str, dict] = {}
 
@@ -158,3 +166,23 @@ def lab_run(tmp_path_factory):
     seconds["total"] = _time.perf_counter() - t0
     ctx.stage_seconds = seconds
     return ctx
+
+
+@pytest.fixture(scope="session")
+def move_adapters():
+    """move(model, seed) -> generator: draw every LoRA B of `model` from N(0, 0.05^2).
+
+    Fresh adapters have B = 0 (the identity), which would leave the adapted path untested.
+    The generator is returned so that a caller can keep drawing (e.g. a head) from it.
+    """
+    import torch
+    from rlhf.lora import lora_modules
+
+    def move(model, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for m in lora_modules(model).values():
+                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
+        return g
+
+    return move

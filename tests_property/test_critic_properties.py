@@ -18,7 +18,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf.lora import lora_modules
 from rlhf.roles import critic_values, new_role
 from rlhf.tokens import collate
 
@@ -27,16 +26,13 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 BATCH_ATOL = 1e-5
 PREFIX_ATOL = 1e-6
 CHANGE_MIN = 1e-4
-HYPOTHESIS = dict(deadline=None, max_examples=50, derandomize=True, database=None)
 
 
 @pytest.fixture(scope="module")
-def critic(embedded_profile, embedded_dir, embedded_base):
+def critic(embedded_profile, embedded_dir, embedded_base, move_adapters):
     role = new_role("critic", embedded_profile, embedded_dir)
-    g = torch.Generator().manual_seed(11)
+    g = move_adapters(role.model, 11)
     with torch.no_grad():
-        for m in lora_modules(role.model).values():
-            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
         role.head.weight.copy_(torch.randn(role.head.weight.shape, generator=g) * 0.02)
         role.head.bias.fill_(-0.1)
     return role, embedded_base.eos_id, embedded_base.pad_id, len(embedded_base.tokenizer)
@@ -59,7 +55,7 @@ def test_batched_values_equal_single_values(critic, record_result):
     role, eos_id, pad_id, n_vocab = critic
     worst = {"left": 0.0, "right": 0.0}
 
-    @settings(**HYPOTHESIS)
+    @settings(max_examples=50)
     @given(rows=ROWS)
     def check(rows):
         prompts = [random_ids(p, n_vocab, s) for p, _, s in rows]
@@ -87,7 +83,7 @@ def test_value_depends_only_on_the_prefix_before_its_token(critic, record_result
     role, eos_id, pad_id, n_vocab = critic
     worst = [0.0]
 
-    @settings(**HYPOTHESIS)
+    @settings(max_examples=50)
     @given(p_len=st.integers(1, 10), r_len=st.integers(2, 8), k=st.integers(0, 7),
            seed=st.integers(0, 10**6), side=st.sampled_from(["left", "right"]))
     def check(p_len, r_len, k, seed, side):

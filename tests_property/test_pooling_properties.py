@@ -14,7 +14,6 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rlhf.lora import lora_modules
 from rlhf.roles import new_role, reward_scores
 from rlhf.scoring import backbone_hidden
 from rlhf.tokens import collate
@@ -23,17 +22,14 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 BATCH_ATOL = 1e-5
 PAD_GAP_MIN = 1e-3
-HYPOTHESIS = dict(deadline=None, max_examples=50, derandomize=True, database=None)
 
 
 @pytest.fixture(scope="module")
-def judge(embedded_profile, embedded_dir, embedded_base):
+def judge(embedded_profile, embedded_dir, embedded_base, move_adapters):
     """A judge whose adapters have moved (nonzero B) so the whole path is exercised."""
     role = new_role("reward", embedded_profile, embedded_dir)
-    g = torch.Generator().manual_seed(7)
+    move_adapters(role.model, 7)
     with torch.no_grad():
-        for m in lora_modules(role.model).values():
-            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
         role.head.bias.fill_(0.3)  # weight: the SPEC's N(0, 0.02) draw from seed 50
     role.freeze()
     return role, embedded_base.eos_id, embedded_base.pad_id, len(embedded_base.tokenizer)
@@ -63,7 +59,7 @@ def test_batched_scores_equal_single_scores_left_and_right(judge, record_result)
     role, eos_id, pad_id, n_vocab = judge
     worst = {"left": 0.0, "right": 0.0}
 
-    @settings(**HYPOTHESIS)
+    @settings(max_examples=50)
     @given(rows=ROWS)
     def check(rows):
         prompts, responses = sequences(n_vocab, eos_id, rows)

@@ -15,7 +15,7 @@ from rlhf.ppo_math import (clip_fraction, clipped_policy_loss, gae, mean_sampled
 pytestmark = pytest.mark.unit
 
 F64 = torch.float64
-SETTINGS = settings(max_examples=80, deadline=None)
+SETTINGS = settings(max_examples=80)
 
 finite = st.floats(min_value=-5.0, max_value=5.0, allow_nan=False, allow_infinity=False)
 unit_interval = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -205,7 +205,7 @@ def test_reductions_use_active_tokens_only(batch, fill, score):
 
 # ----------------------------------------------------------------- numerical safety
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(batch=masked_batch(low=-50.0, high=0.0, n_tensors=3),
        adv=st.floats(-10.0, 10.0), ret=st.floats(-10.0, 10.0))
 def test_no_nan_or_inf_for_logprobs_down_to_minus_50(batch, adv, ret):

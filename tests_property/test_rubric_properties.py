@@ -20,7 +20,7 @@ def _in_language(text: str) -> bool:
     return n in rubric.RESPONSES or n in rubric.REFUSALS
 
 
-@settings(deadline=None, max_examples=300)
+@settings(max_examples=300)
 @given(actions, cautions, flags, actions, finishes)
 def test_every_rendering_is_recognised_with_its_design(a, c, p, expected, finish):
     r = evaluate(render(a, c, p), finish, expected)
@@ -31,14 +31,14 @@ def test_every_rendering_is_recognised_with_its_design(a, c, p, expected, finish
     assert tuple(r) == rubric.RESULT_KEYS
 
 
-@settings(deadline=None, max_examples=100)
+@settings(max_examples=100)
 @given(actions, cautions, flags, actions)
 def test_undecodable_is_never_a_success(a, c, p, expected):
     r = evaluate(render(a, c, p), "undecodable", expected)
     assert r["status"] == "UNCERTIFIED" and not r["rubric_success"] and "undecodable" in r["reason"]
 
 
-@settings(deadline=None, max_examples=300)
+@settings(max_examples=300)
 @given(st.text(max_size=200), actions, st.sampled_from(rubric.FINISH_REASONS))
 def test_arbitrary_text_is_uncertified_and_never_a_success(text, expected, finish):
     assume(not _in_language(text))
@@ -48,7 +48,7 @@ def test_arbitrary_text_is_uncertified_and_never_a_success(text, expected, finis
     assert r["action"] is None and r["refusal"] is False
 
 
-@settings(deadline=None, max_examples=200)
+@settings(max_examples=200)
 @given(actions, cautions, flags, st.text(min_size=1, max_size=30), st.booleans())
 def test_extra_text_around_a_response_is_uncertified(a, c, p, junk, before):
     assume(junk.strip())
@@ -58,7 +58,7 @@ def test_extra_text_around_a_response_is_uncertified(a, c, p, junk, before):
     assert r["status"] == "UNCERTIFIED" and not r["rubric_success"]
 
 
-@settings(deadline=None, max_examples=200)
+@settings(max_examples=200)
 @given(actions, cautions, flags, st.data())
 def test_whitespace_runs_are_collapsed(a, c, p, data):
     words = render(a, c, p).split(" ")
@@ -69,7 +69,7 @@ def test_whitespace_runs_are_collapsed(a, c, p, data):
     assert r["rubric_success"] == (c != 2)
 
 
-@settings(deadline=None, max_examples=100)
+@settings(max_examples=100)
 @given(actions, cautions, flags)
 def test_case_changes_are_not_recognised(a, c, p):
     for variant in (render(a, c, p).swapcase(), render(a, c, p).lower()):
@@ -77,7 +77,7 @@ def test_case_changes_are_not_recognised(a, c, p):
         assert evaluate(variant, "eos", a)["status"] == "UNCERTIFIED"
 
 
-@settings(deadline=None, max_examples=100)
+@settings(max_examples=100)
 @given(st.sampled_from(rubric.REFUSALS), actions, whitespace, st.sampled_from(rubric.FINISH_REASONS[:2]))
 def test_declared_refusals_are_recognised_and_never_succeed(text, expected, ws, finish):
     r = evaluate(ws + text + ws, finish, expected)

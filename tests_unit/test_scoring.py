@@ -29,15 +29,8 @@ PAD_ATOL = 1e-5
 BF16_ATOL = 1e-5
 
 
-def move_adapters(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in lora_modules(model).values():
-            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
-
-
 @pytest.fixture(scope="module")
-def actor(embedded_profile, embedded_dir, embedded_base):
+def actor(embedded_profile, embedded_dir, embedded_base, move_adapters):
     role = new_role("actor", embedded_profile, embedded_dir)
     move_adapters(role.model, 21)
     return role.model, embedded_base.eos_id, embedded_base.pad_id
@@ -104,7 +97,7 @@ def test_left_right_and_single_agree_and_masked_positions_are_exactly_zero(actor
     assert worst <= PAD_ATOL and left_right <= PAD_ATOL
 
 
-def test_output_is_fp32_for_a_bf16_base(embedded_profile, embedded_dir, embedded_base, record_result):
+def test_output_is_fp32_for_a_bf16_base(embedded_profile, embedded_dir, embedded_base, move_adapters, record_result):
     base = load_base(embedded_profile, embedded_dir)
     base.model.to(torch.bfloat16)
     inject_lora(base.model, rank=8, alpha=16, seed=49)
