@@ -262,18 +262,17 @@ def warmup_steps(total: int, warmup_ratio: float = 0.1) -> int:
 
 def learning_rate(step: int, total: int, peak: float, warmup_ratio: float = 0.1,
                   min_ratio: float = 0.1) -> float:
-    """Learning rate of update ``step`` (0-based) out of ``total`` (SPEC §5, §6).
+    """Learning rate of update ``step`` (0-based) out of ``total`` (SPEC §5, §6): the seed's formula.
 
     ``warm = max(1, int(warmup_ratio * total))``
-    step <  warm : ``peak * (step + 1) / warm``      (step 0 gets peak/warm, step warm-1 peak)
-    step >= warm : linear from peak at step warm-1 down to ``min_ratio * peak`` at step total-1:
-                   ``peak * (min_ratio + (1 - min_ratio) * (total - 1 - step) / (total - warm))``
+    step <  warm : ``peak * (step + 1) / warm``          (step 0 gets peak/warm, step warm-1 peak)
+    step >= warm : ``peak * (1 - min(1, (step - warm) / max(1, total - warm - 1)) * (1 - min_ratio))``
 
-    The last update's rate is computed as ``peak * min_ratio`` exactly (no rounding drift).
-    Tiny totals: with warmup_ratio < 1, warm <= total - 1 whenever total >= 2, so both phases
-    exist (total = 2: [peak, min_ratio*peak]). total = 1 has no room for decay: its single
-    update is the end of the warm-up and runs at peak. ValueError for step outside
-    [0, total), total < 1, warmup_ratio outside [0, 1) or min_ratio outside [0, 1].
+    So update ``warm`` still runs at the peak, and the decay reaches ``min_ratio * peak`` at update
+    ``total - 1``. Tiny totals follow the same formula: total 1 -> [peak]; total 2 (warm 1) ->
+    [peak, peak] (update 1 is update ``warm``); total 3 -> [peak, peak, min_ratio * peak].
+    ValueError for step outside [0, total), total < 1, warmup_ratio outside [0, 1) or min_ratio
+    outside [0, 1].
     """
     if total < 1:
         raise ValueError(f"total must be >= 1, got {total}")
@@ -286,6 +285,5 @@ def learning_rate(step: int, total: int, peak: float, warmup_ratio: float = 0.1,
     warm = warmup_steps(total, warmup_ratio)
     if step < warm:
         return peak * (step + 1) / warm
-    remaining = total - 1 - step  # 0 at the last update
-    span = total - warm            # >= 1 here, since warm <= step <= total - 1
-    return peak * (min_ratio + (1.0 - min_ratio) * remaining / span)
+    progress = min(1.0, (step - warm) / max(1, total - warm - 1))
+    return peak * (1 - progress * (1 - min_ratio))

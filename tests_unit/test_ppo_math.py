@@ -494,43 +494,66 @@ def test_bradley_terry_rejects_mismatch_and_empty():
 
 # ============================================================ schedules
 
-@pytest.mark.parametrize("total,warm", [(63, 6), (210, 21), (200, 20)])
+@pytest.mark.parametrize("total,warm", [(63, 6), (210, 21), (200, 20), (420, 42)])
 def test_schedule_first_last_and_warm(total, warm):
-    # SFT 63 updates, judge 210, PPO 200 (SPEC §5-§6)
+    # SFT 63 updates, judge 210, PPO 200 (SPEC §5-§6), embedded SFT 420
     peak = 2e-5
     assert warmup_steps(total) == warm
     lrs = [learning_rate(s, total, peak) for s in range(total)]
     assert lrs[0] == pytest.approx(peak / warm, rel=1e-12)
-    assert lrs[warm - 1] == peak                 # warm-up ends exactly at peak
     assert lrs[warm - 2] < peak
-    assert lrs[-1] == 0.1 * peak                 # exactly, not approximately
-    # rising during warm-up, then strictly falling, never below the floor once decaying
-    # (the warm-up may start below it: peak/21 < 0.1*peak)
+    assert lrs[warm - 1] == peak                 # warm-up ends exactly at peak
+    assert lrs[warm] == peak                     # the seed: update `warm` still runs at the peak
+    assert lrs[warm + 1] < peak
+    assert lrs[-1] == pytest.approx(0.1 * peak, rel=1e-12)   # the floor is reached at the last update
+    # rising during warm-up, then strictly falling from update `warm` on
     assert all(a < b for a, b in zip(lrs[:warm - 1], lrs[1:warm]))
-    assert all(a > b for a, b in zip(lrs[warm - 1:-1], lrs[warm:]))
-    assert min(lrs[warm - 1:]) == 0.1 * peak
-    # linear: constant steps in the decay phase
-    steps = [a - b for a, b in zip(lrs[warm - 1:-1], lrs[warm:])]
+    assert all(a > b for a, b in zip(lrs[warm:-1], lrs[warm + 1:]))
+    assert min(lrs[warm:]) == lrs[-1]
+    # linear: constant steps in the decay phase, (1 - 0.1) * peak / (total - warm - 1) each
+    steps = [a - b for a, b in zip(lrs[warm:-1], lrs[warm + 1:])]
     assert max(steps) - min(steps) < 1e-12 * peak
+    assert steps[0] == pytest.approx(0.9 * peak / (total - warm - 1), rel=1e-9)
 
 
 def test_schedule_by_hand_63():
-    # warm = 6 ; step 2 -> peak*3/6 ; decay span = 63 - 6 = 57 ;
-    # step 6 -> peak*(0.1 + 0.9*56/57) ; step 34 -> peak*(0.1 + 0.9*28/57)
-    peak = 1.0
-    assert learning_rate(2, 63, peak) == pytest.approx(0.5)
-    assert learning_rate(6, 63, peak) == pytest.approx(0.1 + 0.9 * 56 / 57)
-    assert learning_rate(34, 63, peak) == pytest.approx(0.1 + 0.9 * 28 / 57)
+    # The seed's numbers for SFT: 63 updates, peak 2e-5, warm = max(1, int(6.3)) = 6.
+    # step 0 -> 2e-5/6 ; step 5 (warm - 1) -> 2e-5 ; step 6 (warm) -> 2e-5 (the old code gave
+    # 1.968e-5 here) ; step 7 -> 2e-5 * (1 - 1/56 * 0.9) ; step 34 -> 2e-5 * (1 - 28/56 * 0.9)
+    # = 1.1e-5 ; step 62 (last) -> 2e-5 * (1 - 0.9) = 2e-6.
+    peak = 2e-5
+    assert learning_rate(0, 63, peak) == pytest.approx(3.3333333333e-6, rel=1e-9)
+    assert learning_rate(2, 63, peak) == pytest.approx(1e-5, rel=1e-12)
+    assert learning_rate(5, 63, peak) == 2e-5
+    assert learning_rate(6, 63, peak) == 2e-5
+    assert learning_rate(7, 63, peak) == pytest.approx(1.9678571428571e-5, rel=1e-11)
+    assert learning_rate(34, 63, peak) == pytest.approx(1.1e-5, rel=1e-12)
+    assert learning_rate(62, 63, peak) == pytest.approx(2e-6, rel=1e-12)
+
+
+def test_schedule_by_hand_judge_and_ppo():
+    # Judge 210 updates (warm 21): step 20 and 21 at the peak, step 209 at 10%, step 115 half-way
+    # down the decay: (115 - 21) / 188 = 0.5 -> peak * (1 - 0.45) = 0.55 peak.
+    assert learning_rate(20, 210, 1.0) == 1.0 and learning_rate(21, 210, 1.0) == 1.0
+    assert learning_rate(115, 210, 1.0) == pytest.approx(0.55, rel=1e-12)
+    assert learning_rate(209, 210, 1.0) == pytest.approx(0.1, rel=1e-12)
+    # PPO actor 200 updates at 5e-6 (warm 20): step 19 and 20 at 5e-6, step 199 at 5e-7.
+    assert learning_rate(19, 200, 5e-6) == 5e-6 and learning_rate(20, 200, 5e-6) == 5e-6
+    assert learning_rate(199, 200, 5e-6) == pytest.approx(5e-7, rel=1e-12)
 
 
 def test_schedule_tiny_totals():
     # total 1: warm = 1, the only update is the end of warm-up -> peak.
     assert learning_rate(0, 1, 3.0) == 3.0
-    # total 2: warm = 1 -> [peak, 0.1*peak]
-    assert [learning_rate(s, 2, 3.0) for s in range(2)] == [3.0, 0.1 * 3.0]
-    # total 15: warm = max(1, int(1.5)) = 1
+    # total 2: warm = 1; update 1 is update `warm` -> still the peak (max(1, 2 - 1 - 1) = 1, 0 / 1 = 0)
+    assert [learning_rate(s, 2, 3.0) for s in range(2)] == [3.0, 3.0]
+    # total 3: warm = 1 -> [peak, peak, peak * (1 - 1/1 * 0.9)]
+    lrs = [learning_rate(s, 3, 3.0) for s in range(3)]
+    assert lrs[:2] == [3.0, 3.0] and lrs[2] == pytest.approx(0.3, rel=1e-12)
+    # total 15: warm = max(1, int(1.5)) = 1 -> step 1 at peak, step 14 at 10%
     assert warmup_steps(15) == 1
-    assert learning_rate(0, 15, 1.0) == 1.0 and learning_rate(14, 15, 1.0) == 0.1
+    assert learning_rate(0, 15, 1.0) == 1.0 and learning_rate(1, 15, 1.0) == 1.0
+    assert learning_rate(14, 15, 1.0) == pytest.approx(0.1, rel=1e-12)
 
 
 def test_schedule_rejects_out_of_range():

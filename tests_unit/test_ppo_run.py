@@ -24,12 +24,25 @@ def test_one_hundred_iterations_400_responses_200_updates_each(lab_run, record_r
     record_result("ppo_mean_response_length", sum(i["response_length"] for i in its) / 100)
 
 
-def test_schedule_warms_up_and_decays_to_ten_percent(lab_run):
-    its = read_json(lab_run.run / "ppo" / "history.json")["iterations"]
-    lrs = [lr for i in its for lr in i["actor_lr"]]
-    peak = lab_run.profile["ppo"]["actor_lr"]
-    assert len(lrs) == 200 and lrs[0] == pytest.approx(peak / 20) and lrs[-1] == pytest.approx(0.1 * peak)
-    assert max(lrs) == pytest.approx(peak)
+@pytest.mark.parametrize("stage,key,peak_key", [("sft", "lr", ("sft", "lr")), ("reward", "lr", ("judge", "lr")),
+                                                 ("ppo", "actor_lr", ("ppo", "actor_lr")),
+                                                 ("ppo", "critic_lr", ("ppo", "critic_lr"))])
+def test_every_stage_ran_the_seeds_schedule(lab_run, stage, key, peak_key):
+    """The rates the four stages actually used (their histories), at the seed's boundaries:
+    first update peak/warm, update warm-1 and update warm at the peak, the last at 10%."""
+    h = read_json(lab_run.run / stage / "history.json")
+    if stage == "ppo":
+        lrs = [lr for i in h["iterations"] for lr in i[key]]
+    else:
+        lrs = [u[key] for u in h["updates"]]
+    peak = lab_run.profile[peak_key[0]][peak_key[1]]
+    total = len(lrs)
+    warm = max(1, int(0.1 * total))
+    assert total == {"sft": 420, "reward": 210, "ppo": 200}[stage]
+    assert lrs[0] == pytest.approx(peak / warm, rel=1e-12)
+    assert lrs[warm - 1] == peak and lrs[warm] == peak and lrs[warm + 1] < peak
+    assert lrs[-1] == pytest.approx(0.1 * peak, rel=1e-12)
+    assert lrs[warm + 1] == pytest.approx(peak * (1 - 0.9 / (total - warm - 1)), rel=1e-12)
 
 
 def test_reference_and_judge_frozen_actor_and_critic_changed(lab_run):
