@@ -3,11 +3,19 @@
 * Each test carries exactly one run tier (`unit`, `gpu`, `benchmark`); a test without one, or
   with two, stops collection with an error naming it.
 * The layer marker (`property`, `reproducibility`, `heldout`) is added from the test's folder.
-* Every run writes `junit.xml` and `results.json` under the reports folder
-  (`--reports-dir`, default `reports/`). Tests put numbers into `results.json` through the
-  `record_result` fixture; those numbers are the published results.
+* Every run writes `junit.xml` and `results.json` into a folder of its own tier, so that no tier
+  wipes another's results: `reports/unit/` for `pytest -m unit`, `reports/gpu/`,
+  `reports/benchmark/`, and `reports/other/` for any other selection (`--reports-dir=DIR` or
+  RLHF_REPORTS_DIR chooses the folder itself). Tests put numbers into `results.json` through
+  the `record_result` fixture; those numbers are the published results. Both files carry the
+  run's provenance: commit, dirty flag, package versions, Python, CPU arithmetic (rlhf.pin),
+  CUDA device, profile hashes and the command line.
+* `pytest --benchmark` runs the benchmark tier the right way: `-m benchmark`, no xdist (timings
+  need one process), and pytest-benchmark's JSON written to `reports/benchmark/benchmark.json`.
 """
 from __future__ import annotations
+
+import rlhf  # noqa: F401 - first: pins the CPU arithmetic before anything imports torch (rlhf.pin)
 
 import json
 import os
@@ -25,10 +33,14 @@ LAYER_OF_FOLDER = {
 
 # One hypothesis profile for every property test: no deadline (the first call of a model is
 # slow), derandomized so that CI and a rerun draw the same examples, no example database on
-# disk. Tests set only their number of examples.
+# disk. Tests set only their number of examples (tests_property/property_budget.py).
+# `pytest --hypothesis-profile=explore` searches instead: fresh random examples on every run,
+# at least 2000 per test (property_budget.examples), and a failure prints the blob that replays it.
 from hypothesis import settings as _hypothesis_settings
 
 _hypothesis_settings.register_profile("rlhf", deadline=None, derandomize=True, database=None)
+_hypothesis_settings.register_profile("explore", deadline=None, derandomize=False, database=None,
+                                      max_examples=2000, print_blob=True)
 _hypothesis_settings.load_profile("rlhf")
 
 _RECORDS: dict[str, dict] = {}
@@ -36,22 +48,102 @@ _OUTCOMES: dict[str, dict] = {}
 
 
 def pytest_addoption(parser):
-    parser.addoption("--reports-dir", default=os.environ.get("RLHF_REPORTS_DIR", "reports"),
-                     help="folder for junit.xml and results.json (default: reports/); write --reports-dir=DIR")
+    parser.addoption("--reports-dir", default=os.environ.get("RLHF_REPORTS_DIR"),
+                     help="folder for junit.xml and results.json (default: reports/<tier>/); write --reports-dir=DIR")
+    parser.addoption("--benchmark", action="store_true",
+                     help="run the benchmark tier: -m benchmark, no xdist, JSON in reports/benchmark/benchmark.json")
     parser.addoption("--model-dir", default=os.environ.get("RLHF_MODEL_DIR"),
                      help="gpu tier: local Qwen2.5-0.5B-Instruct directory (rlhf fetch-model --out DIR)")
     parser.addoption("--random-weights", action="store_true",
                      help="gpu tier: use the full Qwen2.5-0.5B shape with random weights (no download)")
 
 
+def reports_folder(config) -> Path:
+    """reports/<tier>/ for a run of exactly one tier, reports/other/ otherwise."""
+    if config.getoption("--reports-dir"):
+        return Path(config.getoption("--reports-dir"))
+    markexpr = (config.option.markexpr or "").strip()
+    return Path("reports") / (markexpr if markexpr in TIERS else "other")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist registers its scheduler (trylast) and before -m is applied
 def pytest_configure(config):
-    reports = Path(config.getoption("--reports-dir"))
+    if config.getoption("--benchmark"):
+        config.option.markexpr = "benchmark"
+        # pytest-benchmark times nothing under xdist: one process, whatever addopts says.
+        config.option.numprocesses, config.option.dist, config.option.tx = None, "no", []
+    reports = reports_folder(config)
     reports.mkdir(parents=True, exist_ok=True)
     config._rlhf_reports = reports
     if getattr(config.option, "xmlpath", None) is None and not hasattr(config, "workerinput"):
         config.option.xmlpath = str(reports / "junit.xml")
-    if hasattr(config.option, "benchmark_json") and config.option.benchmark_json is None:
-        pass  # pytest-benchmark JSON is asked for explicitly (see README)
+    if config.getoption("--benchmark") and getattr(config.option, "benchmark_json", None) is None:
+        config.option.benchmark_json = reports / "benchmark.json"
+
+
+def pytest_sessionstart(session):
+    """Provenance as junit.xml testsuite properties (results.json gets the same dict)."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    from _pytest.junitxml import xml_key
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        for key, value in provenance(config).items():
+            xml.add_global_property(key, value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    folder = config._rlhf_reports
+    lines = [f"reports: {folder / 'junit.xml'} and {folder / 'results.json'}"]
+    if config.getoption("--benchmark"):
+        lines.append(f"benchmark numbers: {folder / 'benchmark.json'} (pytest-benchmark JSON)")
+    for line in lines:
+        terminalreporter.write_line(line)
+
+
+_PROVENANCE: dict = {}
+
+
+def provenance(config) -> dict:
+    """Where these results come from: code, packages, machine, arithmetic, profiles, command."""
+    if _PROVENANCE:
+        return _PROVENANCE
+    import platform
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    def git(*args):
+        try:
+            out = subprocess.run(["git", *args], cwd=config.rootpath, capture_output=True, text=True, timeout=20)
+            return out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    versions = {}
+    for name in ("torch", "transformers", "tokenizers", "safetensors", "peft", "hypothesis", "pytest",
+                 "pytest-xdist", "pytest-benchmark", "rlhf"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    import torch
+    from rlhf import pin
+    from rlhf.config import PROFILES, load_profile, profile_hash
+    status = git("status", "--porcelain")
+    _PROVENANCE.update({
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": None if status is None else bool(status),
+        "packages": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "arithmetic": pin.describe(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "profiles_sha256": {name: profile_hash(load_profile(name)) for name in PROFILES},
+        "command_line": [Path(sys.argv[0]).name, *sys.argv[1:]],
+    })
+    return _PROVENANCE
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
@@ -65,8 +157,11 @@ def pytest_collection_modifyitems(config, items):
         layer = LAYER_OF_FOLDER.get(folder)
         if layer:
             item.add_marker(getattr(pytest.mark, layer))
-        if "lab_run" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "lab_run" in names:
             item.add_marker(pytest.mark.xdist_group("lab"))  # one worker runs the lab once
+        elif "lab_run_r002" in names:
+            item.add_marker(pytest.mark.xdist_group("lab_r002"))
     if bad:
         raise pytest.UsageError("every test needs exactly one run tier (unit, gpu or benchmark):\n  "
                                 + "\n  ".join(bad))
@@ -107,6 +202,7 @@ def pytest_sessionfinish(session, exitstatus):
         "exitstatus": int(exitstatus),
         "counts": {k: sum(1 for t in _OUTCOMES.values() if t["outcome"] == k)
                    for k in ("passed", "failed", "error", "skipped")},
+        "provenance": provenance(config),
         "tests": _OUTCOMES,
     }
     tmp = path.with_suffix(".json.tmp")
@@ -149,23 +245,66 @@ def embedded_base(embedded_profile, embedded_dir):
 
 @pytest.fixture(scope="session")
 def lab_run(tmp_path_factory):
-    """The embedded lab run once per session (SFT, judge, PPO with the interrupt/resume protocol).
+    """The embedded lab on r001 run once per session, as `rlhf lab` runs it: SFT, judge and PPO
+    with the interrupt/resume protocol, evaluation, shortcut audit and reports.
 
     tests_reproducibility and tests_heldout assert on its files; it takes a few minutes on 2 cores.
     """
+    return _run_whole_lab(tmp_path_factory.mktemp("lab") / "run", "r001", protocol=True)
+
+
+@pytest.fixture(scope="session")
+def lab_run_r002(tmp_path_factory):
+    """The embedded lab on r002, each stage run once (no interrupt/resume legs): the golden numbers."""
+    return _run_whole_lab(tmp_path_factory.mktemp("lab_r002") / "run", "r002", protocol=False)
+
+
+def _run_whole_lab(run, revision: str, protocol: bool):
     import time as _time
     from rlhf import lab
-    run = tmp_path_factory.mktemp("lab") / "run"
     t0 = _time.perf_counter()
-    ctx = lab.open_context(run, "embedded")
-    seconds = {}
-    for name, stage in (("sft", lab.stage_sft), ("reward", lab.stage_reward), ("ppo", lab.stage_ppo)):
-        t = _time.perf_counter()
-        stage(ctx)
-        seconds[name] = _time.perf_counter() - t
-    seconds["total"] = _time.perf_counter() - t0
-    ctx.stage_seconds = seconds
+    ctx = lab.open_context(run, "embedded", revision=revision)
+    lab.run_lab(ctx, protocol=protocol)
+    ctx.stage_seconds = {"total": _time.perf_counter() - t0,
+                         **{s: read_timing(run / s / "timings.json") for s in ("sft", "reward", "ppo")}}
     return ctx
+
+
+def read_timing(path) -> float:
+    return round(json.loads(Path(path).read_text())["seconds"], 1)
+
+
+# The miniature budget of the crash and seed tests: every stage and every leg of the protocol,
+# in about a minute. Only budgets change (epochs, updates per epoch, iterations, boundaries).
+SMALL_BUDGET = {("sft", "epochs"): 2, ("sft", "max_updates_per_epoch"): 3,
+                ("judge", "epochs"): 2, ("judge", "max_updates_per_epoch"): 3,
+                ("ppo", "iterations"): 4, ("ppo", "resume_stop_iteration"): 2, ("ppo", "checkpoint_every"): 1}
+
+
+def write_small_profile(path) -> Path:
+    """The embedded profile's TOML with SMALL_BUDGET written in (a real file, so that a
+    subprocess can be given `--profile PATH`); name `embedded-small`."""
+    import re
+    from rlhf.config import PROFILE_DIR
+    text = (PROFILE_DIR / "embedded.toml").read_text()
+    text, n = re.subn(r'^name = "embedded"$', 'name = "embedded-small"', text, flags=re.M)
+    assert n == 1
+    for (table, key), value in SMALL_BUDGET.items():
+        head = text.index(f"[{table}]\n")
+        end = text.find("\n[", head + 1)
+        end = len(text) if end < 0 else end
+        body, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text[head:end], flags=re.M)
+        if n == 0:
+            body = body.rstrip("\n") + f"\n{key} = {value}\n"
+        text = text[:head] + body + text[end:]
+    path = Path(path)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_profile_file(tmp_path_factory):
+    return write_small_profile(tmp_path_factory.mktemp("profiles") / "embedded-small.toml")
 
 
 @pytest.fixture(scope="session")

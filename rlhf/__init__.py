@@ -1,2 +1,11 @@
-"""rlhf: RLHF with PPO from first principles (see ../shared/SPEC.md and README.md)."""
+"""rlhf: RLHF with PPO from first principles (see ../shared/SPEC.md and README.md).
+
+Importing the package pins the CPU arithmetic before torch is imported (rlhf.pin): every entry
+point (the `rlhf` command, `python -m rlhf`, conftest.py, the tests' subprocesses) goes
+through here first. `RLHF_CPU_PIN=off` turns it off.
+"""
+from rlhf import pin as _pin
+
+_pin.apply()
+
 __version__ = "0.1.0"

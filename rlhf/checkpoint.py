@@ -6,9 +6,13 @@ as `torch.save` bytes, gzip level 1, through the one atomic writer, with a sidec
 `<file>.json` holding its SHA-256 and its identity. Loading re-hashes the file first, so a
 truncated or bit-flipped state is refused before anything reads it.
 
-Identity: what a state was computed from (profile, corpus, code, base model and initial
-fingerprints). A resume whose current identity differs is refused with a message naming each
-part that changed.
+Identity: what a state was computed from (profile, corpus, code, base model, the CPU
+arithmetic pin and initial fingerprints). A resume whose current identity differs is refused
+with a message naming each part that changed.
+
+Stopping on request: Ctrl-C in the `rlhf` command calls `request_stop()`; the training loops
+check `stop_requested()` at their next boundary (an epoch, a PPO iteration), save a checkpoint
+and raise `Interrupted`, whose message says how to continue.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from rlhf import pin
 from rlhf.io import dumps_json, read_verified, sha256_bytes, sha256_file, write_with_sidecar
 
 CODE_DIR = Path(__file__).parent
@@ -27,6 +32,21 @@ CODE_DIR = Path(__file__).parent
 
 class StateError(ValueError):
     """A resume state that cannot be used (corrupted, truncated, or from another identity)."""
+
+
+class Interrupted(Exception):
+    """A stop was requested (Ctrl-C); a checkpoint was saved at the last boundary."""
+
+
+_stop = {"requested": False}
+
+
+def request_stop() -> None:
+    _stop["requested"] = True
+
+
+def stop_requested() -> bool:
+    return _stop["requested"]
 
 
 def code_sha256() -> str:
@@ -137,9 +157,11 @@ def check_identity(saved: dict, current: dict, what: str = "state") -> None:
 
 
 def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, extra: dict | None = None) -> dict:
-    """The identity parts of a learning stage: config, corpus, code, base model (+ stage inputs)."""
+    """The identity parts of a learning stage: config, corpus, code, base model, arithmetic
+    (rlhf.pin: pinned or not, on which machine kind and thread count) (+ stage inputs)."""
     ident = {"config": profile_sha256, "corpus": corpus_sha256, "code": code_sha256(),
-             "base_model": sha256_bytes(dumps_json(base_identity.get("files", base_identity)).encode())}
+             "base_model": sha256_bytes(dumps_json(base_identity.get("files", base_identity)).encode()),
+             "arithmetic": pin.identity_tag()}
     ident.update(extra or {})
     return ident
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from rlhf.config import DEFAULT_PROFILE, PROFILES, load_profile
+
+PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
 
 def cmd_prepare(args) -> int:
@@ -53,6 +56,9 @@ def _context(args):
 def cmd_stage(args) -> int:
     from rlhf import lab
     ctx = _context(args)
+    if args.stop_after is None and not args.resume and lab.stage_complete(ctx, args.command):
+        print(f"{args.command}: already complete in {ctx.run} (run.json); nothing to do")
+        return 0
     fn = {"sft": lab.stage_sft, "reward": lab.stage_reward, "ppo": lab.stage_ppo}[args.command]
     kwargs = {"resume": args.resume, "stop_after": args.stop_after}
     if args.command == "ppo":
@@ -84,38 +90,23 @@ def cmd_report(args) -> int:
 
 def cmd_lab(args) -> int:
     """prepare -> base -> SFT -> judge -> PPO (each with the interrupt/resume protocol) ->
-    held-out evaluation and politeness exercise -> reports. A finished stage is skipped."""
+    held-out evaluation and politeness exercise -> shortcut audit -> reports (rlhf.lab.run_lab).
+
+    A stage that run.json records as complete is skipped; one that a crash interrupted
+    continues from its last checkpoint."""
     from rlhf import lab
-    from rlhf.evaluate import stage_evaluate
-    from rlhf.report import print_summary, write_reports
+    from rlhf.report import print_summary
     t0 = time.perf_counter()
     ctx = _context(args)
+    arithmetic = json.loads((ctx.run / lab.RUN_FILE).read_text())["arithmetic"]
+    print(f"arithmetic: {arithmetic['note']} ({arithmetic['cpu_capability']} kernels, "
+          f"{arithmetic['threads']} threads)")
     print(f"corpus {ctx.corpus.dataset} {ctx.corpus.revision} audit:")
     print(json.dumps(ctx.corpus.manifest["audit"], indent=1, sort_keys=True))
     n = sum(p.numel() for p in ctx.role("reference").model.parameters())
     print(f"base model: {ctx.profile['name']} from {ctx.model_dir}: {n:,} parameters with adapters, "
           f"vocab {len(ctx.tokenizer)}, EOS {ctx.eos_id}, PAD {ctx.pad_id}")
-    for name, fn in (("sft", lab.stage_sft), ("reward", lab.stage_reward), ("ppo", lab.stage_ppo)):
-        if (ctx.run / STAGE_OUTPUTS[name]).exists():
-            print(f"{name}: already done in {ctx.run} (skipped)")
-            continue
-        result = fn(ctx)
-        check = result.get("check", {})
-        print(f"{name}: {result['seconds']:.1f} s; interrupt/resume identical: {check.get('identical')} "
-              f"({check.get('tensors_compared')} tensors; state sha256 resumed {str(check.get('sha256_resumed'))[:12]}"
-              f" = continuous {str(check.get('sha256_continuous'))[:12]})")
-    if (ctx.run / STAGE_OUTPUTS["evaluate"]).exists():
-        print(f"evaluate: already done in {ctx.run} (skipped)")
-    else:
-        t = time.perf_counter()
-        stage_evaluate(ctx)
-        print(f"evaluate: {time.perf_counter() - t:.1f} s")
-    if not (ctx.run / "shortcut_audit" / "results.json").exists():
-        from rlhf.shortcut import run_shortcut_audit
-        run_shortcut_audit(ctx)
-    if not (ctx.run / STAGE_OUTPUTS["report"]).exists():
-        write_reports(ctx.run)
-    results = json.loads((ctx.run / "results.json").read_text())
+    results = lab.run_lab(ctx)
     print(print_summary(results))
     audit = results.get("shortcut_audit")
     if audit:
@@ -163,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("ppo", "100-iteration PPO against the frozen judge")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
-        p.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
+        p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
         p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b)")
         p.add_argument("--revision", default="r001")
         p.add_argument("--resume", action="store_true", help="continue from the saved stop state")
@@ -178,14 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True)
         if name == "evaluate":
-            p.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
+            p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
             p.add_argument("--model-dir", default=None)
             p.add_argument("--revision", default="r001")
         p.set_defaults(func=fn)
 
     p = sub.add_parser("lab", help="the whole lab in one run")
     p.add_argument("--out", required=True)
-    p.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b)")
     p.add_argument("--revision", default="r001")
     p.set_defaults(func=cmd_lab)
@@ -196,11 +187,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _on_sigint(signum, frame) -> None:
+    """First Ctrl-C: stop at the next checkpoint boundary; a second one stops at once."""
+    from rlhf.checkpoint import request_stop, stop_requested
+    if stop_requested():
+        raise KeyboardInterrupt
+    request_stop()
+    print("\nrlhf: stop requested: saving a checkpoint at the next boundary (Ctrl-C again to stop at once)",
+          file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGINT, _on_sigint)
+    from rlhf.checkpoint import Interrupted
     try:
         return args.func(args)
+    except Interrupted as stop:
+        print(f"rlhf {args.command}: {stop}", file=sys.stderr)
+        return 130
     except (FileExistsError, FileNotFoundError, ValueError, PermissionError, FloatingPointError) as err:
         print(f"rlhf {args.command}: error: {err}", file=sys.stderr)
         return 2

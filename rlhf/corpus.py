@@ -80,8 +80,11 @@ learning code must not read the test file (the views never serve it).
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -672,9 +675,21 @@ def prepare(out_dir, revision: str = DEFAULT_REVISION) -> dict:
         "content_sha256": CONTENT_SHA256_DEFINITION,
         "files": {rel: sha256_bytes(data) for rel, data in files.items()},
     }
-    for rel, data in files.items():
-        write_bytes(out / rel, data)
-    write_json(out / "manifest.json", manifest)  # last: a folder without it is incomplete
+    # Written into a temporary sibling folder and renamed into place whole, so that a crash
+    # never leaves a half-written corpus at `out` (rlhf.lab sweeps `.NAME.*` folders on a rerun).
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for rel, data in files.items():
+            write_bytes(tmp / rel, data)
+        write_json(tmp / "manifest.json", manifest)  # last: a folder without it is incomplete
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     load_corpus(out)  # read back what was written: hashes and audit
     return manifest
 

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from rlhf import rubric
+from rlhf import pin, rubric
 from rlhf.config import PROFILE_DIR, profile_hash
 from rlhf.generate import generate
-from rlhf.io import sha256_file, write_json
+from rlhf.io import crash_point, sha256_file, write_json
 from rlhf.judge import encode_pairs, evaluate_pairs
 from rlhf.ppo_math import mean_sampled_log_ratio
 from rlhf.roles import assert_role_isolation, fingerprint, load_role, reward_scores
@@ -261,7 +261,8 @@ def rubric_metrics(rows: list[dict], ctx) -> dict:
 
 @torch.no_grad()
 def judge_test_accuracy(judge_role, ctx) -> dict:
-    """The frozen judge on the 180 held-out test pairs; a tie counts as a miss."""
+    """The frozen judge on the 180 held-out test pairs; a tie counts as a miss. `rows` keeps
+    each pair's chosen and rejected score, so that the accuracy can be recomputed from them."""
     view = ctx.corpus.evaluation_view()
     pairs = encode_pairs(view.test_pairs(), ctx.tokenizer, ctx.eos_id, ctx.profile["limits"])
     result = evaluate_pairs(judge_role, pairs, ctx.pad_id)
@@ -269,9 +270,11 @@ def judge_test_accuracy(judge_role, ctx) -> dict:
     hits: dict[str, list[bool]] = defaultdict(list)
     for (doc_id, *_), margin in zip(pairs, result["margins"]):
         hits[str(variant[doc_id])].append(margin > 0)
+    rows = [{"document_id": doc_id, "variant": variant[doc_id], "chosen_score": c, "rejected_score": r}
+            for (doc_id, *_), c, r in zip(pairs, result["chosen_scores"], result["rejected_scores"])]
     return {"accuracy": result["accuracy"],
             "by_variant": {v: sum(h) / len(h) for v, h in sorted(hits.items())},
-            "ties": result["ties"], "pairs": result["pairs"]}
+            "ties": result["ties"], "pairs": result["pairs"], "rows": rows}
 
 
 # ------------------------------------------------------------------------------ 5. bootstrap
@@ -483,6 +486,7 @@ def stage_evaluate(ctx) -> dict:
     artifacts = evaluation_artifacts(ctx)
     policies = {}
     for name in ("sft", "ppo"):
+        crash_point("evaluate.policy")
         rows = evaluate_policy(name, roles[name], roles, ctx, seconds)
         policies[name] = {"rows": rows, "metrics": summarise_populations(rows)}
     reward_test = _timed(seconds, "judge_test_accuracy", judge_test_accuracy, roles["judge"], ctx)
@@ -493,6 +497,7 @@ def stage_evaluate(ctx) -> dict:
     assert_role_isolation(roles)
     seconds["total"] = time.perf_counter() - t0
     results = {"policies": policies, "reward_test": reward_test, "differences": differences,
-               "politeness": politeness, "populations_note": POPULATIONS_NOTE, "seconds": seconds}
+               "politeness": politeness, "populations_note": POPULATIONS_NOTE, "seconds": seconds,
+               "arithmetic": pin.describe()}
     write_json(out_path, results)
     return results

@@ -2,13 +2,25 @@
 
 Every artifact of the lab is written through `write_bytes` / `write_json`: a temporary file in
 the same folder, fsync, then `os.replace`. An existing file is never overwritten unless the
-caller says `overwrite=True` explicitly (only for files that are not artifacts, e.g. logs).
+caller says `overwrite=True` explicitly (only for records that are meant to change, such as a
+run's `run.json`). `keep_existing=True` makes a rerun after a crash idempotent: a file that is
+already there was written whole (the rename is atomic), so it is kept as it is.
+
+A crash can leave two kinds of debris, both removed by `sweep_incomplete` before a stage
+continues: a temporary file (`.NAME.XXXX.tmp`, killed before the rename) and a data file
+without its sidecar manifest (killed between the two writes of `write_with_sidecar`, which
+writes the manifest last). Neither is ever read.
+
+`crash_point(name)` is the fault-injection hook of the crash tests (tests_reproducibility):
+with `RLHF_CRASH_AT=name` (or `name@k` for the k-th time) the process kills itself with
+SIGKILL there, as a power cut would. Unset, it costs one dictionary lookup.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -37,22 +49,54 @@ def sha256_text(text: str) -> str:
     return sha256_bytes(text.encode("utf-8"))
 
 
-def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False) -> Path:
-    """Atomically write `data` to `path` (temp file + fsync + rename); refuse to overwrite."""
+_CRASH_AT = os.environ.get("RLHF_CRASH_AT", "")
+_crash_counts: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """Test hook: SIGKILL this process here when RLHF_CRASH_AT names this point (see module doc)."""
+    if not _CRASH_AT:
+        return
+    want, _, nth = _CRASH_AT.partition("@")
+    if want != name:
+        return
+    _crash_counts[name] = _crash_counts.get(name, 0) + 1
+    if _crash_counts[name] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False,
+                keep_existing: bool = False) -> Path:
+    """Atomically write `data` to `path` (temp file + fsync + rename); refuse to overwrite.
+
+    keep_existing: if `path` exists, leave it as it is and return (a rerun after a crash)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and keep_existing:
+        return path
     if path.exists() and not overwrite:
         raise ArtifactExists(f"refusing to overwrite existing artifact {path}")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make artifacts private
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            half = len(data) // 2
+            f.write(data[:half])
+            if _CRASH_AT:
+                f.flush()
+                crash_point(f"write:{path.name}")  # killed with half the bytes in the temp file
+            f.write(data[half:])
             f.flush()
             os.fsync(f.fileno())
-        if not overwrite and path.exists():  # lost a race: still never overwrite
-            raise ArtifactExists(f"refusing to overwrite existing artifact {path}")
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:  # link refuses an existing target in one step: no check-then-rename race
+                os.link(tmp, path)
+            except FileExistsError:
+                raise ArtifactExists(f"refusing to overwrite existing artifact {path}") from None
+            os.unlink(tmp)
+        _fsync_dir(path.parent)  # the rename itself survives a power cut
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -60,8 +104,16 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False
     return path
 
 
-def write_text(path, text: str, *, overwrite: bool = False) -> Path:
-    return write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text(path, text: str, *, overwrite: bool = False, keep_existing: bool = False) -> Path:
+    return write_bytes(path, text.encode("utf-8"), overwrite=overwrite, keep_existing=keep_existing)
 
 
 def dumps_json(obj) -> str:
@@ -69,8 +121,8 @@ def dumps_json(obj) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def write_json(path, obj, *, overwrite: bool = False) -> Path:
-    return write_text(path, dumps_json(obj), overwrite=overwrite)
+def write_json(path, obj, *, overwrite: bool = False, keep_existing: bool = False) -> Path:
+    return write_text(path, dumps_json(obj), overwrite=overwrite, keep_existing=keep_existing)
 
 
 def read_json(path):
@@ -82,7 +134,8 @@ def write_with_sidecar(path, data: bytes, manifest: dict) -> dict:
     """Write `data` and `<path>.json` (its manifest, with the SHA-256 and size added); never overwrite.
 
     The one way artifacts that are loaded back (resume states, role states) are written, so that
-    `read_verified` can check them before anything reads their content.
+    `read_verified` can check them before anything reads their content. The manifest is written
+    last: a data file without it is an interrupted write (`sweep_incomplete` removes it).
     """
     path = Path(path)
     sidecar = Path(str(path) + ".json")
@@ -93,6 +146,28 @@ def write_with_sidecar(path, data: bytes, manifest: dict) -> dict:
     write_bytes(path, data)
     write_json(sidecar, manifest)
     return manifest
+
+
+def sweep_incomplete(folder, sidecar_patterns=("*.pt.gz", "*.safetensors")) -> list[str]:
+    """Remove what a crash left in `folder`: temporary files of `write_bytes`, and data files of
+    `write_with_sidecar` whose manifest was never written. Returns the names removed.
+
+    Only debris is removed: a temp file was never renamed into place, and a data file without
+    its manifest has no hash to check it by, so neither was ever a complete artifact."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for p in sorted(folder.glob(".*.tmp")):
+        if p.is_file():
+            p.unlink()
+            removed.append(p.name)
+    for pattern in sidecar_patterns:
+        for p in sorted(folder.glob(pattern)):
+            if p.is_file() and not Path(str(p) + ".json").is_file():
+                p.unlink()
+                removed.append(p.name)
+    return removed
 
 
 def read_verified(path, error=ValueError, what: str = "artifact") -> tuple[bytes, dict]:

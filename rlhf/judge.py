@@ -39,22 +39,27 @@ def pair_scores(judge, pairs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def evaluate_pairs(judge, pairs, pad_id: int, batch_size: int = 16) -> dict:
-    """Loss, accuracy (ties count as misses) and the per-pair margins of a pair set."""
-    margins = []
+    """Loss, accuracy (ties count as misses), the per-pair margins and the chosen and rejected
+    scores of a pair set (margins[i] = chosen_scores[i] - rejected_scores[i])."""
+    margins, chosen, rejected = [], [], []
     for i in range(0, len(pairs), batch_size):
         c, r = pair_scores(judge, pairs[i:i + batch_size], pad_id)
         margins.append(c - r)
+        chosen += c.tolist()
+        rejected += r.tolist()
     m = torch.cat(margins)
     return {"loss": float(bradley_terry_loss(m, torch.zeros_like(m))), "accuracy": float((m > 0).float().mean()),
-            "ties": int((m == 0).sum()), "pairs": len(pairs), "margins": m.tolist()}
+            "ties": int((m == 0).sum()), "pairs": len(pairs), "margins": m.tolist(),
+            "chosen_scores": chosen, "rejected_scores": rejected}
 
 
 def judge_budget(profile: dict, n_pairs: int) -> tuple[int, int]:
-    return epoch_budget(n_pairs, profile["judge"]["pairs_per_update"], profile["judge"]["epochs"])
+    return epoch_budget(n_pairs, profile["judge"]["pairs_per_update"], profile["judge"]["epochs"],
+                        profile["judge"].get("max_updates_per_epoch"))
 
 
 def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
-                stop_after_epoch: int | None = None, progress=None) -> dict:
+                stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
     """Run (or continue) the judge's Bradley-Terry budget; returns the state after the last epoch."""
     cfg, limits = profile["judge"], profile["limits"]
     train = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
@@ -72,5 +77,6 @@ def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict,
                 "train_accuracy": sum(h["accuracy"] for h in updates) / len(updates)}
 
     return train_epochs(judge, "judge", "judge", train, cfg["pairs_per_update"], cfg, profile, update_loss,
-                        epoch_summary, label="judge", state=state, stop_after_epoch=stop_after_epoch,
-                        progress=progress)
+                        epoch_summary, label="reward stage, judge role", state=state,
+                        stop_after_epoch=stop_after_epoch,
+                        progress=progress, checkpoint=checkpoint)

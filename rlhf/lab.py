@@ -3,9 +3,13 @@ or all in order (`rlhf lab --out DIR`).
 
 Run folder:
 
+    run.json                what the run is (its identity) and which stages are complete
     corpus/                 inputs/, labels/, manifest.json (rlhf.corpus)
     base_model/             the embedded base, built here unless --model-dir is given
-    sft/    state-*.pt.gz   resume states (+ .json sidecars with SHA-256 and identity)
+    sft/    state-*.pt.gz   final states of the protocol's three legs (+ .json sidecars with
+                            SHA-256 and identity)
+            checkpoints/    <leg>-NNNN.pt.gz: each leg's state after every epoch (SFT, judge) or
+                            every `ppo.checkpoint_every` iterations (PPO)
             actor.safetensors(+.json)   final SFT adapters
             history.json, timings.json, resume_check.json
     reward/ the same for the judge (judge.safetensors)
@@ -15,6 +19,15 @@ Interrupt/resume protocol (SPEC §7), run by the lab and by tests_reproducibilit
 stop after a boundary (SFT epoch 1, judge epoch 1, PPO iteration 40), resume from that state
 to the end, run the same stage continuously to the end, and require the two final states to
 be identical tensor by tensor. Nothing existing is overwritten.
+
+Crash safety (issue 12): a rerun of the same command after a crash (SIGKILL, power cut) at any
+moment continues where the run stopped. `run.json` is checked first (a different profile,
+revision, code, base model or CPU pin is refused); what a crash left half-written is swept
+away (rlhf.io.sweep_incomplete); a leg whose final state exists is loaded, not recomputed; any
+other leg continues from its last checkpoint, loaded with the same hash and identity checks as
+a resume. Because a resume is exact, the final states are bit-identical to an uninterrupted
+run's. Ctrl-C asks for a stop: the running leg saves a checkpoint at its next boundary and the
+command exits saying how to continue.
 """
 from __future__ import annotations
 
@@ -25,10 +38,12 @@ from pathlib import Path
 
 import torch
 
-from rlhf.checkpoint import (StateError, assert_states_equal, identity_of, load_state, save_state, seed_system_rngs,
-                             sha256_file)
-from rlhf.config import configure_torch, load_profile, profile_hash
-from rlhf.io import read_json, write_json
+from rlhf import pin
+from rlhf.checkpoint import (Interrupted, StateError, assert_states_equal, check_identity, code_sha256, identity_of,
+                             load_state, save_state, seed_system_rngs, sha256_file, stop_requested)
+from rlhf.config import PROFILES, configure_torch, load_profile, profile_hash
+from rlhf.evaluate import stage_evaluate
+from rlhf.io import dumps_json, read_json, sha256_bytes, sweep_incomplete, write_json
 from rlhf.models import directory_identity, load_tokenizer, check_tokenizer
 from rlhf.roles import (ROLE_KINDS, assert_role_isolation, fingerprint, load_role, new_role, save_role)
 
@@ -64,6 +79,7 @@ def open_context(run, profile_name: str | dict = "embedded", model_dir=None, rev
     from rlhf.embedded import build_embedded
     run = Path(run)
     profile = profile_name if isinstance(profile_name, dict) else load_profile(profile_name)
+    _sweep_run_folder(run)
     corpus_dir = run / "corpus"
     if not (corpus_dir / "manifest.json").is_file():
         prepare(corpus_dir, revision=revision)
@@ -78,7 +94,68 @@ def open_context(run, profile_name: str | dict = "embedded", model_dir=None, rev
         model_dir = run / "base_model"
         if not (model_dir / "config.json").is_file():
             build_embedded(model_dir)
-    return Context(run, profile, model_dir, corpus)
+    ctx = Context(run, profile, model_dir, corpus)
+    check_run_record(ctx)
+    return ctx
+
+
+# ------------------------------------------------------------------------- run.json
+
+RUN_FILE = "run.json"
+
+
+def _sweep_run_folder(run: Path) -> None:
+    """Remove what a crash left at the top of a run folder: temporary files and the temporary
+    folders of an interrupted corpus preparation or base build (`.corpus.*`, `.base_model.*`)."""
+    import shutil
+    if not run.is_dir():
+        return
+    sweep_incomplete(run, sidecar_patterns=())
+    for p in list(run.glob(".corpus.*")) + list(run.glob(".base_model.*")):
+        if p.is_dir():
+            shutil.rmtree(p)
+
+
+def run_identity(ctx: Context) -> dict:
+    """What a run is: a rerun in the same folder must match every part."""
+    return {"profile": ctx.profile.get("name"), "config": profile_hash(ctx.profile), "revision": ctx.corpus.revision,
+            "corpus": sha256_file(ctx.corpus.root / "manifest.json"), "code": code_sha256(),
+            "base_model": sha256_bytes(dumps_json(ctx.base_identity["files"]).encode()),
+            "arithmetic": pin.identity_tag()}
+
+
+def check_run_record(ctx: Context) -> dict:
+    """Write run.json on first use; afterwards refuse a context whose identity differs."""
+    path = ctx.run / RUN_FILE
+    current = run_identity(ctx)
+    if not path.is_file():
+        record = {"format": "rlhf-run-1", "identity": current, "arithmetic": pin.describe(), "stages": {}}
+        write_json(path, record)
+        return record
+    record = read_json(path)
+    changed = sorted(k for k in set(record["identity"]) | set(current) if record["identity"].get(k) != current.get(k))
+    if changed:
+        detail = "; ".join(f"{k}: was {str(record['identity'].get(k))[:40]}, now {str(current.get(k))[:40]}"
+                           for k in changed)
+        profile = current["profile"] if current["profile"] in PROFILES else "PROFILE.toml"
+        raise StateError(f"refusing to continue run {ctx.run}: identity changed in {', '.join(changed)} ({detail}). "
+                         f"Nothing was written. To start afresh, use a new folder: "
+                         f"rlhf lab --out NEW_FOLDER --profile {profile} --revision {current['revision']}")
+    return record
+
+
+def stage_complete(ctx: Context, stage: str) -> bool:
+    path = ctx.run / RUN_FILE
+    return path.is_file() and stage in read_json(path).get("stages", {})
+
+
+def mark_complete(ctx: Context, stage: str, **info) -> None:
+    """Record in run.json that `stage` finished (the record is the one file rewritten in place,
+    atomically, since it is meant to change)."""
+    path = ctx.run / RUN_FILE
+    record = read_json(path)
+    record["stages"][stage] = {"complete": True, **info}
+    write_json(path, record, overwrite=True)
 
 
 def _progress(desc: str, total: int):
@@ -98,25 +175,28 @@ def _say(line: str) -> None:
 
 # ------------------------------------------------------------------------- a resumable stage
 
-def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict, *, resume: bool = False,
-                 stop_after: int | None = None) -> dict:
-    """Run `stage` with the interrupt/resume protocol, or just one part of it.
+LEGS = ("boundary", "resumed", "continuous")
 
-    run_fn(state, stop_after) -> (state, timings) runs from `state` (None: fresh) up to
-    `stop_after` (None: the end). Files in ctx.run/stage:
+
+def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict, *, resume: bool = False,
+                 stop_after: int | None = None, protocol: bool = True, checkpoint_every: int = 1) -> dict:
+    """Run `stage` with the interrupt/resume protocol (or only its continuous leg), crash-safe.
+
+    run_fn(state, stop, checkpoint) -> (state, timings) runs from `state` (None: fresh) up to
+    `stop` (None: the end), calling checkpoint(n, make_state) after every epoch / iteration n.
+    The legs, each ending in a final state file in ctx.run/stage:
       state-boundary   the interrupted run, saved at the boundary
       state-resumed    resumed from state-boundary to the end
       state-continuous the same stage run from scratch to the end, without interruption
-    `stop_after` alone (stage command with --stop-after): write the boundary state and return.
-    `resume` alone (stage command with --resume): continue from the boundary state.
+    `protocol=False` runs the continuous leg only (resume_check.json says so).
+    `stop_after` alone (stage command with --stop-after): write state-stopNNN and return.
+    `resume` alone (stage command with --resume): continue from the last state-stopNNN.
     """
     folder = ctx.run / stage
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {k: folder / f"state-{k}.pt.gz" for k in ("boundary", "resumed", "continuous")}
-    timings = {}
     if stop_after is not None:
         t = time.perf_counter()
-        state, tm = run_fn(None, stop_after)
+        state, tm = run_fn(None, stop_after, None)
         save_state(folder / f"state-stop{stop_after:03d}.pt.gz", state, identity)
         return {"state": state, "timings": tm, "seconds": time.perf_counter() - t}
     if resume:
@@ -124,59 +204,107 @@ def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict
         if not stops:
             raise StateError(f"nothing to resume in {folder}: no state-stopNNN.pt.gz")
         t = time.perf_counter()
-        state, tm = run_fn(load_state(stops[-1], identity), None)
-        save_state(paths["resumed"], state, identity)
-        return {"state": state, "timings": tm, "seconds": time.perf_counter() - t}
-    for k, p in paths.items():
-        if p.exists():
-            raise FileExistsError(f"{p} exists: stage {stage} already ran in {ctx.run} (use a new --out folder)")
+        state, tm = run_fn(load_state(stops[-1], identity), None, None)
+        manifest = save_state(folder / "state-resumed.pt.gz", state, identity)
+        return {"state": state, "timings": tm, "seconds": time.perf_counter() - t, "sha256_final": manifest["sha256"]}
+    if stage_complete(ctx, stage):
+        raise FileExistsError(f"stage {stage} already ran in {ctx.run} and is complete (run.json); "
+                              f"nothing is overwritten (use a new --out folder for a new run)")
+    for sub in (folder, folder / "checkpoints"):
+        removed = sweep_incomplete(sub)
+        if removed:
+            _say(f"{stage}: removed what a crash left half-written in {sub}: {', '.join(removed)}")
     t = time.perf_counter()
-    _say(f"{stage}: interrupted run, stopping after {boundary}")
-    state_b, tm_b = run_fn(None, boundary)
-    save_state(paths["boundary"], state_b, identity)
-    _say(f"{stage}: resumed from the saved state after {boundary}, to the end")
-    state_r, tm_r = run_fn(load_state(paths["boundary"], identity), None)
-    save_state(paths["resumed"], state_r, identity)
-    timings["interrupted_and_resumed_s"] = time.perf_counter() - t
+    seconds = {}
+    if protocol:
+        state_b, _, seconds["boundary"] = _run_leg(ctx, stage, "boundary", lambda: None, boundary, run_fn, identity,
+                                                   checkpoint_every)
+        state_r, _, seconds["resumed"] = _run_leg(
+            ctx, stage, "resumed", lambda: load_state(folder / "state-boundary.pt.gz", identity), None, run_fn,
+            identity, checkpoint_every)
+    state_c, tm_c, seconds["continuous"] = _run_leg(ctx, stage, "continuous", lambda: None, None, run_fn, identity,
+                                                    checkpoint_every)
+    check = {"stage": stage, "protocol": protocol,
+             "sha256_continuous": read_json(folder / "state-continuous.pt.gz.json")["sha256"]}
+    if protocol:
+        compared = assert_states_equal(state_c, state_r, stage)
+        check.update({"boundary": boundary, "identical": True, "tensors_compared": compared,
+                      "sha256_resumed": read_json(folder / "state-resumed.pt.gz.json")["sha256"],
+                      "sha256_boundary": read_json(folder / "state-boundary.pt.gz.json")["sha256"],
+                      "interrupted_and_resumed_s": seconds["boundary"] + seconds["resumed"]})
+    check["continuous_s"] = seconds["continuous"]
+    write_json(folder / "resume_check.json", check, keep_existing=True)
+    check = read_json(folder / "resume_check.json")  # a rerun keeps the first complete record
+    return {"state": state_c, "timings": tm_c, "check": check, "seconds": time.perf_counter() - t,
+            "sha256_final": check["sha256_continuous"]}
+
+
+def _run_leg(ctx: Context, stage: str, leg: str, start, stop, run_fn, identity: dict, every: int):
+    """One leg of the protocol, crash-safe. Returns (final state, timings, seconds).
+
+    Its final state on disk is loaded, not recomputed. Otherwise the leg starts from `start()`
+    (None or the boundary state) or from its own last checkpoint, and saves a checkpoint every
+    `every` epochs/iterations (and at the next boundary after Ctrl-C, then stops)."""
+    folder = ctx.run / stage
+    final = folder / f"state-{leg}.pt.gz"
     t = time.perf_counter()
-    _say(f"{stage}: continuous run from scratch (compared with the resumed one)")
-    state_c, tm_c = run_fn(None, None)
-    save_state(paths["continuous"], state_c, identity)
-    timings["continuous_s"] = time.perf_counter() - t
-    compared = assert_states_equal(state_c, state_r, stage)
-    check = {"stage": stage, "boundary": boundary, "identical": True, "tensors_compared": compared,
-             "sha256_continuous": read_json(str(paths["continuous"]) + ".json")["sha256"],
-             "sha256_resumed": read_json(str(paths["resumed"]) + ".json")["sha256"],
-             "sha256_boundary": read_json(str(paths["boundary"]) + ".json")["sha256"], **timings}
-    write_json(folder / "resume_check.json", check)
-    return {"state": state_c, "timings": tm_c, "check": check, "seconds": timings["continuous_s"]}
+    if final.is_file():
+        _say(f"{stage}: {leg} run already complete in {folder} (loaded, not recomputed)")
+        return load_state(final, identity), {}, 0.0
+    ck_dir = folder / "checkpoints"
+    saved = sorted(ck_dir.glob(f"{leg}-*.pt.gz"))
+    if saved:
+        _say(f"{stage}: {leg} run continues from its checkpoint {saved[-1].name}")
+        state = load_state(saved[-1], identity)
+    else:
+        _say({"boundary": f"{stage}: interrupted run, stopping after {stop}",
+              "resumed": f"{stage}: resumed from the saved boundary state, to the end",
+              "continuous": f"{stage}: continuous run from scratch"
+                            + (" (compared with the resumed one)" if leg == "continuous" else "")}[leg])
+        state = start()
+
+    def checkpoint(n: int, make_state) -> None:  # called after every epoch / iteration but the last
+        interrupt = stop_requested()
+        path = ck_dir / f"{leg}-{n:04d}.pt.gz"
+        if (interrupt or n % every == 0) and not path.exists():
+            save_state(path, make_state(), identity)
+        if interrupt:
+            raise Interrupted(f"{stage}: stopped on request after {n} in the {leg} run; checkpoint {path}. "
+                              f"Run the same command again to continue from there.")
+
+    state, timings = run_fn(state, stop, checkpoint)
+    save_state(final, state, identity)
+    if stop_requested():  # the end of a leg is a boundary too
+        raise Interrupted(f"{stage}: stopped on request at the end of the {leg} run; its state {final}. "
+                          f"Run the same command again to continue from there.")
+    return state, timings, time.perf_counter() - t
 
 
 # ------------------------------------------------------------------------- stages
 
-def train_role(ctx: Context, kind: str, train_fn, *, state=None, stop=None, progress=None) -> dict:
+def train_role(ctx: Context, kind: str, train_fn, *, state=None, stop=None, progress=None, checkpoint=None) -> dict:
     """A fresh `kind` role trained by `train_fn` (train_sft or train_judge) on the learning view,
     from the profile's torch seed; returns the training state (what a stage saves and resumes)."""
     role = ctx.role(kind)
     seed_system_rngs(ctx.profile["seeds"]["torch"])
     return train_fn(role, ctx.corpus.learning_view(), ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile,
-                    state=state, stop_after_epoch=stop, progress=progress)
+                    state=state, stop_after_epoch=stop, progress=progress, checkpoint=checkpoint)
 
 
 def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_line, artifact: str,
-                 resume: bool, stop_after) -> dict:
+                 resume: bool, stop_after, protocol: bool) -> dict:
     """SFT and the judge: the same resumable epoch stage over a different role and loss."""
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=_initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
 
-    def run_fn(state, stop):
+    def run_fn(state, stop, checkpoint):
         def progress(step, total, loss):
             bar.total = total
             tick(step, total, loss)
-        return train_role(ctx, kind, train_fn, state=state, stop=stop, progress=progress), {}
+        return train_role(ctx, kind, train_fn, state=state, stop=stop, progress=progress, checkpoint=checkpoint), {}
 
-    result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after)
+    result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol)
     bar.close()
     history = result["state"]["history"]
     for e in history["epochs"]:
@@ -186,27 +314,31 @@ def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_
         role.load_learned_state(result["state"][key])
         if kind == "reward":
             role.freeze()  # the judge is frozen from here on
-        save_role(role, ctx.run / stage / artifact, identity)
-        write_json(ctx.run / stage / "history.json", history)
-        write_json(ctx.run / stage / "timings.json", {"seconds": result["seconds"], **result.get("check", {})})
+        folder = ctx.run / stage
+        if not (folder / f"{artifact}.json").is_file():  # a rerun keeps a complete artifact
+            save_role(role, folder / artifact, identity)
+        write_json(folder / "history.json", history, keep_existing=True)
+        write_json(folder / "timings.json", {"seconds": result["seconds"], **result.get("check", {})},
+                   keep_existing=True)
+        mark_complete(ctx, stage, sha256_final=result["sha256_final"])
     return result
 
 
-def stage_sft(ctx: Context, *, resume=False, stop_after=None) -> dict:
+def stage_sft(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
     from rlhf.sft import train_sft
     return _epoch_stage(ctx, "sft", "actor", "actor", train_sft,
                         lambda e: (f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
                                    f"validation loss {e['validation_loss']:.4f}"),
-                        "actor.safetensors", resume, stop_after)
+                        "actor.safetensors", resume, stop_after, protocol)
 
 
-def stage_reward(ctx: Context, *, resume=False, stop_after=None) -> dict:
+def stage_reward(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
     from rlhf.judge import train_judge
     return _epoch_stage(ctx, "reward", "reward", "judge", train_judge,
                         lambda e: (f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation "
                                    f"loss {e['validation_loss']:.4f}  validation accuracy "
                                    f"{e['validation_accuracy']:.3f}"),
-                        "judge.safetensors", resume, stop_after)
+                        "judge.safetensors", resume, stop_after, protocol)
 
 
 def ppo_roles(ctx: Context) -> dict:
@@ -222,17 +354,17 @@ def ppo_roles(ctx: Context) -> dict:
     return roles
 
 
-def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True) -> dict:
+def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> dict:
     from rlhf.ppo import train_ppo
     view = ctx.corpus.learning_view()
+    initial_roles = ppo_roles(ctx)
     identity = ctx.identity(stage="ppo", sft=sha256_file(ctx.run / "sft" / "actor.safetensors"),
                             judge=sha256_file(ctx.run / "reward" / "judge.safetensors"),
-                            initial=_initial_fingerprints(ppo_roles(ctx)))
+                            initial=_initial_fingerprints(initial_roles))
     cfg = ctx.profile["ppo"]
     bar, tick = _progress("PPO", cfg["iterations"])
-    fingerprints = {}
 
-    def run_fn(state, stop):
+    def run_fn(state, stop, checkpoint):
         roles = ppo_roles(ctx)
         assert_role_isolation(roles)
         before = {k: fingerprint(r) for k, r in roles.items()}
@@ -249,27 +381,78 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True) ->
             elif it % 10 == 0 or it == total:
                 _say(line)
         out, tm = train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=state,
-                            stop_after_iteration=stop, use_cache=use_cache, progress=progress)
+                            stop_after_iteration=stop, use_cache=use_cache, progress=progress, checkpoint=checkpoint)
         assert_role_isolation(roles)
         after = {k: fingerprint(r) for k, r in roles.items()}
         check_fingerprints(before, after, moved=out["iterations_done"] > (state or {}).get("iterations_done", 0))
-        fingerprints["before"], fingerprints["after"] = _short(before), _short(after)
         return out, tm
 
-    result = run_protocol(ctx, "ppo", ctx.profile["ppo"]["resume_stop_iteration"], run_fn, identity,
-                          resume=resume, stop_after=stop_after)
+    result = run_protocol(ctx, "ppo", cfg["resume_stop_iteration"], run_fn, identity, resume=resume,
+                          stop_after=stop_after, protocol=protocol, checkpoint_every=cfg["checkpoint_every"])
     bar.close()
     if stop_after is None:
-        roles = ppo_roles(ctx)
-        roles["actor"].load_learned_state(result["state"]["actor"])
-        roles["critic"].load_learned_state(result["state"]["critic"])
-        save_role(roles["actor"], ctx.run / "ppo" / "actor.safetensors", identity)
-        save_role(roles["critic"], ctx.run / "ppo" / "critic.safetensors", identity)
-        write_json(ctx.run / "ppo" / "history.json", result["state"]["history"])
-        write_json(ctx.run / "ppo" / "timings.json", {"seconds": result["seconds"], **result["timings"],
-                                                      **result.get("check", {})})
-        write_json(ctx.run / "ppo" / "fingerprints.json", fingerprints)
+        folder = ctx.run / "ppo"
+        final = ppo_roles(ctx)
+        for kind in ("actor", "critic", "reference", "reward"):
+            final[kind].load_learned_state(result["state"][kind])
+        # From the initial roles and the final state, so that a rerun after a crash writes the same.
+        fingerprints = {"before": _short({k: fingerprint(r) for k, r in initial_roles.items()}),
+                        "after": _short({k: fingerprint(r) for k, r in final.items()})}
+        check_fingerprints(fingerprints["before"], fingerprints["after"])
+        for kind in ("actor", "critic"):
+            if not (folder / f"{kind}.safetensors.json").is_file():
+                save_role(final[kind], folder / f"{kind}.safetensors", identity)
+        write_json(folder / "history.json", result["state"]["history"], keep_existing=True)
+        write_json(folder / "timings.json", {"seconds": result["seconds"], **result["timings"],
+                                             **result.get("check", {})}, keep_existing=True)
+        write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)
+        mark_complete(ctx, "ppo", sha256_final=result["sha256_final"])
     return result
+
+
+# ------------------------------------------------------------------------- the whole lab
+
+def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
+    """Every stage in order, skipping those run.json records as complete; returns results.json.
+
+    sft -> reward -> ppo (each with the interrupt/resume protocol unless `protocol=False`) ->
+    evaluate -> shortcut_audit -> report. Stages without checkpoints (evaluation, audit,
+    reports) write their results whole and last, so a crash inside one reruns that one."""
+    from rlhf.report import write_reports
+    from rlhf.shortcut import run_shortcut_audit
+    for name, fn in (("sft", stage_sft), ("reward", stage_reward), ("ppo", stage_ppo)):
+        if stage_complete(ctx, name):
+            _say(f"{name}: already complete in {ctx.run} (skipped)")
+            continue
+        result = fn(ctx, protocol=protocol)
+        check = result["check"]
+        _say(f"{name}: {result['seconds']:.1f} s; interrupt/resume identical: {check.get('identical')} "
+             f"({check.get('tensors_compared')} tensors; state sha256 resumed {str(check.get('sha256_resumed'))[:12]}"
+             f" = continuous {str(check.get('sha256_continuous'))[:12]})")
+        _stop_if_requested(ctx)
+    for name, folder, fn in (("evaluate", "evaluation", stage_evaluate),
+                             ("shortcut_audit", "shortcut_audit", run_shortcut_audit)):
+        if stage_complete(ctx, name):
+            _say(f"{name}: already complete in {ctx.run} (skipped)")
+            continue
+        t = time.perf_counter()
+        sweep_incomplete(ctx.run / folder)
+        if not (ctx.run / folder / "results.json").exists():  # written whole and last: there means done
+            fn(ctx)
+        mark_complete(ctx, name)
+        _say(f"{name}: {time.perf_counter() - t:.1f} s")
+        _stop_if_requested(ctx)
+    if not stage_complete(ctx, "report"):
+        sweep_incomplete(ctx.run, sidecar_patterns=())
+        write_reports(ctx.run, keep_existing=True)
+        mark_complete(ctx, "report")
+    return read_json(ctx.run / "results.json")
+
+
+def _stop_if_requested(ctx: Context) -> None:
+    """Ctrl-C during a stage without checkpoints: stop between stages."""
+    if stop_requested():
+        raise Interrupted(f"stopped on request between stages; run the same command again to continue in {ctx.run}")
 
 
 def _initial_fingerprints(roles: dict) -> dict:

@@ -2,12 +2,15 @@
 
 AdamW (weight decay from the profile), the learning rate set from the schedule
 (rlhf.ppo_math.learning_rate) before the step, gradient clipping at the profile's norm, and a
-hard stop on a non-finite loss or gradient that names where it happened. Nothing is saved
-mid-update, so the last state on disk stays the last good one.
+hard stop on a non-finite loss or gradient that names where it happened: stage, role and update
+step ("SFT stage, actor role, update 3 (epoch 1): loss is nan; ..."; PPO adds the iteration).
+Nothing is saved mid-update, so the last state on disk stays the last good one.
 """
 from __future__ import annotations
 
 import torch
+
+from rlhf.io import crash_point
 
 
 class NonFiniteError(FloatingPointError):
@@ -35,15 +38,20 @@ def optimizer_step(optimizer, params, loss: torch.Tensor, lr: float, clip_norm: 
     return float(grad_norm)
 
 
-def epoch_budget(n_items: int, per_update: int, epochs: int) -> tuple[int, int]:
-    """(updates per epoch, total updates): a last short update takes the remainder."""
+def epoch_budget(n_items: int, per_update: int, epochs: int, max_updates_per_epoch: int | None = None) -> tuple[int, int]:
+    """(updates per epoch, total updates): a last short update takes the remainder.
+
+    `max_updates_per_epoch` (absent from the lab's profiles) cuts each epoch to its first k
+    updates: the miniature budgets of the crash tests and of the full-width qwen check."""
     per_epoch = -(-n_items // per_update)
+    if max_updates_per_epoch:
+        per_epoch = min(per_epoch, max_updates_per_epoch)
     return per_epoch, per_epoch * epochs
 
 
 def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: dict, profile: dict,
                  update_loss, epoch_summary, *, label: str, state: dict | None = None,
-                 stop_after_epoch: int | None = None, progress=None) -> dict:
+                 stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
     """The epoch loop of SFT and the judge: the same order, schedule, step and resume state.
 
     Each epoch draws a permutation of `train` from the data-order generator and takes
@@ -53,13 +61,14 @@ def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: 
         lr = learning_rate(step, total)      warm-up then linear decay (rlhf.ppo_math)
         optimizer_step(...)                  backward, clip, AdamW
 
-    After each epoch `epoch_summary(updates_of_the_epoch)` adds the validation numbers. Runs to
-    cfg["epochs"] or stops after `stop_after_epoch`; returns the state to save or resume from
-    (keys: stage, epochs_done, step, `key`, optimizer, order_generator, rng, history).
+    After each epoch `epoch_summary(updates_of_the_epoch)` adds the validation numbers, then
+    `checkpoint(epochs_done, make_state)` (when given) may save the state (rlhf.lab's crash-safe
+    legs). Runs to cfg["epochs"] or stops after `stop_after_epoch`; returns the state to save or
+    resume from (keys: stage, epochs_done, step, `key`, optimizer, order_generator, rng, history).
     """
     from rlhf.ppo_math import learning_rate
     opt_cfg = profile["optim"]
-    per_epoch, total = epoch_budget(len(train), per_update, cfg["epochs"])
+    per_epoch, total = epoch_budget(len(train), per_update, cfg["epochs"], cfg.get("max_updates_per_epoch"))
     params = [p for p in role.learned_parameters() if p.requires_grad]
     optimizer, order, history, first_epoch, step = _start_epochs(
         role, key, params, cfg["lr"], opt_cfg["weight_decay"], profile["seeds"]["data_order"], total, state)
@@ -69,15 +78,18 @@ def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: 
         for u in range(per_epoch):
             items = [train[i] for i in perm[u * per_update:(u + 1) * per_update]]
             lr = learning_rate(step, total, cfg["lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
+            crash_point(f"{stage}.update")
             loss, extra = update_loss(items)
             grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
-                                       f"{label} update {step} (epoch {epoch})")
+                                       f"{label}, update {step} (epoch {epoch})")
             history["updates"].append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr,
                                        **extra, "grad_norm": grad_norm})
             step += 1
             if progress is not None:
                 progress(step, total, float(loss.detach()))
         history["epochs"].append({"epoch": epoch, **epoch_summary(history["updates"][-per_epoch:])})
+        if checkpoint is not None and epoch + 1 < last_epoch:  # the last state is the caller's to save
+            checkpoint(epoch + 1, lambda: _epoch_state(stage, key, role, optimizer, order, history, epoch + 1, step))
     return _epoch_state(stage, key, role, optimizer, order, history, last_epoch, step)
 
 

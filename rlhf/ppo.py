@@ -32,6 +32,7 @@ import torch
 from rlhf import ppo_math
 from rlhf.checkpoint import rng_state, set_rng_state
 from rlhf.generate import generate
+from rlhf.io import crash_point
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import critic_values, reward_scores
@@ -131,7 +132,8 @@ def _descend(role, optimizer, loss: torch.Tensor, kind: str, step: int, total: i
     lr = ppo_math.learning_rate(step, total, profile["ppo"][f"{kind}_lr"], opt_cfg["warmup_ratio"],
                                 opt_cfg["min_lr_ratio"])
     params = [p for p in role.learned_parameters() if p.requires_grad]
-    grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"], f"{where} {kind}")
+    grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
+                               f"PPO stage, {kind} role, update {step} ({where})")
     _sync()
     return lr, grad_norm
 
@@ -175,12 +177,14 @@ def token_view(tokenizer, ro: dict, b: int, profile: dict) -> list[dict]:
 
 def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
               stop_after_iteration: int | None = None, use_cache: bool = True, progress=None,
-              keep_token_views: int = 3) -> tuple[dict, dict]:
+              keep_token_views: int = 3, checkpoint=None) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
 
     The state holds the actor and critic adapters/heads, both optimizers, the prompt sampler,
     the sampling generator, the system RNGs, the history and the consumed rollout ids.
-    Timings are returned apart: durations are not part of the compared state.
+    Timings are returned apart: durations are not part of the compared state. After each
+    iteration (both updates done, no rollout pending) `checkpoint(iterations_done, make_state)`,
+    when given, may save the state (rlhf.lab's crash-safe legs).
     """
     cfg, seeds, limits = profile["ppo"], profile["seeds"], profile["limits"]
     prompts = view.rollout_prompts()
@@ -210,7 +214,15 @@ def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: d
     total = iterations * updates
     last = iterations if stop_after_iteration is None else stop_after_iteration
     timings = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
+    def make_state(done: int) -> dict:
+        return {"stage": "ppo", "iterations_done": done, "actor": actor.learned_state(),
+                "critic": critic.learned_state(), "reference": roles["reference"].learned_state(),
+                "reward": roles["reward"].learned_state(),
+                "optimizers": {k: o.state_dict() for k, o in optimizers.items()}, "sampler": sampler.state(),
+                "sampling_generator": sample_gen.get_state(), "rng": rng_state(), "history": history}
+
     for it in range(start, last):
+        crash_point("ppo.iteration")
         t_iter = time.perf_counter()
         tm: dict = {}
         idx = sampler.draw(cfg["prompts_per_iteration"])
@@ -224,7 +236,7 @@ def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: d
             history["scoring_check"] = {"iteration": it, "max_abs_diff": float(diff.max()),
                                         "mean_abs_diff": float(diff.mean()), "tokens": int(diff.numel()),
                                         "use_cache": use_cache}
-        stats = [ppo_update(roles, optimizers, ro, profile, it * updates + u, total, f"PPO iteration {it}", tm)
+        stats = [ppo_update(roles, optimizers, ro, profile, it * updates + u, total, f"iteration {it}", tm)
                  for u in range(updates)]
         mask = ro["batch"].response_mask
         lengths = mask.sum(-1).float()
@@ -260,9 +272,7 @@ def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: d
             timings["total"][k] += tm.get(k, 0.0)
         if progress is not None:
             progress(it + 1, iterations, record)
+        if checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
+            checkpoint(it + 1, lambda: make_state(it + 1))
     timings["memory"] = peak_memory()
-    state = {"stage": "ppo", "iterations_done": last, "actor": actor.learned_state(), "critic": critic.learned_state(),
-             "reference": roles["reference"].learned_state(), "reward": roles["reward"].learned_state(),
-             "optimizers": {k: o.state_dict() for k, o in optimizers.items()}, "sampler": sampler.state(),
-             "sampling_generator": sample_gen.get_state(), "rng": rng_state(), "history": history}
-    return state, timings
+    return make_state(last), timings

@@ -303,7 +303,9 @@ def collect_results(run_dir) -> dict:
     base = _read_optional(run / "base_model/manifest.json")
     evaluation = _evaluation(run)
     rt = evaluation.get("reward_test") if evaluation["status"] == "run" else None
-    reward_test = dict(rt) if isinstance(rt, dict) else {"status": "not run", "accuracy": None, "by_variant": {}}
+    # Without the 180 per-pair scores (evaluation/results.json keeps them).
+    reward_test = ({k: v for k, v in rt.items() if k != "rows"} if isinstance(rt, dict)
+                   else {"status": "not run", "accuracy": None, "by_variant": {}})
     ppo_timing = timings.get("ppo") or {}
     return {
         "schema": "rlhf.report/1",
@@ -337,6 +339,8 @@ def collect_results(run_dir) -> dict:
         "evaluation": evaluation,
         "reward_test": reward_test,
         "shortcut_audit": _read_optional(run / "shortcut_audit" / "results.json"),
+        # What the run is and the CPU arithmetic it ran (rlhf.pin): pinned hashes compare across machines.
+        "run": _read_optional(run / "run.json"),
     }
 
 
@@ -1060,16 +1064,18 @@ def _model_texts(res: dict) -> list[str]:
     return [t for t in texts if isinstance(t, str)]
 
 
-def write_reports(run_dir) -> dict:
+def write_reports(run_dir, *, keep_existing: bool = False) -> dict:
     """Write results.json, report.md and report.html into `run_dir`; return their paths.
 
     Raises FileExistsError (before writing anything) if any of the three exists, and
     ReportWordingError if the report's own text names the learned score forbiddenly.
+    `keep_existing` (the lab's rerun after a crash between the three writes): files already
+    there are kept, the missing ones are written.
     """
     run = Path(run_dir)
     paths = {name: run / name for name in REPORT_FILES}
     existing = [str(p) for p in paths.values() if p.exists()]
-    if existing:
+    if existing and not keep_existing:
         raise FileExistsError(f"refusing to overwrite existing report files: {', '.join(existing)}")
     res = collect_results(run)
     res["reports"] = {k.replace(".", "_"): str(p.resolve()) for k, p in paths.items()}
@@ -1087,9 +1093,9 @@ def write_reports(run_dir) -> dict:
     images = make_plots(res)
     md = render_markdown(res)
     page = render_html(res, images)
-    write_text(paths["results.json"], dumps_json(res))
-    write_text(paths["report.md"], md)
-    write_text(paths["report.html"], page)
+    write_text(paths["results.json"], dumps_json(res), keep_existing=keep_existing)
+    write_text(paths["report.md"], md, keep_existing=keep_existing)
+    write_text(paths["report.html"], page, keep_existing=keep_existing)
     return {k: p for k, p in paths.items()}
 
 

@@ -205,7 +205,9 @@ def save_role(role: Role, path, identity: dict | None = None) -> dict:
     path = Path(path)
     state = {k: v.contiguous() for k, v in role.learned_state().items()}
     base_fp = fingerprint(role)["frozen_sha256"]
-    meta = {"role": role.kind, "identity": dumps_json(identity or {}), "base_frozen_sha256": base_fp}
+    # One metadata key: safetensors writes its metadata map in a per-process hash order, so with
+    # several keys two processes saving the same role wrote different bytes.
+    meta = {"rlhf": dumps_json({"role": role.kind, "identity": identity or {}, "base_frozen_sha256": base_fp})}
     data = st_save(state, metadata=meta)
     return write_with_sidecar(path, data, {
         "role": role.kind, "file": path.name,
@@ -226,7 +228,11 @@ def load_role(role: Role, path, *, source_kind: str | None = None, adapters_only
     want_kind = source_kind or role.kind
     if manifest["role"] != want_kind:
         raise RoleStateError(f"role kind mismatch: {path} holds a {manifest['role']} state, not {want_kind}")
-    state = st_load(data)
+    try:
+        state = st_load(data)  # safetensors: a header and raw tensor bytes, never code
+    except Exception as err:  # noqa: BLE001 - whatever the parser refuses is unusable
+        raise RoleStateError(f"{path} is not a safetensors file (its hash matches its manifest, "
+                             f"its content does not parse): {err}") from err
     own = role.learned_state()
     if adapters_only:
         own = {k: v for k, v in own.items() if not k.startswith("head.")}

@@ -53,11 +53,12 @@ def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
 
 def sft_budget(profile: dict, n_examples: int) -> tuple[int, int]:
     """(updates per epoch, total updates): 168 demonstrations / 8 = 21 per epoch."""
-    return epoch_budget(n_examples, profile["sft"]["examples_per_update"], profile["sft"]["epochs"])
+    return epoch_budget(n_examples, profile["sft"]["examples_per_update"], profile["sft"]["epochs"],
+                        profile["sft"].get("max_updates_per_epoch"))
 
 
 def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
-              stop_after_epoch: int | None = None, progress=None) -> dict:
+              stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
     """Run (or continue) the profile's SFT budget on the actor Role; returns the state after the
     last epoch run (keys: stage, epochs_done, step, actor, optimizer, order_generator, rng, history)."""
     cfg, limits = profile["sft"], profile["limits"]
@@ -73,5 +74,6 @@ def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *
                 "train_loss": sum(h["loss"] for h in updates) / len(updates)}
 
     return train_epochs(actor, "sft", "actor", train, cfg["examples_per_update"], cfg, profile, update_loss,
-                        epoch_summary, label="SFT", state=state, stop_after_epoch=stop_after_epoch,
-                        progress=progress)
+                        epoch_summary, label="SFT stage, actor role", state=state,
+                        stop_after_epoch=stop_after_epoch,
+                        progress=progress, checkpoint=checkpoint)

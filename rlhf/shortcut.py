@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 from rlhf import corpus as C
-from rlhf import rubric
+from rlhf import pin, rubric
 from rlhf.io import sha256_file, write_json
 from rlhf.judge import encode_pairs
 from rlhf.roles import fingerprint, load_role, reward_scores
@@ -98,7 +98,7 @@ MEANINGS = {
                    "heading, family number or answer style instead."),
 }
 
-RESULT_KEYS = ("study", "version", "corpus", "profile", "seeds", "baseline", "order", "counterfactuals",
+RESULT_KEYS = ("study", "version", "corpus", "profile", "arithmetic", "seeds", "baseline", "order", "counterfactuals",
                "judge", "hashes_before", "hashes_after", "unchanged", "seconds")
 
 
@@ -296,6 +296,7 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
         "corpus": {"revision": revision, "dataset": ctx.corpus.dataset,
                    "manifest_sha256": before["corpus/manifest.json"]},
         "profile": ctx.profile.get("name"),
+        "arithmetic": pin.describe(),
         "seeds": {"counterfactuals": SHORTCUT_AUDIT_SEED,
                   "counterfactual_draws": ("random.Random(5049): shuffle list(range(240)) until no fixed "
                                            "point (a), then one choice of (form, note) per test pair in "

@@ -1,7 +1,7 @@
 """Held-out evaluation as assertions (SPEC §8) on the session's embedded lab run.
 
-`stage_evaluate` runs once per module on `lab_run` (SFT, judge and PPO of the embedded profile)
-and writes evaluation/results.json. The tests assert invariants, never that PPO beats SFT:
+`stage_evaluate` ran once, inside the session's `lab_run` (the whole embedded lab, as `rlhf lab`
+runs it), and wrote evaluation/results.json. The tests assert invariants, never that PPO beats SFT:
 
 * 260 greedy generations over 200 distinct prompts per policy; 180 test + 80 probe rows;
 * greedy determinism: the 4 generations of each probe context are identical, and a second
@@ -22,7 +22,7 @@ import json
 import pytest
 
 from rlhf import evaluate as ev
-from rlhf import rubric
+from rlhf import pin, rubric
 from rlhf.corpus import EvaluationView
 from rlhf.io import sha256_file
 from rlhf.tokens import encode_prompt
@@ -37,10 +37,10 @@ FORBIDDEN_WORDS = ("helpful", "satisfaction", "human utility", "human preference
 
 @pytest.fixture(scope="module")
 def evaluation(lab_run):
-    """stage_evaluate once on the session's lab run, plus the file it wrote."""
-    results = ev.stage_evaluate(lab_run)
+    """The file stage_evaluate wrote in the session's lab run."""
     path = lab_run.run / "evaluation" / "results.json"
-    return {"results": results, "path": path, "file": json.loads(path.read_text())}
+    file = json.loads(path.read_text())
+    return {"results": file, "path": path, "file": file}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,11 @@ def roles(lab_run, evaluation):
 
 def test_results_file_schema(evaluation, lab_run, record_result):
     file, results = evaluation["file"], evaluation["results"]
-    assert set(file) == {"policies", "reward_test", "differences", "politeness", "populations_note", "seconds"}
-    assert file == json.loads(json.dumps(results))  # what was returned is what was written
+    assert set(file) == {"policies", "reward_test", "differences", "politeness", "populations_note", "seconds",
+                         "arithmetic"}
+    # conftest imports rlhf before torch, so the run is pinned unless RLHF_CPU_PIN turned it off
+    assert file["arithmetic"]["status"] == ("pinned" if pin.requested() else "off")
+    assert file["arithmetic"] == json.loads((lab_run.run / "run.json").read_text())["arithmetic"]
     assert file["populations_note"] == ("80 probe rows are 20 independent contexts; "
                                         "520 generations are not 520 independent cases")
     assert set(file["policies"]) == set(POLICIES)
@@ -200,12 +203,13 @@ def test_differences_are_paired_and_published_per_population(evaluation, record_
 
 def test_judge_test_accuracy(evaluation, record_result):
     acc = evaluation["file"]["reward_test"]
-    assert set(acc) == {"accuracy", "by_variant", "ties", "pairs"}
+    assert set(acc) == {"accuracy", "by_variant", "ties", "pairs", "rows"}
+    assert len(acc["rows"]) == acc["pairs"]
     assert acc["pairs"] == 180 and isinstance(acc["ties"], int)
     assert set(acc["by_variant"]) == {"0", "1", "2", "3", "4"}
     assert 0.0 <= acc["accuracy"] <= 1.0
     assert acc["accuracy"] == pytest.approx(sum(acc["by_variant"].values()) / 5)  # 36 pairs per variant
-    record_result("reward_test", acc)
+    record_result("reward_test", {k: v for k, v in acc.items() if k != "rows"})
 
 
 def test_politeness_exercise_changes_nothing(evaluation, lab_run, record_result):

@@ -32,10 +32,29 @@ def small_run(tmp_path_factory):
 
 
 def test_resume_with_changed_config_is_refused(small_run):
-    ctx = lab.open_context(small_run.run, {**small_profile(), "sft": {**small_profile()["sft"], "lr": 1e-3}})
-    with pytest.raises(StateError, match="identity changed in config"):
-        lab.stage_sft(ctx, resume=True)
+    before = sha256_file(small_run.run / "run.json")
+    with pytest.raises(StateError, match=r"identity changed in config .*Nothing was written.*rlhf lab --out NEW_FOLDER"):
+        lab.open_context(small_run.run, {**small_profile(), "sft": {**small_profile()["sft"], "lr": 1e-3}})
     assert not (small_run.run / "sft" / "state-resumed.pt.gz").exists()
+    assert sha256_file(small_run.run / "run.json") == before
+
+
+@pytest.mark.parametrize("part", ["revision", "code", "arithmetic", "profile"])
+def test_rerun_with_another_revision_code_pin_or_profile_is_refused(small_run, part, monkeypatch):
+    """run.json: a rerun whose revision, code version, CPU pin or profile differs is refused,
+    naming what changed and the command that starts afresh."""
+    from rlhf import pin
+    if part == "revision":
+        with pytest.raises(ValueError, match="holds corpus revision r001, not r002"):
+            lab.open_context(small_run.run, small_profile(), revision="r002")
+        return
+    if part == "code":
+        monkeypatch.setattr(lab, "code_sha256", lambda: "f" * 64)
+    elif part == "arithmetic":
+        monkeypatch.setattr(pin, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
+    profile = {**small_profile(), "name": "renamed"} if part == "profile" else small_profile()
+    with pytest.raises(StateError, match=rf"identity changed in [a-z, ]*{part}.*start afresh"):
+        lab.open_context(small_run.run, profile)
 
 
 @pytest.mark.parametrize("part", ["corpus", "code", "base_model"])
@@ -51,9 +70,13 @@ def test_resume_with_a_different_base_model_is_refused(small_run, tmp_path):
     from rlhf.embedded import build_embedded
     other = tmp_path / "other_base"
     build_embedded(other, seed=50, audit=False)
-    ctx = lab.open_context(small_run.run, small_profile(), model_dir=other)
+    with pytest.raises(StateError, match="identity changed in base_model"):
+        lab.open_context(small_run.run, small_profile(), model_dir=other)
+    # and the state itself refuses it too (a second line of defence, e.g. a copied state file)
+    path = small_run.run / "sft" / "state-stop001.pt.gz"
+    saved = read_json(str(path) + ".json")["identity"]
     with pytest.raises(StateError, match="base_model"):
-        lab.stage_sft(ctx, resume=True)
+        load_state(path, {**saved, "base_model": "0" * 64})
 
 
 @pytest.mark.parametrize("damage", ["truncate", "bitflip"])
@@ -105,7 +128,7 @@ def test_nan_loss_stops_with_the_iteration_and_keeps_the_last_good_state(lab_run
         return loss * float("nan") if calls["n"] >= 2 else loss
 
     monkeypatch.setattr(ppo_math, "clipped_policy_loss", poisoned)
-    with pytest.raises(NonFiniteError, match=r"PPO iteration 1 actor: loss is nan"):
+    with pytest.raises(NonFiniteError, match=r"PPO stage, actor role, update \d+ \(iteration 1\): loss is nan"):
         lab.stage_ppo(ctx, resume=True)
     assert sha256_file(good) == before
     assert not (ctx.run / "ppo" / "state-resumed.pt.gz").exists()

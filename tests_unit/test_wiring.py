@@ -86,3 +86,67 @@ def test_tests_of_the_lab_run_share_one_xdist_worker(tmp_path):
     lab_workers = {w for kind, _, w in marks if kind == "lab"}
     assert len([m for m in marks if m[0] == "lab"]) == 6
     assert len(lab_workers) == 1 and lab_workers != {"none"}, f"lab tests ran on {sorted(lab_workers)}"
+
+
+def run_in_copy(tmp_path, files: dict, *args, keep_xdist=False):
+    """pytest in a throw-away project with the project's conftest.py and pytest.ini, no --reports-dir."""
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    ini = (ROOT / "pytest.ini").read_text()
+    (tmp_path / "pytest.ini").write_text(ini if keep_xdist else ini.replace("-n 2 --dist loadgroup", ""))
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RLHF_REPORTS_DIR"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+UNIT_AND_GPU = {"tests_unit/test_x.py": "import pytest\n@pytest.mark.unit\ndef test_u(record_result):\n"
+                                        "    record_result('u', 1)\n    assert True\n"
+                                        "@pytest.mark.gpu\ndef test_g():\n    assert True\n"}
+
+
+def test_each_tier_writes_its_own_reports_folder(tmp_path):
+    """A `pytest -m gpu` run must not wipe the CI results of `pytest -m unit`."""
+    out = run_in_copy(tmp_path, UNIT_AND_GPU, "-m", "unit")
+    assert out.returncode == 0, out.stdout + out.stderr
+    unit = json.loads((tmp_path / "reports" / "unit" / "results.json").read_text())
+    assert list(unit["tests"]) == ["tests_unit/test_x.py::test_u"]
+    out = run_in_copy(tmp_path, UNIT_AND_GPU, "-m", "gpu")
+    assert out.returncode == 0, out.stdout + out.stderr
+    gpu = json.loads((tmp_path / "reports" / "gpu" / "results.json").read_text())
+    assert list(gpu["tests"]) == ["tests_unit/test_x.py::test_g"]
+    assert json.loads((tmp_path / "reports" / "unit" / "results.json").read_text()) == unit  # untouched
+    assert (tmp_path / "reports" / "unit" / "junit.xml").is_file() and (tmp_path / "reports" / "gpu" / "junit.xml").is_file()
+    assert "reports: reports/gpu/junit.xml and reports/gpu/results.json" in out.stdout
+
+
+def test_reports_carry_provenance(tmp_path):
+    out = run_in_copy(tmp_path, UNIT_AND_GPU, "-m", "unit")
+    assert out.returncode == 0, out.stdout + out.stderr
+    prov = json.loads((tmp_path / "reports" / "unit" / "results.json").read_text())["provenance"]
+    assert set(prov) == {"commit", "dirty", "packages", "python", "platform", "arithmetic", "cuda_device",
+                         "profiles_sha256", "command_line"}
+    assert prov["packages"]["torch"] == "2.13.0+cpu" or prov["packages"]["torch"].startswith("2.13.0")
+    assert prov["arithmetic"]["status"] == "pinned"
+    assert set(prov["profiles_sha256"]) == {"embedded", "qwen2.5-0.5b"}
+    assert prov["command_line"][-2:] == ["-m", "unit"]
+    junit = (tmp_path / "reports" / "unit" / "junit.xml").read_text()
+    for key in ("commit", "dirty", "packages", "arithmetic", "command_line"):
+        assert f'<property name="{key}"' in junit
+
+
+def test_pytest_dash_dash_benchmark_runs_the_benchmark_tier(tmp_path):
+    """`pytest --benchmark`, literally as the design card writes it: the benchmark tier, one
+    process even with -n 2 in addopts, pytest-benchmark's JSON written, its path printed."""
+    files = {"tests_unit/test_b.py": "import pytest\n@pytest.mark.benchmark\ndef test_b(benchmark):\n"
+                                     "    assert benchmark(sum, range(100)) == 4950\n"
+                                     "@pytest.mark.unit\ndef test_u():\n    assert True\n"}
+    out = run_in_copy(tmp_path, files, "--benchmark", keep_xdist=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads((tmp_path / "reports" / "benchmark" / "benchmark.json").read_text())
+    assert [b["name"] for b in data["benchmarks"]] == ["test_b"]
+    results = json.loads((tmp_path / "reports" / "benchmark" / "results.json").read_text())
+    assert list(results["tests"]) == ["tests_unit/test_b.py::test_b"]  # -m benchmark: the unit test is not run
+    assert "benchmark numbers: reports/benchmark/benchmark.json" in out.stdout
+    assert "gw0" not in out.stdout  # no xdist worker

@@ -1,0 +1,6 @@
+"""`python -m rlhf ...` is the `rlhf` command."""
+import sys
+
+from rlhf.cli import main
+
+sys.exit(main())

@@ -1,0 +1,164 @@
+"""Crash-safe runs (issue 12 item 4): a killed `rlhf lab` continues on rerun, bit for bit.
+
+The lab runs in a subprocess on the miniature budget (conftest.SMALL_BUDGET: every stage and
+every leg of the interrupt/resume protocol in about a minute). One run folder is killed again
+and again, each time at another place, and rerun with the same command:
+
+  1. Ctrl-C (SIGINT) during SFT        -> exit 130, a checkpoint, a message saying how to continue
+  2. SIGKILL during SFT                -> in the resumed leg (its 2nd update)
+  3. SIGKILL during the judge          -> in the continuous leg's second epoch (after a checkpoint)
+  4. SIGKILL during PPO                -> in the continuous leg's second iteration
+  5. SIGKILL in the middle of writing a state file (PPO's final continuous state: half its
+     bytes in the temporary file)
+  6. SIGKILL during the evaluation     -> after the SFT policy, before the PPO policy
+  7. SIGKILL in the middle of writing report.md (results.json already written)
+  8. a clean rerun finishes; a further rerun recomputes nothing
+
+The kills are placed with `RLHF_CRASH_AT` (rlhf.io.crash_point: the process SIGKILLs itself at
+that point, like a power cut). The final states, role files and held-out numbers must equal
+those of an uninterrupted run of the same command.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlhf.io import read_json, sha256_file
+
+pytestmark = pytest.mark.unit
+
+STAGES = ("sft", "reward", "ppo")
+ROLE_FILES = ("sft/actor.safetensors", "reward/judge.safetensors", "ppo/actor.safetensors", "ppo/critic.safetensors")
+
+
+def lab(run, profile, crash_at=None, timeout=600):
+    env = {k: v for k, v in os.environ.items() if k != "RLHF_CRASH_AT"}
+    if crash_at:
+        env["RLHF_CRASH_AT"] = crash_at
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile", str(profile)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    done.seconds = time.perf_counter() - t
+    return done
+
+
+def outcome(run) -> dict:
+    """What must not depend on crashes: final states of every leg, role files, held-out numbers."""
+    states = {}
+    for stage in STAGES:
+        check = read_json(run / stage / "resume_check.json")
+        states[stage] = {k: check[k] for k in ("sha256_boundary", "sha256_resumed", "sha256_continuous")}
+        assert check["identical"] is True
+    ev = read_json(run / "evaluation" / "results.json")
+    audit = read_json(run / "shortcut_audit" / "results.json")
+    return {"states": states, "roles": {f: sha256_file(run / f) for f in ROLE_FILES},
+            "evaluation": {k: ev[k] for k in ("policies", "reward_test", "differences", "politeness")},
+            "audit": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
+            "stages_complete": sorted(read_json(run / "run.json")["stages"])}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, small_profile_file):
+    run = tmp_path_factory.mktemp("crash") / "uninterrupted"
+    done = lab(run, small_profile_file)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"run": run, "outcome": outcome(run), "seconds": done.seconds}
+
+
+def no_debris(run) -> list[str]:
+    """Temporary files, and lab artifacts without their manifest (the base model's own files
+    have none: they are checked against base_model/manifest.json)."""
+    return [str(p.relative_to(run)) for p in run.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")
+            or (p.parts[len(run.parts)] != "base_model" and p.name.endswith((".pt.gz", ".safetensors"))
+                and not p.with_name(p.name + ".json").exists())]
+
+
+def test_killed_again_and_again_the_lab_finishes_bit_identical(uninterrupted, tmp_path, small_profile_file,
+                                                              record_result):
+    run = tmp_path / "crashed"
+    seconds = {}
+
+    # 1. Ctrl-C during SFT: a checkpoint at the next boundary, exit 130, how to continue.
+    env = {k: v for k, v in os.environ.items() if k != "RLHF_CRASH_AT"}
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile",
+                             str(small_profile_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:
+        if line.startswith("sft: interrupted run"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=600)
+    seconds["sigint"] = time.perf_counter() - t
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopped on request" in err and "Run the same command again to continue" in err
+    assert (run / "sft" / "state-boundary.pt.gz.json").exists()  # the boundary leg finished and was saved
+    assert not (run / "sft" / "state-resumed.pt.gz").exists()
+
+    # 2-7. SIGKILL at six places, then a clean rerun. Each run first says how it continued from
+    # the kill before it (printed, flushed, before it was itself killed).
+    steps = [("sft_update", "sft.update@2", "sft",
+              ("sft: boundary run already complete", "sft: resumed from the saved boundary state")),
+             ("judge_update", "judge.update@11", "reward",
+              ("sft: boundary run already complete", "sft: resumed from the saved boundary state")),
+             ("ppo_iteration", "ppo.iteration@6", "ppo",
+              ("sft: already complete", "reward: continuous run continues from its checkpoint continuous-0001.pt.gz")),
+             ("mid_write_state", "write:state-continuous.pt.gz", "ppo",
+              ("ppo: continuous run continues from its checkpoint continuous-0001.pt.gz",)),
+             ("evaluation", "evaluate.policy@2", "evaluate",
+              ("ppo: removed what a crash left half-written", ".state-continuous.pt.gz.",
+               "ppo: continuous run continues from its checkpoint continuous-0003.pt.gz")),
+             ("mid_write_report", "write:report.md", "report", ("ppo: already complete", "evaluate: ")),
+             ("final_rerun", None, None, ("evaluate: already complete", "shortcut_audit: already complete"))]
+    for name, point, stage, says in steps:
+        done = lab(run, small_profile_file, crash_at=point)
+        seconds[name] = round(done.seconds, 1)
+        for line in says:
+            assert line in done.stdout, f"{name}: the rerun did not say {line!r}:\n{done.stdout[-3000:]}"
+        if point is None:
+            assert done.returncode == 0, done.stderr[-3000:]
+            break
+        assert done.returncode == -signal.SIGKILL, f"{point}: not killed (rc {done.returncode}) {done.stderr[-2000:]}"
+        assert stage not in read_json(run / "run.json")["stages"], f"killed in {stage}, yet recorded complete"
+        if point.startswith("write:"):
+            target = point.split(":", 1)[1]
+            folder = run / "ppo" if stage == "ppo" else run
+            assert not (folder / target).exists(), "a half-written file reached its final name"
+            assert list(folder.glob(f".{target}.*.tmp")), "the kill did not happen mid-write"
+    assert no_debris(run) == []
+    got = outcome(run)
+    assert got == uninterrupted["outcome"]
+
+    # A rerun of a finished run recomputes nothing and changes nothing.
+    before = {str(p.relative_to(run)): sha256_file(p) for p in run.rglob("*") if p.is_file()}
+    done = lab(run, small_profile_file)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all(f"{s}: already complete" in done.stdout for s in (*STAGES, "evaluate", "shortcut_audit"))
+    after = {str(p.relative_to(run)): sha256_file(p) for p in run.rglob("*") if p.is_file()}
+    assert after == before
+    record_result("crash_chain_seconds", seconds)
+    record_result("uninterrupted_small_lab_seconds", round(uninterrupted["seconds"], 1))
+    record_result("final_state_sha256", got["states"])
+
+
+def test_a_stage_command_continues_after_a_crash(uninterrupted, tmp_path, small_profile_file):
+    """`rlhf sft --run DIR` killed in its continuous leg continues on rerun, like `rlhf lab`."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlhf", "sft", "--run", str(run), "--profile", str(small_profile_file)]
+    env = {k: v for k, v in os.environ.items() if k != "RLHF_CRASH_AT"}
+    killed = subprocess.run(cmd, capture_output=True, text=True, env={**env, "RLHF_CRASH_AT": "sft.update@11"})
+    assert killed.returncode == -signal.SIGKILL
+    assert (run / "sft" / "checkpoints" / "continuous-0001.pt.gz.json").is_file()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sft: continuous run continues from its checkpoint continuous-0001.pt.gz" in done.stdout
+    check = read_json(run / "sft" / "resume_check.json")
+    assert check["sha256_continuous"] == uninterrupted["outcome"]["states"]["sft"]["sha256_continuous"]
+    assert sha256_file(run / "sft" / "actor.safetensors") == uninterrupted["outcome"]["roles"]["sft/actor.safetensors"]
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert again.returncode == 0 and "sft: already complete" in again.stdout

@@ -1,0 +1,131 @@
+"""Golden numbers (issue 12 item 3): the embedded lab gives the committed bytes and numbers.
+
+`golden_embedded.json` holds, for the embedded lab on r001 (the session's `lab_run`, with the
+interrupt/resume protocol) and on r002 (`lab_run_r002`, each stage once): the SHA-256 of the
+final SFT, judge and PPO states (`sha256_continuous` of each stage's resume_check.json), the
+hashes of the base model and corpus manifests, and the headline numbers of results.json. The
+arithmetic is pinned (rlhf.pin), so these hold on every x86-64 CPU that honours the pin; where
+the pin cannot hold (not x86-64, or turned off) the comparison is not made and the test says so.
+
+A failure names every value that differs and writes what this run measured to
+`<reports>/golden_embedded.measured.json`. Updating the committed file is a deliberate commit
+that says why the numbers moved (copy the measured file over it after reading the diff).
+"""
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import pytest
+
+from rlhf import pin
+from rlhf.io import read_json, sha256_file, write_text
+
+pytestmark = pytest.mark.unit
+
+GOLDEN = Path(__file__).with_name("golden_embedded.json")
+POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
+
+
+def measure(run: Path) -> dict:
+    """The golden quantities of one finished lab run folder."""
+    results = read_json(run / "results.json")
+    ev = results["evaluation"]
+    audit = results["shortcut_audit"]
+    return {
+        "states_sha256_continuous": {s: read_json(run / s / "resume_check.json")["sha256_continuous"]
+                                     for s in ("sft", "reward", "ppo")},
+        "base_model_manifest_sha256": sha256_file(run / "base_model" / "manifest.json"),
+        "corpus_manifest_sha256": sha256_file(run / "corpus" / "manifest.json"),
+        "rubric_success": {pol: {pop: ev["policies"][pol]["metrics"][pop]["rubric_success"] for pop in POPULATIONS}
+                           for pol in ("sft", "ppo")},
+        "mean_learned_reward": {pol: {pop: ev["policies"][pol]["metrics"][pop]["mean_learned_reward"]
+                                      for pop in POPULATIONS} for pol in ("sft", "ppo")},
+        "judge_test_accuracy": results["reward_test"]["accuracy"],
+        "shortcut_audit_accuracy": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
+    }
+
+
+def differences(expected, got, path="") -> list[str]:
+    """Every leaf that differs, as 'path: expected X, got Y'."""
+    if isinstance(expected, dict) and isinstance(got, dict):
+        out = []
+        for k in sorted(set(expected) | set(got)):
+            if k not in got or k not in expected:
+                out.append(f"{path}{k}: expected {expected.get(k)!r}, got {got.get(k)!r}")
+            else:
+                out += differences(expected[k], got[k], f"{path}{k}.")
+        return out
+    return [] if expected == got else [f"{path.rstrip('.')}: expected {expected!r}, got {got!r}"]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def check_against_golden(section: str, run: Path, request, record_result) -> None:
+    arithmetic = read_json(run / "run.json")["arithmetic"]
+    got = measure(run)
+    record_result(f"golden_{section}_measured", got)
+    record_result("arithmetic", arithmetic)
+    reports = Path(request.config.getoption("--reports-dir"))
+    measured_file = reports / "golden_embedded.measured.json"
+    # Several tests (xdist workers) add their section to one file; the committed one is the base.
+    current = json.loads(measured_file.read_text()) if measured_file.exists() else json.loads(GOLDEN.read_text())
+    current[section] = got
+    current["pinned_arithmetic"] = pin.identity_tag()
+    current.setdefault("verified_on", [])
+    if cpu_model() not in current["verified_on"]:
+        current["verified_on"] = sorted(current["verified_on"] + [cpu_model()])
+    write_text(measured_file, json.dumps(current, indent=1, sort_keys=True) + "\n", overwrite=True)
+    if not arithmetic["comparable"]:
+        pytest.skip(f"the golden hashes cannot be compared on this machine: {arithmetic['note']}")
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["pinned_arithmetic"] == read_json(run / "run.json")["identity"]["arithmetic"], \
+        "the golden numbers were made under another pin or thread count"
+    diff = differences(golden[section], got)
+    assert not diff, (f"{len(diff)} golden value(s) of the embedded lab on {section} differ "
+                      f"(measured file: {measured_file}; updating {GOLDEN.name} is a deliberate, explained "
+                      f"commit):\n  " + "\n  ".join(diff))
+
+
+def test_golden_numbers_r001(lab_run, request, record_result):
+    check_against_golden("r001", lab_run.run, request, record_result)
+
+
+def test_golden_numbers_r002(lab_run_r002, request, record_result):
+    check_against_golden("r002", lab_run_r002.run, request, record_result)
+
+
+def test_the_golden_comparison_names_every_difference():
+    """The comparison can fail, and says where: a changed state hash and a changed rate."""
+    golden = json.loads(GOLDEN.read_text())["r001"]
+    bad = json.loads(json.dumps(golden))
+    bad["states_sha256_continuous"]["ppo"] = "0" * 64
+    bad["rubric_success"]["ppo"]["test"] = 0.5
+    diff = differences(golden, bad)
+    assert len(diff) == 2
+    assert diff[0].startswith("rubric_success.ppo.test: expected") and "got 0.5" in diff[0]
+    assert diff[1].startswith("states_sha256_continuous.ppo: expected")
+    assert differences(golden, golden) == []
+
+
+def test_golden_file_holds_both_revisions_and_every_quantity():
+    golden = json.loads(GOLDEN.read_text())
+    for section in ("r001", "r002"):
+        g = golden[section]
+        assert set(g["states_sha256_continuous"]) == {"sft", "reward", "ppo"}
+        assert all(len(h) == 64 for h in g["states_sha256_continuous"].values())
+        assert set(g["rubric_success"]["sft"]) == set(POPULATIONS)
+        assert set(g["shortcut_audit_accuracy"]) == {section, "a_family_permuted", "b_heading_independent",
+                                                    "c_both", "d_conflict"}
+        assert 0.0 <= g["judge_test_accuracy"] <= 1.0
+    assert golden["pinned_arithmetic"].startswith("pinned:x86_64:aten-avx2:mkl-compatible")
+    assert golden["verified_on"], "the file says on which CPUs the hashes were verified"
