@@ -3,8 +3,11 @@
 `load_base(profile, model_dir)` verifies the architecture, every shape number of the profile,
 tied input/output embeddings, the parameter dtype and the tokenizer's EOS/PAD ids, then returns
 the base frozen and in `eval()`. For `qwen2.5-0.5b` it also checks that the directory holds the
-pinned revision. It never touches the network: `fetch_model` (command `rlhf fetch-model`) is the
-one explicit download, for people who have network access.
+pinned revision. For every profile, the weight, config and tokenizer files must still have the
+SHA-256 that the directory's build manifest or fetch marker recorded (`check_recorded_files`):
+replaced weights are refused by their hash, whatever a marker says. It never touches the
+network: `fetch_model` (command `rlhf fetch-model`) is the one explicit download, for people who
+have network access.
 """
 from __future__ import annotations
 
@@ -125,6 +128,42 @@ def directory_identity(model_dir: Path) -> dict:
             if p.is_file() and p.name != FETCH_MARKER and not p.name.startswith(".")}
 
 
+# Where a model directory records the SHA-256 of its files: `rlhf build-embedded` writes
+# manifest.json, `rlhf fetch-model` the fetch marker; both under the key "files".
+RECORDS = (FETCH_MARKER, "manifest.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def check_recorded_files(model_dir: Path, files: dict[str, str]) -> str | None:
+    """Compare `files` (name -> SHA-256 of the directory now, as `directory_identity` gives it)
+    with the hashes recorded when the directory was built or fetched; raise ModelCheckError
+    naming each file that changed, went missing, or holds weights nobody recorded.
+
+    Returns the name of the record used, or None when the directory records no hashes (a
+    download made without `rlhf fetch-model`, or a random-weight stand-in).
+    """
+    model_dir = Path(model_dir)
+    for name in RECORDS:
+        record = model_dir / name
+        recorded = read_json(record).get("files") if record.is_file() else None
+        if recorded:
+            break
+    else:
+        return None
+    problems = []
+    for file, digest in sorted(recorded.items()):
+        if file not in files:
+            problems.append(f"{file} is missing")
+        elif files[file] != digest:
+            problems.append(f"{file} has SHA-256 {files[file][:12]}..., {name} records {digest[:12]}...")
+    problems += [f"{file} holds weights that {name} does not record" for file in sorted(files)
+                 if file not in recorded and file.endswith(WEIGHT_SUFFIXES)]
+    if problems:
+        raise ModelCheckError(f"{model_dir} does not hold the files it was built or fetched with "
+                              f"(replaced or damaged): {'; '.join(problems)}")
+    return name
+
+
 def load_tokenizer(model_dir):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
@@ -155,6 +194,7 @@ def load_base(profile: dict, model_dir, *, device: str = "cpu", identity: dict |
     check_model(profile, model)
     freeze(model)
     ident = dict(identity) if identity else {"files": directory_identity(model_dir)}
+    check_recorded_files(model_dir, ident.get("files") or directory_identity(model_dir))
     ident.update({"profile": profile["name"], "revision": revision, "eos_id": eos_id, "pad_id": pad_id})
     return Base(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id, identity=ident)
 

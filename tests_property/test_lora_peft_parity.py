@@ -22,12 +22,13 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from property_budget import examples
 from rlhf.lora import TARGETS, LoRALinear, inject_lora
 
 pytestmark = pytest.mark.unit
@@ -100,7 +101,7 @@ def check_linear(dtype, record_result):
     worst = {"forward": 0.0, "grad_input": 0.0, "grad_A": 0.0, "grad_B": 0.0}
     out_tol = (FP32_RTOL, FP32_ATOL) if dtype == torch.float32 else (BF16_RTOL, BF16_ATOL)
 
-    @settings(max_examples=25)
+    @examples(25)
     @given(in_f=st.integers(1, 48), out_f=st.integers(1, 48), bias=st.booleans(),
            shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
            seed=st.integers(0, 2 ** 31 - 1), scale=st.sampled_from([1e-2, 1.0, 30.0]))

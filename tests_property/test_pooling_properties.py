@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
+
+from property_budget import examples
 
 from rlhf.roles import new_role, reward_scores
 from rlhf.scoring import backbone_hidden
@@ -59,7 +61,7 @@ def test_batched_scores_equal_single_scores_left_and_right(judge, record_result)
     role, eos_id, pad_id, n_vocab = judge
     worst = {"left": 0.0, "right": 0.0}
 
-    @settings(max_examples=50)
+    @examples(50)
     @given(rows=ROWS)
     def check(rows):
         prompts, responses = sequences(n_vocab, eos_id, rows)

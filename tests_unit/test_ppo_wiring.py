@@ -1,0 +1,321 @@
+"""The wiring of rlhf.ppo: what `rollout` stores and what `ppo_update` feeds the PPO arithmetic.
+
+rlhf.ppo_math is tested number by number elsewhere (tests_unit/test_ppo_math.py); these tests
+catch the bugs that live between the functions: the wrong tensor passed to a correct loss
+(fresh log-probs instead of the behaviour log-probs, the actor instead of the reference), a
+rollout tensor modified in place or left attached to the graph, the judge score paid at the
+wrong token, the wrong sign of the update.
+
+The roles are the embedded ones with moved adapters (each role its own seed, so actor and
+reference differ) and drawn heads (so values and scores are not zero). The actor gets +6 on the
+EOS logit (a forward hook on its lm_head, so sampling and teacher-forced scoring both see it):
+the untrained base almost never ends by itself, and the rollout tests need both an answer that
+ended with EOS and one cut at the limit. The limit is 8 tokens instead of 64 to stay fast.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from rlhf import ppo, ppo_math
+from rlhf.generate import generate
+from rlhf.masks import last_active_index
+from rlhf.optim import adamw
+from rlhf.roles import critic_values, new_role, reward_scores
+from rlhf.scoring import response_logprobs
+
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
+
+EOS_BIAS = 6.0
+RESPONSE_TOKENS = 8
+SAMPLING_SEED = 1      # with EOS_BIAS 6: two answers end with EOS, two are cut (checked below)
+PROMPT_LENGTHS = (5, 9, 3, 7)
+
+
+@pytest.fixture(scope="module")
+def profile(embedded_profile):
+    p = copy.deepcopy(embedded_profile)
+    p["limits"]["response_tokens"] = RESPONSE_TOKENS
+    return p
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(3, 958, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture
+def make_roles(embedded_dir, embedded_base, move_adapters):
+    """make_roles(profile) -> fresh actor, reference, critic and reward (a new set each call)."""
+    eos_id = embedded_base.eos_id
+
+    def make(profile):
+        roles = {kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "reward")}
+        for i, role in enumerate(roles.values()):
+            g = move_adapters(role.model, 100 + i)
+            if role.head is not None:
+                with torch.no_grad():
+                    role.head.weight.copy_(torch.randn(role.head.weight.shape, generator=g) * 0.05)
+                    role.head.bias.fill_(0.3)
+
+        def more_eos(module, inputs, logits):
+            bias = torch.zeros(logits.shape[-1], dtype=logits.dtype)
+            bias[eos_id] = EOS_BIAS
+            return logits + bias
+
+        roles["actor"].model.lm_head.register_forward_hook(more_eos)
+        return roles
+
+    return make
+
+
+def run_rollout(roles, prompts, profile, base):
+    sample_gen = torch.Generator().manual_seed(SAMPLING_SEED)
+    return ppo.rollout(roles, prompts, base.eos_id, base.pad_id, profile, sample_gen, True, {})
+
+
+def optimizers_of(roles, profile):
+    return {kind: adamw([p for p in roles[kind].learned_parameters() if p.requires_grad],
+                        profile["ppo"][f"{kind}_lr"], profile["optim"]["weight_decay"])
+            for kind in ("actor", "critic")}
+
+
+def two_updates(roles, ro, profile):
+    """Both updates of one iteration (steps 0 and 1 of 2), on the same rollout."""
+    optimizers = optimizers_of(roles, profile)
+    return [ppo.ppo_update(roles, optimizers, ro, profile, u, 2, "test", {}) for u in range(2)]
+
+
+def spy_on_policy_loss(monkeypatch):
+    """Record (logp_cur, logp_old) as ppo_update hands them to the clipped policy loss."""
+    calls = []
+    real = ppo_math.clipped_policy_loss
+
+    def spy(logp_cur, logp_old, advantages, mask, clip=0.2):
+        calls.append({"logp_cur": logp_cur.detach().clone(), "logp_old": logp_old.detach().clone()})
+        return real(logp_cur, logp_old, advantages, mask, clip=clip)
+
+    monkeypatch.setattr(ppo.ppo_math, "clipped_policy_loss", spy)
+    return calls
+
+
+# ================================================================= rollout -> ppo_update
+
+def test_behaviour_logp_old_reaches_the_policy_loss_unchanged_in_both_updates(
+        make_roles, profile, prompts, embedded_base, monkeypatch):
+    """Catches an update that feeds the loss anything but the stored behaviour log-probs: a
+    teacher-forced rescoring (equal only to ~1e-6), or the current actor's log-probs in the
+    second update (which would make every ratio 1 and switch the clipping off)."""
+    roles = make_roles(profile)
+    ro = run_rollout(roles, prompts, profile, embedded_base)
+    stored = ro["logp_old"].clone()
+    calls = spy_on_policy_loss(monkeypatch)
+    two_updates(roles, ro, profile)
+
+    assert len(calls) == 2
+    for call in calls:
+        assert torch.equal(call["logp_old"], stored)  # bit for bit, in update 1 and update 2
+    mask = ro["batch"].response_mask
+    # The actor moved after update 1: its log-probs in update 2 are not the behaviour ones.
+    assert not torch.equal(calls[1]["logp_cur"], stored)
+    assert float((calls[1]["logp_cur"] - stored).abs()[mask].max()) > 1e-4
+    # And the teacher-forced rescoring before update 1 is close to but not bit-equal with them,
+    # so the bit-for-bit check above does tell the two apart.
+    assert not torch.equal(calls[0]["logp_cur"], stored)
+    assert float((calls[0]["logp_cur"] - stored).abs()[mask].max()) < 1e-4
+
+
+def by_hand_clipped_loss(advantage, delta, lengths, clip=0.2):
+    """-min(rho*A, clip(rho, 1-clip, 1+clip)*A) with rho = exp(-delta) (logp_old = logp_cur +
+    delta), averaged over a response's active tokens, then over responses; and the share of
+    tokens on the clipped branch, averaged the same way."""
+    losses, fractions = [], []
+    for b, n in enumerate(lengths):
+        token_losses, clipped = [], []
+        for j in range(n):
+            a, rho = advantage[b][j], math.exp(-delta[b][j])
+            bounded = min(max(rho, 1 - clip), 1 + clip)
+            token_losses.append(-min(rho * a, bounded * a))
+            clipped.append(1.0 if (a > 0 and rho > 1 + clip) or (a < 0 and rho < 1 - clip) else 0.0)
+        losses.append(sum(token_losses) / n)
+        fractions.append(sum(clipped) / n)
+    return sum(losses) / len(lengths), sum(fractions) / len(lengths)
+
+
+# token j of every response, by j % 4: (advantage, logp_old - logp_cur)
+#   0: A = +1.5, rho = e   -> clipped branch  (loss -1.2 * 1.5)
+#   1: A = +1.5, rho = 1/e -> unclipped       (loss -1.5 / e)
+#   2: A = -2.0, rho = 1/e -> clipped branch  (loss -0.8 * -2.0)
+#   3: A = -2.0, rho = e   -> unclipped       (loss  2.0 * e)
+PATTERN = [(1.5, -1.0), (1.5, 1.0), (-2.0, 1.0), (-2.0, -1.0)]
+
+
+def test_ratios_far_outside_the_clip_range_give_the_by_hand_loss_and_clip_fraction(
+        make_roles, profile, prompts, embedded_base):
+    """Catches a wrong clipping in the update (max for min, clip range not the profile's 0.2,
+    clipping only one side) and a token mean where the SPEC asks for the mean over a response's
+    tokens, then over responses (the four responses have 1, 8, 2 and 8 tokens)."""
+    roles = make_roles(profile)
+    ro = run_rollout(roles, prompts, profile, embedded_base)
+    mask = ro["batch"].response_mask
+    lengths = mask.sum(-1).tolist()
+    with torch.no_grad():
+        logp_cur = response_logprobs(roles["actor"].model, ro["batch"])
+    advantage = [[PATTERN[j % 4][0] if j < n else 0.0 for j in range(mask.shape[1])] for n in lengths]
+    delta = [[PATTERN[j % 4][1] if j < n else 0.0 for j in range(mask.shape[1])] for n in lengths]
+    ro = {**ro, "logp_old": logp_cur + torch.tensor(delta), "advantages": torch.tensor(advantage)}
+
+    stats = ppo.ppo_update(roles, optimizers_of(roles, profile), ro, profile, 0, 2, "test", {})
+
+    want_loss, want_fraction = by_hand_clipped_loss(advantage, delta, lengths, clip=profile["ppo"]["clip"])
+    assert profile["ppo"]["clip"] == 0.2
+    assert lengths == [1, 8, 2, 8]
+    # (1, 8, 2, 8 tokens) -> clipped shares 1, 4/8, 1/2, 4/8
+    assert want_fraction == pytest.approx((1 + 0.5 + 0.5 + 0.5) / 4)
+    assert stats["clip_fraction"] == pytest.approx(want_fraction, abs=1e-7)
+    assert stats["clip_fraction"] > 0
+    assert stats["policy_loss"] == pytest.approx(want_loss, rel=1e-5)
+
+
+def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(
+        make_roles, profile, prompts, embedded_base):
+    """Catches a sign error between the advantages and the actor's step (gradient ascent on the
+    loss, advantages negated, the loss minimised for the critic's parameters only)."""
+    p = copy.deepcopy(profile)
+    p["ppo"]["actor_lr"] = 1e-3
+    roles = make_roles(p)
+    ro = run_rollout(roles, prompts, p, embedded_base)
+    mask = ro["batch"].response_mask
+    with torch.no_grad():
+        before = response_logprobs(roles["actor"].model, ro["batch"])
+    # Responses 0 and 2 were good, 1 and 3 bad; ratio 1 everywhere, so nothing is clipped.
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None].expand_as(mask)
+    advantages = torch.where(mask, sign, torch.zeros(()))
+    ro = {**ro, "logp_old": before.clone(), "advantages": advantages}
+
+    stats = ppo.ppo_update(roles, optimizers_of(roles, p), ro, p, 0, 2, "test", {})
+
+    with torch.no_grad():
+        after = response_logprobs(roles["actor"].model, ro["batch"])
+    change = after - before
+    assert stats["clip_fraction"] == 0.0
+    assert float(change[mask].abs().min()) > 0.1  # a clear effect, not rounding noise
+    assert bool((change[mask & (advantages > 0)] > 0).all()), change
+    assert bool((change[mask & (advantages < 0)] < 0).all()), change
+
+
+def test_rollout_data_keep_their_values_and_carry_no_graph_across_both_updates(
+        make_roles, profile, prompts, embedded_base):
+    """Catches rollout data modified in place by an update (in-place whitening of the
+    advantages, a critic step writing into the returns) and data left attached to the graph
+    (values read without no_grad would be trained through by the critic loss)."""
+    roles = make_roles(profile)
+    ro = run_rollout(roles, prompts, profile, embedded_base)
+    keys = ("logp_old", "logp_ref", "score", "values", "rewards", "advantages", "returns")
+    before = {k: ro[k].clone() for k in keys}
+    for k in keys:
+        assert not ro[k].requires_grad, k
+        assert ro[k].grad_fn is None, k
+    two_updates(roles, ro, profile)
+    for k in keys:
+        assert torch.equal(ro[k], before[k]), k
+        assert not ro[k].requires_grad, k
+
+
+# ================================================================= rollout itself
+
+@pytest.fixture
+def rolled(make_roles, profile, prompts, embedded_base, monkeypatch):
+    """A rollout, the dones that `rollout` handed to GAE, and its roles."""
+    seen = {}
+    real_gae = ppo_math.gae
+
+    def spy_gae(rewards, values, dones, gamma=1.0, lam=0.95):
+        seen["dones"] = dones.clone()
+        return real_gae(rewards, values, dones, gamma=gamma, lam=lam)
+
+    monkeypatch.setattr(ppo.ppo_math, "gae", spy_gae)
+    roles = make_roles(profile)
+    ro = run_rollout(roles, prompts, profile, embedded_base)
+    return ro, seen["dones"], roles
+
+
+def test_the_sampled_answers_end_both_ways(rolled):
+    """The premise of the rollout tests: one set of answers with EOS ends and cut ends."""
+    ro, _, _ = rolled
+    assert ro["ended"] == [True, False, True, False]
+    assert ro["batch"].response_mask.sum(-1).tolist() == [1, 8, 2, 8]
+    assert ro["truncated"].tolist() == [False, True, False, True]
+
+
+def test_rollout_logp_old_are_the_generators_per_step_logprobs(rolled, prompts, profile, embedded_base):
+    """Catches logp_old taken from a teacher-forced rescoring, or shifted by one position,
+    instead of the behaviour log-probs the sampler drew with."""
+    ro, _, roles = rolled
+    gen = generate(roles["actor"].model, prompts, eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id,
+                   max_new_tokens=RESPONSE_TOKENS, temperature=1.0,
+                   generator=torch.Generator().manual_seed(SAMPLING_SEED), use_cache=True)
+    assert gen.responses == ro["responses"]
+    want = torch.zeros_like(ro["logp_old"])
+    for b, lp in enumerate(gen.logps):
+        want[b, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    assert torch.equal(ro["logp_old"], want)
+    with torch.no_grad():
+        teacher_forced = response_logprobs(roles["actor"].model, ro["batch"])
+    assert not torch.equal(ro["logp_old"], teacher_forced)  # so the check above can tell them apart
+
+
+def test_rollout_logp_ref_are_the_references_teacher_forced_logprobs(rolled):
+    """Catches logp_ref scored with the actor (a zero KL penalty) or with the wrong batch."""
+    ro, _, roles = rolled
+    mask = ro["batch"].response_mask
+    with torch.no_grad():
+        want = response_logprobs(roles["reference"].model, ro["batch"])
+        actor = response_logprobs(roles["actor"].model, ro["batch"])
+    assert torch.equal(ro["logp_ref"], want)
+    assert float((actor - want).abs()[mask].max()) > 0.1  # actor and reference really differ
+
+
+def test_rollout_values_and_score_come_from_the_critic_and_the_judge(rolled):
+    """Catches values or scores read from the wrong role (the judge and the critic swapped)."""
+    ro, _, roles = rolled
+    with torch.no_grad():
+        assert torch.equal(ro["values"], critic_values(roles["critic"], ro["batch"]))
+        assert torch.equal(ro["score"], reward_scores(roles["reward"], ro["batch"]))
+    assert float(ro["values"][ro["batch"].response_mask].abs().min()) > 0  # a drawn head, not zeros
+
+
+def test_rollout_pays_the_score_once_at_the_last_active_token_minus_1_when_cut(rolled, profile):
+    """Catches the judge score paid at every token, at the last column of the padded batch
+    instead of the last active token, twice, or the truncation penalty missing or on the
+    answers that ended with EOS."""
+    ro, _, _ = rolled
+    mask = ro["batch"].response_mask
+    kl_coef = profile["ppo"]["kl_coef"]
+    kl_part = torch.where(mask, -kl_coef * (ro["logp_old"] - ro["logp_ref"]), torch.zeros(()))
+    terminal = ro["rewards"] - kl_part
+    for b, n in enumerate(mask.sum(-1).tolist()):
+        cut = -1.0 if b in (1, 3) else 0.0   # answers 1 and 3 were cut at 8 tokens
+        assert float(terminal[b, n - 1]) == pytest.approx(float(ro["score"][b]) + cut, abs=1e-6)
+        assert torch.all(terminal[b, :n - 1].abs() < 1e-6), terminal[b]
+        assert torch.all(ro["rewards"][b, n:] == 0)
+
+
+def test_rollout_dones_sit_at_the_last_active_token_and_gae_uses_them(rolled, profile):
+    """Catches dones at the last column of the padded batch (the EOS answers 0 and 2 would then
+    bootstrap from padding) and advantages that are not the GAE of the stored rewards and values."""
+    ro, dones, _ = rolled
+    mask = ro["batch"].response_mask
+    want = torch.zeros_like(mask)
+    for b, n in enumerate(mask.sum(-1).tolist()):
+        want[b, n - 1] = True
+    assert torch.equal(dones.bool(), want)
+    assert torch.equal(last_active_index(mask), torch.tensor([0, 7, 1, 7]))
+    adv, ret = ppo_math.gae(ro["rewards"], ro["values"], want, gamma=profile["ppo"]["gamma"],
+                            lam=profile["ppo"]["lam"])
+    assert torch.equal(ro["advantages"], adv)
+    assert torch.equal(ro["returns"], ret)

@@ -1,0 +1,288 @@
+"""What the lab loads back cannot run code, what it writes is all or nothing, and a model
+directory whose weights were replaced is refused by hash.
+
+* A resume state or role file with a VALID sidecar hash (an attacker, or a careless copy, can
+  always write a matching sidecar) whose payload would execute code under full unpickling is
+  refused, and the code never runs: the hash check is about damage, the loaders' formats
+  (weights-only unpickling, safetensors) are what keeps code out.
+* `rlhf.io.write_bytes` interrupted at the write, the fsync or the rename leaves no file at the
+  target, no temporary file beside it, and every other file as it was.
+* Weights replaced in a model directory (same shapes, so every config check passes) are refused
+  by the SHA-256 that the directory's build manifest or fetch marker recorded.
+"""
+from __future__ import annotations
+
+import errno
+import gzip
+import io
+import os
+import pathlib
+import pickle
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlhf import io as rio
+from rlhf.checkpoint import StateError, load_state, save_state
+from rlhf.io import read_json, read_verified, sha256_bytes, write_json, write_with_sidecar
+from rlhf.models import FETCH_MARKER, ModelCheckError, directory_identity, load_base
+from rlhf.roles import RoleStateError, load_role, new_role, save_role
+
+pytestmark = pytest.mark.unit
+
+
+class TouchOnUnpickle:
+    """Unpickling this calls pathlib.Path.touch(sentinel): proof that code ran."""
+
+    def __init__(self, sentinel: pathlib.Path):
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.sentinel,))
+
+
+def torch_saved(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def code_running_payload(kind: str, sentinel: pathlib.Path) -> bytes:
+    """A state-shaped object with a code-running entry, as torch.save bytes or plain pickle."""
+    obj = {"format": "rlhf-state-1", "structure": "{}", "tensors": {"x": torch.zeros(2)},
+           "payload": TouchOnUnpickle(sentinel)}
+    return torch_saved(obj) if kind == "torch.save" else pickle.dumps(obj)
+
+
+def rewrite_sidecar(path: pathlib.Path, data: bytes) -> None:
+    """Replace the payload and give its sidecar the payload's true SHA-256 and size."""
+    sidecar = pathlib.Path(str(path) + ".json")
+    manifest = read_json(sidecar)
+    manifest.update(sha256=sha256_bytes(data), bytes=len(data))
+    path.write_bytes(data)
+    write_json(sidecar, manifest, overwrite=True)
+
+
+# ================================================================= states and role files
+
+@pytest.mark.parametrize("kind", ["torch.save", "pickle"])
+def test_the_payload_would_run_code_under_full_unpickling(tmp_path, kind):
+    """Control for the tests below: the payload is live, so their sentinel check means something."""
+    sentinel = tmp_path / "ran"
+    data = code_running_payload(kind, sentinel)
+    if kind == "torch.save":
+        torch.load(io.BytesIO(data), weights_only=False)
+    else:
+        pickle.loads(data)
+    assert sentinel.exists()
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("kind", ["torch.save", "pickle"])
+def test_state_with_a_valid_hash_and_a_code_running_payload_is_refused(tmp_path, kind):
+    """Catches a state loader that unpickles in full (weights_only=False, pickle.load): the
+    sidecar hash matches, so only the weights-only unpickler stands between the file and code."""
+    sentinel = tmp_path / "ran"
+    path = tmp_path / "state.pt.gz"
+    data = gzip.compress(code_running_payload(kind, sentinel), compresslevel=1, mtime=0)
+    identity = {"config": "c" * 64}
+    write_with_sidecar(path, data, {"file": path.name, "identity": identity})
+    assert read_verified(path, StateError, "state")[0] == data  # the hash check passes
+    for given in (None, identity):
+        with pytest.raises(StateError, match="cannot be decoded"):
+            load_state(path, given)
+    assert not sentinel.exists()
+
+
+def test_a_real_state_still_loads(tmp_path):
+    """Control: the same loader reads what save_state wrote (the refusal above is not blanket)."""
+    path = tmp_path / "state.pt.gz"
+    save_state(path, {"step": 3, "w": torch.arange(4.0)}, {"config": "c" * 64})
+    state = load_state(path, {"config": "c" * 64})
+    assert state["step"] == 3 and torch.equal(state["w"], torch.arange(4.0))
+
+
+@pytest.fixture
+def saved_actor(embedded_profile, embedded_dir, move_adapters, tmp_path):
+    role = new_role("actor", embedded_profile, embedded_dir)
+    move_adapters(role.model, 7)
+    path = tmp_path / "actor.safetensors"
+    save_role(role, path)
+    return role, path
+
+
+@pytest.mark.parametrize("kind", ["torch.save", "pickle"])
+def test_role_file_with_a_valid_hash_and_a_pickle_payload_is_refused(saved_actor, tmp_path, kind):
+    """Catches a role loader that accepts anything but safetensors (torch.load, pickle.loads)
+    once the hash matches, and one whose refusal is a stray decoder exception instead of the
+    RoleStateError every other bad role file gets."""
+    role, path = saved_actor
+    sentinel = tmp_path / "ran"
+    payload = code_running_payload(kind, sentinel)
+    rewrite_sidecar(path, payload)
+    assert read_verified(path, RoleStateError, "role state")[0] == payload  # the hash check passes
+    before = role.learned_state()
+    with pytest.raises(RoleStateError, match="not a safetensors file"):
+        load_role(role, path)
+    assert not sentinel.exists()
+    after = role.learned_state()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing half-loaded
+
+
+def test_role_file_with_tensors_in_torch_format_is_refused(saved_actor):
+    """The role's own tensors, saved with torch.save instead of safetensors, are refused too:
+    the format is part of the contract, not only the content."""
+    role, path = saved_actor
+    tensors = load_file(str(path))
+    rewrite_sidecar(path, torch_saved(tensors))
+    with pytest.raises(RoleStateError, match="not a safetensors file"):
+        load_role(role, path)
+
+
+# ================================================================= the atomic writer
+
+class BrokenWrite:
+    """A file object that writes half of the data, then fails like a full disk."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[:len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def inject(monkeypatch, where: str):
+    """Make one step of write_bytes fail: the write, the fsync or the rename."""
+    def fail(*args, **kwargs):
+        raise OSError(errno.EIO, f"{where} failed (injected)")
+
+    if where == "write":
+        real_fdopen = os.fdopen
+        monkeypatch.setattr(rio.os, "fdopen", lambda fd, *a, **k: BrokenWrite(real_fdopen(fd, *a, **k)))
+    elif where == "fsync":
+        monkeypatch.setattr(rio.os, "fsync", fail)
+    else:  # the step that puts the file in place: os.replace (overwrite) or os.link (never overwrite)
+        monkeypatch.setattr(rio.os, "replace", fail)
+        monkeypatch.setattr(rio.os, "link", fail)
+
+
+STEPS = ["write", "fsync", "replace"]
+
+
+@pytest.mark.parametrize("where", STEPS)
+def test_a_failed_write_leaves_no_target_no_temp_file_and_other_files_intact(tmp_path, monkeypatch, where):
+    """Catches a writer that writes the target in place (a half file where an artifact should be)
+    or forgets its temporary file when a step fails."""
+    earlier = tmp_path / "earlier.bin"
+    rio.write_bytes(earlier, b"earlier artifact")
+    inject(monkeypatch, where)
+    with pytest.raises(OSError, match="injected"):
+        rio.write_bytes(tmp_path / "state.bin", b"new artifact" * 1000)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier.bin"]
+    assert earlier.read_bytes() == b"earlier artifact"
+
+
+@pytest.mark.parametrize("where", STEPS)
+def test_a_failed_overwrite_keeps_the_old_content(tmp_path, monkeypatch, where):
+    """Catches an overwrite that truncates or deletes the old file before the new one is
+    complete: with overwrite=True a failure anywhere must leave the old bytes."""
+    target = tmp_path / "log.json"
+    rio.write_bytes(target, b"old content")
+    inject(monkeypatch, where)
+    with pytest.raises(OSError, match="injected"):
+        rio.write_bytes(target, b"new content" * 1000, overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.json"]
+    assert target.read_bytes() == b"old content"
+
+
+def test_the_writer_without_failures_replaces_and_leaves_nothing_else(tmp_path):
+    """Control: the same calls succeed when nothing is injected."""
+    target = tmp_path / "log.json"
+    rio.write_bytes(target, b"old content")
+    rio.write_bytes(target, b"new content", overwrite=True)
+    assert target.read_bytes() == b"new content"
+    assert [p.name for p in tmp_path.iterdir()] == ["log.json"]
+
+
+# ================================================================= replaced model weights
+
+def replace_weights(model_dir: pathlib.Path) -> None:
+    """Different valid weights of the same shapes and dtypes: every config check still passes."""
+    path = model_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 0.01
+    path.unlink()
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+@pytest.fixture
+def model_copy(tmp_path, embedded_dir):
+    dst = tmp_path / "base"
+    shutil.copytree(embedded_dir, dst)
+    return dst
+
+
+def as_fetched(model_dir: pathlib.Path) -> None:
+    """Make the copy look like `rlhf fetch-model` output: its marker records the file hashes."""
+    (model_dir / "manifest.json").unlink()
+    write_json(model_dir / FETCH_MARKER, {"repo_id": "test/embedded", "revision": "r",
+                                          "files": directory_identity(model_dir)})
+
+
+@pytest.mark.parametrize("record", ["build manifest", "fetch marker"])
+def test_replaced_weights_are_refused_by_their_sha256(model_copy, embedded_profile, record):
+    """Catches a loader that trusts a directory because its config, shapes and marker look right:
+    the replaced model.safetensors has the same shapes and the marker is untouched; only the
+    recorded SHA-256 differs."""
+    if record == "fetch marker":
+        as_fetched(model_copy)
+    load_base(embedded_profile, model_copy)  # the untouched copy loads
+    marker_before = {p.name: p.read_bytes() for p in model_copy.iterdir() if p.suffix == ".json"}
+    replace_weights(model_copy)
+    assert {p.name: p.read_bytes() for p in model_copy.iterdir() if p.suffix == ".json"} == marker_before
+    with pytest.raises(ModelCheckError, match=r"model\.safetensors has SHA-256"):
+        load_base(embedded_profile, model_copy)
+
+
+def test_replaced_weights_are_refused_with_the_callers_precomputed_identity(model_copy, embedded_profile):
+    """The lab hashes the directory once and hands the hashes to every role's loader: those
+    hashes are checked against the record too, so the role loader cannot skip the check."""
+    replace_weights(model_copy)
+    identity = {"files": directory_identity(model_copy)}
+    with pytest.raises(ModelCheckError, match=r"model\.safetensors has SHA-256"):
+        load_base(embedded_profile, model_copy, identity=identity)
+
+
+def test_an_unrecorded_weight_file_is_refused(model_copy, embedded_profile):
+    """Catches a second weight file slipped in beside the recorded ones (a shard the loader may
+    prefer), which no recorded hash would otherwise cover."""
+    shutil.copy(model_copy / "model.safetensors", model_copy / "extra.safetensors")
+    with pytest.raises(ModelCheckError, match=r"extra\.safetensors holds weights"):
+        load_base(embedded_profile, model_copy)
+
+
+def test_replaced_weights_change_the_base_identity(model_copy, embedded_profile, embedded_dir):
+    """Where nothing was recorded, the identity that every state and role file carries still
+    moves with the weights' hash, so a resume over replaced weights is refused."""
+    (model_copy / "manifest.json").unlink()
+    before = load_base(embedded_profile, model_copy).identity
+    replace_weights(model_copy)
+    after = load_base(embedded_profile, model_copy).identity
+    assert before["files"]["model.safetensors"] != after["files"]["model.safetensors"]
+    assert {k: v for k, v in before["files"].items() if k != "model.safetensors"} == \
+        {k: v for k, v in after["files"].items() if k != "model.safetensors"}
