@@ -80,17 +80,14 @@ learning code must not read the test file (the views never serve it).
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from rlhf import rubric
-from rlhf.io import (ArtifactExists, dumps_json, read_json, sha256_bytes, sha256_file, sha256_text,
+from rlhf.io import (ArtifactExists, atomic_folder, dumps_json, read_json, sha256_bytes, sha256_file, sha256_text,
                      write_bytes, write_json)
 
 # ----------------------------------------------------------------------------- constants
@@ -675,21 +672,10 @@ def prepare(out_dir, revision: str = DEFAULT_REVISION) -> dict:
         "content_sha256": CONTENT_SHA256_DEFINITION,
         "files": {rel: sha256_bytes(data) for rel, data in files.items()},
     }
-    # Written into a temporary sibling folder and renamed into place whole, so that a crash
-    # never leaves a half-written corpus at `out` (rlhf.lab sweeps `.NAME.*` folders on a rerun).
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:  # a crash never leaves a half-written corpus at `out`
         for rel, data in files.items():
             write_bytes(tmp / rel, data)
-        write_json(tmp / "manifest.json", manifest)  # last: a folder without it is incomplete
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_json(tmp / "manifest.json", manifest)
     load_corpus(out)  # read back what was written: hashes and audit
     return manifest
 

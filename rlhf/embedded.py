@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from rlhf.io import ArtifactExists, dumps_json, sha256_file, write_text
+from rlhf.io import ArtifactExists, atomic_folder, dumps_json, sha256_file, write_text
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded_model"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -205,9 +203,7 @@ def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bo
     finally:
         torch.set_num_threads(threads)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_folder(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -219,12 +215,5 @@ def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bo
             "tokenizer_text_lines": len(text.splitlines()), "files": files,
         }
         write_text(tmp / "manifest.json", dumps_json(manifest))
-        os.chmod(tmp, 0o755)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     manifest["build_seconds"] = round(time.perf_counter() - t0, 2)
     return manifest

@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -102,6 +104,27 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False
             os.unlink(tmp)
         raise
     return path
+
+
+@contextmanager
+def atomic_folder(out):
+    """Build a folder under a temporary sibling name (`.NAME.XXXX`) and rename it into place
+    whole, so that a crash never leaves a half-written folder at `out` (rlhf.lab sweeps the
+    temporary ones on a rerun). `out` must be absent or empty; the body writes into the
+    yielded path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            out.rmdir()  # empty, or this raises: never replaces content
+        os.rename(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -31,7 +31,8 @@ import pytest
 
 from rlhf.io import read_json, sha256_file
 
-pytestmark = pytest.mark.unit
+# One worker runs this module: its uninterrupted reference run is a module fixture.
+pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("crash")]
 
 STAGES = ("sft", "reward", "ppo")
 ROLE_FILES = ("sft/actor.safetensors", "reward/judge.safetensors", "ppo/actor.safetensors", "ppo/critic.safetensors")
@@ -162,3 +163,34 @@ def test_a_stage_command_continues_after_a_crash(uninterrupted, tmp_path, small_
     assert sha256_file(run / "sft" / "actor.safetensors") == uninterrupted["outcome"]["roles"]["sft/actor.safetensors"]
     again = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert again.returncode == 0 and "sft: already complete" in again.stdout
+
+
+def test_a_folder_built_whole_leaves_nothing_when_its_build_fails(tmp_path):
+    """rlhf.io.atomic_folder (corpus, embedded base): a failure inside leaves no folder and no
+    temporary sibling; success puts the whole folder in place at once."""
+    from rlhf.io import atomic_folder, write_text
+    with pytest.raises(RuntimeError, match="power cut"):
+        with atomic_folder(tmp_path / "corpus") as tmp:
+            write_text(tmp / "a.txt", "a")
+            raise RuntimeError("power cut")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with atomic_folder(tmp_path / "corpus") as tmp:
+        write_text(tmp / "a.txt", "a")
+        assert not (tmp_path / "corpus").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["corpus"] and (tmp_path / "corpus" / "a.txt").read_text() == "a"
+
+
+def test_a_folder_left_by_a_killed_preparation_is_swept_and_the_run_starts(tmp_path, small_profile_file):
+    """A SIGKILL during corpus preparation or the base build leaves `.corpus.XXXX` /
+    `.base_model.XXXX` beside the run's files: the next open_context removes them and prepares
+    afresh (a half-written corpus folder would otherwise make the run refuse to start)."""
+    from rlhf import lab
+    from rlhf.config import load_profile
+    run = tmp_path / "run"
+    (run / ".corpus.k1ll3d").mkdir(parents=True)
+    (run / ".corpus.k1ll3d" / "inputs.jsonl").write_text("half")
+    (run / ".base_model.k1ll3d").mkdir()
+    (run / ".run.json.abc.tmp").write_text("{")
+    ctx = lab.open_context(run, load_profile(str(small_profile_file)))
+    assert sorted(p.name for p in run.iterdir()) == ["base_model", "corpus", "run.json"]
+    assert ctx.corpus.summary["pairs"] == 1200
