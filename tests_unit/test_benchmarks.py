@@ -27,6 +27,13 @@ Inputs: the SFT actor and the judge of a finished embedded run, copied to a temp
 $RLHF_BENCH_RUN, else runs/lab, else runs/t1. Without one, untrained adapters are used (the
 timings of the shapes stay meaningful; PPO response lengths differ) and the JSON says so.
 
+Every benchmark also checks what it timed, after the timed rounds (nothing is added to them):
+finite losses and log-probs, the [B, R] shapes, the same draws as a fresh, untimed call of the
+unit path with the same generator seed, optimizer steps that moved the parameters, positive
+finite timings. A wrong result fails the test; a published goal that is missed does not (it is
+recorded as met or not under `goal_<name>` in results.json, benchmark_summary.json and the
+table), but an invalid measurement of it (NaN, zero time) does.
+
 Numbers go to pytest-benchmark's JSON (extra_info: tokens/s, FLOPs, utilisation), to
 results.json through `record_result`, and to benchmark_summary.json in the reports folder;
 a table is printed at the end of the module.
@@ -36,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import statistics
@@ -55,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESPONSE = 64            # tokens per generated answer (the SPEC's limit)
 ALL_CORES = os.cpu_count() or 2
 TRL_WARMUP, TRL_TIMED = 1, 10
-SUMMARY: dict = {"rows": [], "notes": []}
+SUMMARY: dict = {"rows": [], "notes": [], "goals": {}}
 # The last commit before generation was tuned (issue #7 item 5): its rlhf/generate.py and
 # rlhf/lora.py are the "before" of the before/after benchmarks.
 PREVIOUS = "6347c95800da731abb68816282a7932ed8619570"
@@ -132,13 +140,18 @@ def roles(bench_ctx):
 
 
 @pytest.fixture(scope="module")
-def full_batch(bench_ctx, roles, prompts):
-    """4 rollout prompts with 64 sampled response tokens each (EOS disabled): a full-length batch."""
+def full_generation(bench_ctx, roles, prompts):
+    """4 rollout prompts with 64 sampled response tokens each (EOS disabled), drawn by the actor."""
     from rlhf.generate import generate
+    return generate(roles["actor"].model, prompts[:4], eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
+                    generator=torch.Generator().manual_seed(7))
+
+
+@pytest.fixture(scope="module")
+def full_batch(bench_ctx, prompts, full_generation):
+    """The full-length batch of full_generation's draws."""
     from rlhf.tokens import collate
-    gen = generate(roles["actor"].model, prompts[:4], eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
-                   generator=torch.Generator().manual_seed(7))
-    return collate(prompts[:4], gen.responses, bench_ctx.pad_id)
+    return collate(prompts[:4], full_generation.responses, bench_ctx.pad_id)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +176,7 @@ def summary_table(request):
     (reports / "benchmark_summary.json").write_text(json.dumps(SUMMARY, indent=1, sort_keys=True))
     tr = request.config.pluginmanager.getplugin("terminalreporter")
     capture = request.config.pluginmanager.getplugin("capturemanager")
-    if tr is None or not (SUMMARY["rows"] or SUMMARY["notes"] or "trl" in SUMMARY):
+    if tr is None or not (SUMMARY["rows"] or SUMMARY["notes"] or SUMMARY["goals"] or "trl" in SUMMARY):
         return
     if capture is not None:
         with capture.global_and_fixture_disabled():
@@ -193,6 +206,9 @@ def _print_table(tr):
                       f"TRL {t['trl']['mean_s']:.3f}, ratio ours/TRL {t['ratio_ours_over_trl']:.3f} (goal <= 0.5); "
                       f"TRL without its gc.collect() calls {t['trl_without_gc_collect']['mean_s']:.3f}, ratio "
                       f"{t['ratio_ours_over_trl_without_gc_collect']:.3f}")
+    for name, g in SUMMARY["goals"].items():
+        tr.write_line(f"goal {name}: {g['goal']}; measured {g['measured']:.3f}, threshold {g['threshold']} -> "
+                      f"{'MET' if g['met'] else 'NOT MET'}")
     for n in SUMMARY["notes"]:
         tr.write_line(n)
 
@@ -209,6 +225,86 @@ def _timed(fn, log: list):
     return run
 
 
+def _check_seconds(what: str, secs) -> None:
+    """A timing is a measurement only when it is finite and positive."""
+    secs = list(secs)
+    assert secs, f"{what}: nothing was timed"
+    bad = [s for s in secs if not (math.isfinite(s) and s > 0)]
+    assert not bad, f"{what}: invalid timings {bad}"
+
+
+def _check_finite(what: str, *values) -> None:
+    """Every tensor or number given is finite (no NaN, no inf)."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            assert v.numel() > 0, f"{what}: empty tensor"
+            assert bool(torch.isfinite(v).all()), f"{what}: non-finite values in {v}"
+        else:
+            assert math.isfinite(float(v)), f"{what}: {v} is not finite"
+
+
+def _check_shape(what: str, t: torch.Tensor, shape) -> None:
+    assert tuple(t.shape) == tuple(shape), f"{what}: shape {tuple(t.shape)}, expected {tuple(shape)}"
+
+
+def _check_moved(what: str, before: dict, after: dict) -> None:
+    """The learned state after the optimizer steps differs from the one before, and stays finite."""
+    assert before.keys() == after.keys(), what
+    _check_finite(what, *after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in before), f"{what}: the optimizer steps changed nothing"
+
+
+def _check_draws(what: str, got, expected) -> None:
+    """Two generate() results drew the same tokens (and log-probs, and ends)."""
+    assert got.responses == expected.responses, f"{what}: the drawn tokens differ from the unit path's"
+    assert got.ended == expected.ended, f"{what}: the ends differ from the unit path's"
+    assert got.logps == expected.logps, f"{what}: the behaviour log-probs differ from the unit path's"
+
+
+def _check_generation(what: str, g, batch: int, vocab: int, *, new_tokens: int | None = None) -> None:
+    """One Generation: batch rows, one finite non-positive log-prob per token, ids in the vocabulary."""
+    assert len(g.responses) == len(g.logps) == len(g.ended) == batch, what
+    for r, lp in zip(g.responses, g.logps):
+        assert len(r) == len(lp) and 0 < len(r) <= RESPONSE, (what, len(r), len(lp))
+        if new_tokens is not None:
+            assert len(r) == new_tokens, (what, len(r))
+        assert all(0 <= t < vocab for t in r), f"{what}: token id outside the vocabulary"
+        assert all(math.isfinite(x) and x <= 0 for x in lp), f"{what}: log-probs {lp}"
+
+
+def _check_rollout(what: str, ro: dict) -> None:
+    """A rollout's tensors: [B, R] per token, [B] per answer, all finite; log-probs <= 0."""
+    mask = ro["batch"].response_mask
+    B, R = mask.shape
+    assert len(ro["responses"]) == B and [len(r) for r in ro["responses"]] == mask.sum(-1).tolist(), what
+    for k in ("logp_old", "logp_ref", "values", "rewards", "advantages", "returns"):
+        _check_shape(f"{what} {k}", ro[k], (B, R))
+        _check_finite(f"{what} {k}", ro[k])
+    _check_shape(f"{what} score", ro["score"], (B,))
+    _check_finite(f"{what} score", ro["score"])
+    assert bool((ro["logp_old"] <= 0).all() and (ro["logp_ref"] <= 0).all()), f"{what}: positive log-probs"
+
+
+def _check_update_stats(what: str, stats: dict) -> None:
+    """What rlhf.ppo.ppo_update returns: finite losses and gradient norms, a clip fraction in [0, 1]."""
+    _check_finite(what, *(stats[k] for k in ("policy_loss", "value_loss", "actor_grad_norm", "critic_grad_norm",
+                                             "actor_lr", "critic_lr")))
+    assert 0.0 <= stats["clip_fraction"] <= 1.0, (what, stats["clip_fraction"])
+    assert stats["value_loss"] >= 0, (what, stats["value_loss"])
+
+
+def _record_goal(benchmark, record_result, name: str, goal: str, measured: float, threshold: float,
+                 met: bool) -> dict:
+    """Record a published goal as met or not. A missed goal is a result, not a failure; an invalid
+    measurement (NaN, inf, zero or negative) is a failure."""
+    assert math.isfinite(measured) and measured > 0, f"goal {name}: the measurement {measured} is invalid"
+    g = {"goal": goal, "measured": round(float(measured), 6), "threshold": threshold, "met": bool(met)}
+    record_result(f"goal_{name}", g)
+    benchmark.extra_info[f"goal_{name}"] = g
+    SUMMARY["goals"][name] = g
+    return g
+
+
 def _report(benchmark, record_result, name: str, log: list, warmup: int, peak: dict, *, tokens: int | None = None,
             flop: dict | None = None, threads: int = 1, extra: dict | None = None) -> dict:
     """Utilisation = sum of model FLOPs / sum of seconds over the timed rounds (warm-up dropped).
@@ -218,14 +314,17 @@ def _report(benchmark, record_result, name: str, log: list, warmup: int, peak: d
     """
     timed = log[warmup:] or log
     secs = [s for s, _ in timed]
+    _check_seconds(name, secs)
     if flop is None:
         total = {}
         for _, out in timed:
             total = flops.add(total, {k: v for k, v in out.items() if k.endswith("flops")})
     else:
         total = {k: v * len(timed) for k, v in flop.items()}
+    assert total["model_flops"] > 0, f"{name}: no model FLOPs"
     u_all = flops.utilisation(total["model_flops"], sum(secs), peak["all_cores"]["flops_per_s"])
     u_one = flops.utilisation(total["model_flops"], sum(secs), peak["one_thread"]["flops_per_s"])
+    _check_finite(name, u_all["utilisation"], u_one["utilisation"])
     row = {"name": name, "rounds": len(secs), "median_s": statistics.median(secs), "min_s": min(secs),
            "mean_s": statistics.fmean(secs), "torch_threads": threads,
            "model_flops_per_round": total["model_flops"] / len(secs),
@@ -254,8 +353,15 @@ def test_cpu_matmul_peak(benchmark, record_result, peak):
         out = torch.empty(2048, 2048)
         log: list = []
         benchmark.pedantic(_timed(lambda: torch.mm(a, b, out=out), log), rounds=10, warmup_rounds=1, iterations=1)
+        expected = torch.mm(a, b)  # untimed, same threads: what the timed product must hold
     finally:
         torch.set_num_threads(1)
+    _check_finite("matmul", out)
+    assert torch.equal(out, expected), "the timed torch.mm did not compute a @ b"
+    for k in ("all_cores", "one_thread"):
+        _check_seconds(f"matmul peak {k}", [peak[k]["best_seconds"]])
+        _check_finite(f"matmul peak {k}", peak[k]["gflop_s"])
+    assert peak["all_cores"]["threads"] == ALL_CORES and peak["one_thread"]["threads"] == 1, peak
     _report(benchmark, record_result, "cpu_matmul_2048_fp32_all_cores", log, 1, peak,
             flop={"model_flops": 2 * 2048 ** 3}, threads=ALL_CORES,
             extra={"peak_all_cores": peak["all_cores"], "peak_one_thread": peak["one_thread"]})
@@ -277,8 +383,17 @@ def test_generation_tokens_per_second(benchmark, record_result, bench_ctx, roles
         g = generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
                      generator=torch.Generator().manual_seed(11), use_cache=use_cache)
         assert all(len(r) == RESPONSE for r in g.responses)
+        return g
 
     benchmark.pedantic(_timed(once, log), rounds=5 if use_cache else 3, warmup_rounds=1, iterations=1)
+    # Untimed: the unit path (KV cache, the default) with the same seed draws what every timed round
+    # drew; without the cache the draws are the same too (FP32, tests_unit/test_training.py).
+    expected = generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
+                        generator=torch.Generator().manual_seed(11))
+    _check_generation("unit path", expected, batch, model.config.vocab_size, new_tokens=RESPONSE)
+    for i, (_, g) in enumerate(log):
+        _check_generation(f"round {i}", g, batch, model.config.vocab_size, new_tokens=RESPONSE)
+        _check_draws(f"round {i}", g, expected)
     prompt_len = max(len(p) for p in ps)
     f = flops.generation_flops(shape, batch, prompt_len, RESPONSE, use_cache=use_cache, lora_rank=rank)
     _report(benchmark, record_result, f"generation_{'kv_cache' if use_cache else 'no_cache'}_batch{batch}", log, 1,
@@ -361,6 +476,15 @@ def test_generation_before_after(benchmark, record_result, bench_ctx, roles, pro
         logs["current"].append(after)
 
     benchmark.pedantic(both, rounds=7, warmup_rounds=1, iterations=1)
+    # Untimed: every timed round (previous and current) drew what a fresh call of the unit path draws.
+    from rlhf.generate import generate as unit_generate
+    expected = unit_generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
+                             generator=torch.Generator().manual_seed(11))
+    _check_generation("unit path", expected, batch, model.config.vocab_size, new_tokens=RESPONSE)
+    for kind in ("previous", "current"):
+        assert logs[kind], kind
+        for i, (_, d) in enumerate(logs[kind]):
+            assert d == _draws(expected), f"{kind} round {i}: the draws differ from the unit path's"
     # EOS on, sampled and greedy, with and without the cache: the same draws too (not timed)
     for greedy, use_cache in ((False, True), (True, True), (False, False)):
         before, after = _previous_and_current(previous, lambda generate: _draws(generate(
@@ -388,7 +512,8 @@ def test_generation_before_after(benchmark, record_result, bench_ctx, roles, pro
 
 def _ppo_trainer(bench_ctx, prompts):
     """Fresh roles, optimizers, prompt sampler and sampling generator, as rlhf.ppo.train_ppo sets
-    them up; returns iteration(it) -> seconds of that whole iteration (rollout + updates)."""
+    them up; returns (roles, iteration(it) -> seconds of that whole iteration (rollout + updates),
+    record: one (rollout, [ppo_update results]) per iteration, for the checks after timing)."""
     from rlhf import lab
     from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
@@ -400,16 +525,32 @@ def _ppo_trainer(bench_ctx, prompts):
     sampler = PromptSampler(len(prompts), prof["seeds"]["data_order"])
     gen = torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"])
     updates = cfg["updates_per_iteration"]
+    record: list = []
 
     def iteration(it: int) -> float:
         t = time.perf_counter()
         ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, {})
-        for u in range(updates):
-            ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg["iterations"] * updates, "bench", {})
-        return time.perf_counter() - t
+        stats = [ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg["iterations"] * updates, "bench", {})
+                 for u in range(updates)]
+        seconds = time.perf_counter() - t
+        record.append((ro, stats))
+        return seconds
 
-    return roles, iteration
+    return roles, iteration, record
+
+
+def _first_draws(bench_ctx, prompts, actor):
+    """What the first PPO iteration must draw: the prompts the data-order seed picks first,
+    sampled by the unit path (rlhf.generate.generate) with the ppo_sampling seed."""
+    from rlhf.generate import generate
+    from rlhf.ppo import PromptSampler
+    prof = bench_ctx.profile
+    ps = [prompts[i] for i in PromptSampler(len(prompts), prof["seeds"]["data_order"]).draw(
+        prof["ppo"]["prompts_per_iteration"])]
+    return generate(actor.model, ps, eos_id=bench_ctx.eos_id, pad_id=bench_ctx.pad_id,
+                    max_new_tokens=prof["limits"]["response_tokens"], temperature=prof["ppo"]["temperature"],
+                    generator=torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"]))
 
 
 def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompts, previous):
@@ -417,6 +558,8 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
     run iteration i in turn (previous, current, previous, ...), so each pair has the same prompts
     and shapes; after 1 warm-up + 10 timed rounds their adapters and heads must be bit-identical."""
     trainers = {"previous": _ppo_trainer(bench_ctx, prompts), "current": _ppo_trainer(bench_ctx, prompts)}
+    start = {kind: trainers["current"][0][kind].learned_state() for kind in ("actor", "critic")}
+    first = _first_draws(bench_ctx, prompts, trainers["current"][0]["actor"])  # untimed, before any update
     seconds: dict = {"previous": [], "current": []}
     rounds = iter(range(10 ** 6))
 
@@ -430,7 +573,25 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
     for kind in ("actor", "critic"):
         before, after = (trainers[k][0][kind].learned_state() for k in ("previous", "current"))
         assert all(torch.equal(before[n], after[n]) for n in before), f"{kind}: the PPO states parted"
-    med = {k: statistics.median(v[1:]) for k, v in seconds.items()}
+        _check_moved(f"PPO {kind}", start[kind], after)
+    records = {k: trainers[k][2] for k in ("previous", "current")}
+    assert len(records["previous"]) == len(records["current"]) == len(seconds["current"]) >= 1
+    for k in ("previous", "current"):
+        _check_seconds(f"{k} PPO iterations", seconds[k])
+        for it, (ro, stats) in enumerate(records[k]):
+            _check_rollout(f"{k} iteration {it}", ro)
+            for u, st in enumerate(stats):
+                _check_update_stats(f"{k} iteration {it} update {u}", st)
+    for it, (a, b) in enumerate(zip(records["previous"], records["current"])):
+        assert a[0]["responses"] == b[0]["responses"], f"iteration {it}: previous and current drew differently"
+        assert a[1] == b[1], f"iteration {it}: previous and current updates differ"
+    ro0 = records["current"][0][0]
+    assert ro0["responses"] == first.responses and ro0["ended"] == first.ended, \
+        "the first PPO iteration did not draw what the unit path draws"
+    mask0 = ro0["batch"].response_mask
+    assert ro0["logp_old"][mask0].tolist() == [x for row in first.logps for x in row], \
+        "the first PPO iteration's behaviour log-probs are not the unit path's"
+    med = {k: statistics.median(v[1:] or v) for k, v in seconds.items()}
     out = {"previous_commit": PREVIOUS, "timed_iterations": len(seconds["current"]) - 1,
            "previous_median_s": med["previous"], "current_median_s": med["current"],
            "speedup": med["previous"] / med["current"], "identical_state": True}
@@ -444,7 +605,7 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
 
 # ------------------------------------------------------------------------------ scoring and updates
 
-def test_teacher_forced_scoring(benchmark, record_result, roles, full_batch, peak, shape, rank):
+def test_teacher_forced_scoring(benchmark, record_result, roles, full_batch, full_generation, peak, shape, rank):
     """Reference log-probs of 4 x (prompt + 64) tokens, one forward (no gradient)."""
     from rlhf.scoring import response_logprobs
     model = roles["reference"].model
@@ -452,7 +613,21 @@ def test_teacher_forced_scoring(benchmark, record_result, roles, full_batch, pea
     with torch.no_grad():
         benchmark.pedantic(_timed(lambda: response_logprobs(model, full_batch), log), rounds=20, warmup_rounds=2,
                            iterations=1)
+        expected = response_logprobs(model, full_batch)  # untimed: a fresh call of the unit path
     B, T, R = flops.batch_dims(full_batch)
+    assert (B, R) == (4, RESPONSE), (B, R)
+    _check_shape("unit path", expected, (B, R))
+    _check_finite("unit path", expected)
+    for i, (_, lp) in enumerate(log):
+        _check_shape(f"round {i}", lp, (B, R))
+        _check_finite(f"round {i}", lp)
+        assert bool((lp <= 0).all()), f"round {i}: positive log-probs"
+        assert torch.equal(lp, expected), f"round {i}: the timed log-probs differ from a fresh call's"
+    # The reference is the SFT actor that drew full_batch (no update in between): teacher forcing
+    # gives the behaviour log-probs of those draws (FP32, <= 1e-4 as in tests_unit/test_training.py).
+    behaviour = torch.tensor(full_generation.logps, dtype=expected.dtype)
+    tf_diff = float((expected - behaviour).abs().max())
+    assert tf_diff <= 1e-4, f"teacher-forced vs behaviour log-probs differ by {tf_diff}"
     _report(benchmark, record_result, "teacher_forced_scoring_4x64", log, 2, peak, tokens=B * T,
             flop=flops.scoring_flops(shape, full_batch, rank),
             extra={"batch": B, "sequence": T, "response": R, "tokens_per_s_means": "positions scored per second"})
@@ -469,13 +644,24 @@ def test_sft_update(benchmark, record_result, bench_ctx, peak, shape, rank):
                                   bench_ctx.eos_id, prof["limits"])[:prof["sft"]["examples_per_update"]]
     params = [p for p in actor.learned_parameters() if p.requires_grad]
     opt = adamw(params, prof["sft"]["lr"], prof["optim"]["weight_decay"])
+    start = actor.learned_state()
+    expected_loss, expected_tokens = sft_loss(actor.model, demos, bench_ctx.pad_id)  # untimed unit path, no step
 
     def once():
-        loss, _ = sft_loss(actor.model, demos, bench_ctx.pad_id)
-        optimizer_step(opt, params, loss, prof["sft"]["lr"], prof["optim"]["grad_clip_norm"], "bench sft")
+        loss, n = sft_loss(actor.model, demos, bench_ctx.pad_id)
+        grad_norm = optimizer_step(opt, params, loss, prof["sft"]["lr"], prof["optim"]["grad_clip_norm"], "bench sft")
+        return loss, n, grad_norm
 
     log: list = []
     benchmark.pedantic(_timed(once, log), rounds=20, warmup_rounds=2, iterations=1)
+    assert len(demos) == prof["sft"]["examples_per_update"], len(demos)
+    for i, (_, (loss, n, grad_norm)) in enumerate(log):
+        _check_shape(f"round {i} loss", loss, ())
+        _check_finite(f"round {i}", loss, grad_norm)
+        assert loss.item() > 0 and grad_norm > 0 and n == expected_tokens, (i, loss.item(), grad_norm, n)
+    assert torch.equal(log[0][1][0].detach(), expected_loss.detach()), \
+        "the first timed SFT loss differs from the unit path's on the same parameters"
+    _check_moved("SFT actor", start, actor.learned_state())
     batch = collate([d[1] for d in demos], [d[2] for d in demos], bench_ctx.pad_id)
     B, T, R = flops.batch_dims(batch)
     _report(benchmark, record_result, "sft_update_8_examples", log, 2, peak, tokens=B * T,
@@ -495,14 +681,32 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
                          prof["limits"])[:prof["judge"]["pairs_per_update"]]
     params = [p for p in judge.learned_parameters() if p.requires_grad]
     opt = adamw(params, prof["judge"]["lr"], prof["optim"]["weight_decay"])
+    start = judge.learned_state()
+    expected_c, expected_r = pair_scores(judge, pairs, bench_ctx.pad_id)  # untimed unit path, no step
+    expected_loss = bradley_terry_loss(expected_c, expected_r)
 
     def once():
         c, r = pair_scores(judge, pairs, bench_ctx.pad_id)
-        optimizer_step(opt, params, bradley_terry_loss(c, r), prof["judge"]["lr"], prof["optim"]["grad_clip_norm"],
-                       "bench judge")
+        loss = bradley_terry_loss(c, r)
+        grad_norm = optimizer_step(opt, params, loss, prof["judge"]["lr"], prof["optim"]["grad_clip_norm"],
+                                   "bench judge")
+        return c, r, loss, grad_norm
 
     log: list = []
     benchmark.pedantic(_timed(once, log), rounds=20, warmup_rounds=2, iterations=1)
+    n_pairs = prof["judge"]["pairs_per_update"]
+    assert len(pairs) == n_pairs, len(pairs)
+    for i, (_, (c, r, loss, grad_norm)) in enumerate(log):
+        _check_shape(f"round {i} chosen", c, (n_pairs,))
+        _check_shape(f"round {i} rejected", r, (n_pairs,))
+        _check_shape(f"round {i} loss", loss, ())
+        _check_finite(f"round {i}", c, r, loss, grad_norm)
+        assert loss.item() > 0 and grad_norm > 0, (i, loss.item(), grad_norm)
+    c0, r0, loss0, _ = log[0][1]
+    assert torch.equal(c0.detach(), expected_c.detach()) and torch.equal(r0.detach(), expected_r.detach()), \
+        "the first timed judge scores differ from the unit path's on the same parameters"
+    assert torch.equal(loss0.detach(), expected_loss.detach()), "the first timed judge loss differs"
+    _check_moved("judge", start, judge.learned_state())
     batch = collate([p[1] for p in pairs] * 2, [p[2] for p in pairs] + [p[3] for p in pairs], bench_ctx.pad_id)
     B, T, R = flops.batch_dims(batch)
     _report(benchmark, record_result, "judge_update_8_pairs", log, 2, peak, tokens=B * T,
@@ -511,15 +715,38 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
 
 def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fixed_rollout, peak, shape, rank):
     """One rlhf.ppo.ppo_update: actor (clipped loss) then critic (value loss), each with its AdamW."""
+    from rlhf import ppo_math
     from rlhf.optim import adamw
     from rlhf.ppo import ppo_update
+    from rlhf.roles import critic_values
+    from rlhf.scoring import response_logprobs
     prof = bench_ctx.profile
     optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], prof["ppo"][f"{k}_lr"],
                            prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
+    _check_rollout("fixed rollout", fixed_rollout)
+    start = {k: roles[k].learned_state() for k in ("actor", "critic")}
+    mask = fixed_rollout["batch"].response_mask
+    with torch.no_grad():  # untimed: the first update's losses by the unit path, on the same parameters
+        expected_policy = ppo_math.clipped_policy_loss(response_logprobs(roles["actor"].model, fixed_rollout["batch"]),
+                                                       fixed_rollout["logp_old"], fixed_rollout["advantages"], mask,
+                                                       clip=prof["ppo"]["clip"])
+        expected_value = ppo_math.value_loss(critic_values(roles["critic"], fixed_rollout["batch"]),
+                                             fixed_rollout["returns"], mask, coef=prof["ppo"]["value_coef"])
     tm: dict = {}
     log: list = []
     benchmark.pedantic(_timed(lambda: ppo_update(roles, optimizers, fixed_rollout, prof, 20, 200, "bench", tm), log),
                        rounds=10, warmup_rounds=1, iterations=1)
+    for i, (_, st) in enumerate(log):
+        _check_update_stats(f"update {i}", st)
+        assert st["actor_grad_norm"] > 0 and st["critic_grad_norm"] > 0, (i, st)
+    first = log[0][1]
+    assert math.isclose(first["policy_loss"], float(expected_policy), rel_tol=1e-5, abs_tol=1e-7), \
+        (first["policy_loss"], float(expected_policy))
+    assert math.isclose(first["value_loss"], float(expected_value), rel_tol=1e-5, abs_tol=1e-7), \
+        (first["value_loss"], float(expected_value))
+    for k in ("actor", "critic"):
+        _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
+    _check_seconds("actor/critic update phases", [tm["actor_update"], tm["critic_update"]])
     batch = fixed_rollout["batch"]
     B, T, R = flops.batch_dims(batch)
     calls = len(log)
@@ -555,19 +782,39 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
     gen = torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"])
     phases: list[dict] = []
     lengths: list[float] = []
+    done: list = []   # (rollout, [ppo_update results]) per round, checked after timing
+    start = {k: roles[k].learned_state() for k in ("actor", "critic")}
+    first = _first_draws(bench_ctx, prompts, roles["actor"])  # untimed: the unit path's draws of round 0
 
     def once():
         tm: dict = {}
         ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, tm)
-        for u in range(cfg["updates_per_iteration"]):
-            ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm)
+        stats = [ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm)
+                 for u in range(cfg["updates_per_iteration"])]
         phases.append(tm)
+        done.append((ro, stats))
         lengths.append(float(ro["batch"].response_mask.sum(-1).float().mean()))
         return _iteration_flops(shape, rank, ro, max(len(p) for p in ps), cfg["updates_per_iteration"])
 
     log: list = []
     benchmark.pedantic(_timed(once, log), rounds=10, warmup_rounds=1, iterations=1)
+    assert len(done) == len(phases) == len(log) >= 1
+    for i, (ro, stats) in enumerate(done):
+        _check_rollout(f"round {i}", ro)
+        assert len(stats) == cfg["updates_per_iteration"], (i, len(stats))
+        for u, st in enumerate(stats):
+            _check_update_stats(f"round {i} update {u}", st)
+        _check_seconds(f"round {i} phases", [phases[i][k] for k in ("generation", "reference", "judge",
+                                                                     "critic_values", "actor_update",
+                                                                     "critic_update")])
+    ro0 = done[0][0]
+    assert ro0["responses"] == first.responses and ro0["ended"] == first.ended, \
+        "the first timed iteration did not draw what the unit path draws"
+    assert ro0["logp_old"][ro0["batch"].response_mask].tolist() == [x for row in first.logps for x in row], \
+        "the first timed iteration's behaviour log-probs are not the unit path's"
+    for k in ("actor", "critic"):
+        _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
     timed_phases = phases[1:] or phases
     seconds = {k: statistics.fmean(p.get(k, 0.0) for p in timed_phases)
                for k in ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update")}
@@ -625,16 +872,34 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
         with torch.no_grad():
             benchmark.pedantic(_timed(lambda: response_logprobs(model, batch), log), rounds=3, warmup_rounds=1,
                                iterations=1)
-        threads = torch.get_num_threads()
+            threads = torch.get_num_threads()
+            # Untimed, same threads: a fresh call of the unit path, unless the timed rounds (warm-up
+            # included) already repeat the call (one call costs seconds here).
+            expected = response_logprobs(model, batch) if len(log) < 2 else log[0][1]
     finally:
         torch.set_num_threads(1)
+    assert threads == ALL_CORES, threads
+    _check_shape("unit path", expected, (4, 64))
+    _check_finite("unit path", expected)
+    for i, (_, lp) in enumerate(log):
+        _check_shape(f"round {i}", lp, (4, 64))
+        _check_finite(f"round {i}", lp)
+        assert bool((lp <= 0).all()), f"round {i}: positive log-probs"
+        assert torch.equal(lp, expected), f"round {i}: the timed log-probs differ from a fresh call's"
     shape = flops.Shape.from_config(config)
     f = flops.scoring_flops(shape, batch, rank)
-    row = _report(benchmark, record_result, f"full_qwen_shape_fp32_scoring_4x256_{'lora_r8' if with_lora else 'plain'}",
+    variant = "lora_r8" if with_lora else "plain"
+    row = _report(benchmark, record_result, f"full_qwen_shape_fp32_scoring_4x256_{variant}",
                   log, 1, peak, tokens=4 * 256, flop=f, threads=threads,
                   extra={"goal_utilisation": 0.5, "dtype": "float32", "params": flops.total_params(shape)})
-    row["goal_met"] = row["utilisation_all_cores"] >= 0.5
-    benchmark.extra_info["goal_met"] = row["goal_met"]
+    # The published goal: >= 50% of the matmul peak measured in this run with all cores. Recorded,
+    # met or not; only an invalid measurement fails (_record_goal).
+    goal = _record_goal(benchmark, record_result, f"full_qwen_shape_fp32_scoring_utilisation_{variant}",
+                        f"teacher-forced scoring of the full Qwen2.5-0.5B shape ({variant}, FP32, 4 x 256 tokens, "
+                        f"{threads} threads) reaches >= 50% of the measured all-core matmul peak",
+                        row["utilisation_all_cores"], 0.5, row["utilisation_all_cores"] >= 0.5)
+    row["goal_met"] = goal["met"]
+    benchmark.extra_info["goal_met"] = goal["met"]
     del model
 
 
@@ -672,7 +937,16 @@ def test_peak_rss_per_stage(benchmark, record_result, bench_ctx):
     SUMMARY["notes"].append("peak RSS MiB per stage (own process): "
                             + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in measured.items())
                             + f"; qwen2.5-0.5b estimate {est['total_gib']:.2f} GiB")
-    assert all(v["peak_rss_mib"] > 0 for v in measured.values())
+    assert set(measured) == {"import", "sft", "reward", "ppo"}, measured
+    for k, v in measured.items():
+        assert v["stage"] == k, v
+        assert math.isfinite(v["peak_rss_mib"]) and v["peak_rss_mib"] > 0, v
+    # a stage that loads and trains roles holds more than the bare imports
+    assert all(measured[k]["peak_rss_mib"] > measured["import"]["peak_rss_mib"] for k in ("sft", "reward", "ppo")), \
+        measured
+    for e in (est, result["embedded_estimate"]):
+        _check_finite("memory estimate", e["total_gib"])
+        assert e["total_gib"] > 0, e
 
 
 # ------------------------------------------------------------------------------ TRL side by side
@@ -741,12 +1015,14 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     n = TRL_WARMUP + TRL_TIMED
     prof = json.loads(json.dumps(bench_ctx.profile))
     prof["ppo"]["iterations"] = n
+    kept: dict = {}  # what each run leaves behind (states, TRL's logs), checked after timing
 
     def ours():
         roles = lab.ppo_roles(bench_ctx)
         torch.manual_seed(prof["seeds"]["torch"])
         state, tm = train_ppo(roles, bench_ctx.corpus.learning_view(), bench_ctx.tokenizer, bench_ctx.eos_id,
                               bench_ctx.pad_id, prof)
+        kept["ours"] = state
         its = tm["per_iteration"][TRL_WARMUP:]
         lengths = [i["response_length"] for i in state["history"]["iterations"][TRL_WARMUP:]]
         return {"per_iteration_s": [i["iteration"] for i in its],
@@ -802,6 +1078,7 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
                 trl_ppo.gc = saved
         else:
             trainer.train()
+        kept["trl_without_gc_collect" if no_gc else "trl"] = (roles, trainer.state.log_history, gen_lengths)
         marks = clock.marks
         per_it = [b - a for a, b in zip(marks, marks[1:])][TRL_WARMUP:]
         g = gen_lengths[TRL_WARMUP:]
@@ -822,11 +1099,41 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     for k in ("ours", "trl", "trl_without_gc_collect"):
         s = results[k]["per_iteration_s"]
         assert len(s) == TRL_TIMED, (k, len(s))
+        _check_seconds(f"{k} seconds per iteration", s)
         results[k]["mean_s"], results[k]["median_s"] = statistics.fmean(s), statistics.median(s)
+        assert 0 < results[k]["mean_response_length"] <= RESPONSE, (k, results[k]["mean_response_length"])
+        assert results[k]["torch_threads"] == 1, (k, results[k]["torch_threads"])
+    # What was timed trained: ours, finite losses every iteration and states moved from the SFT start;
+    # TRL, one logged PPO step per iteration with finite losses, the actor and the critic moved too.
+    fresh = lab.ppo_roles(bench_ctx)
+    start = {k: fresh[k].learned_state() for k in ("actor", "critic")}
+    its = kept["ours"]["history"]["iterations"]
+    assert len(its) == n, len(its)
+    for i, rec in enumerate(its):
+        _check_finite(f"ours iteration {i}", *rec["policy_loss"], *rec["value_loss"], *rec["actor_grad_norm"],
+                      *rec["critic_grad_norm"], *rec["scores"])
+        assert len(rec["policy_loss"]) == len(rec["value_loss"]) == prof["ppo"]["updates_per_iteration"], rec
+    for k in ("actor", "critic"):
+        _check_moved(f"ours {k}", start[k], kept["ours"][k])
+    for k in ("trl", "trl_without_gc_collect"):
+        trl_roles, history, gens = kept[k]
+        steps = [h for h in history if "loss/policy_avg" in h]
+        assert len(steps) == n and len(gens) == n, (k, len(steps), len(gens))
+        for i, h in enumerate(steps):
+            _check_finite(f"{k} step {i}", h["loss/policy_avg"], h["loss/value_avg"], h["objective/scores"],
+                          h["objective/kl"])
+        assert all(0 < g["steps"] <= RESPONSE for g in gens), (k, gens)
+        for kind in ("actor", "critic"):
+            _check_moved(f"{k} {kind}", start[kind], trl_roles[kind].learned_state())
     ratio = results["ours"]["mean_s"] / results["trl"]["mean_s"]
     ratio_no_gc = results["ours"]["mean_s"] / results["trl_without_gc_collect"]["mean_s"]
+    # The published goal: ours <= half of TRL's time per PPO iteration. Recorded, met or not.
+    goal = _record_goal(benchmark, record_result, "ppo_time_ratio_ours_over_trl",
+                        "ours takes <= half of TRL's PPOTrainer time per PPO iteration (mean of the timed "
+                        "iterations, same roles, 1 torch thread)", ratio, 0.5, ratio <= 0.5)
+    _check_finite("ratio without gc.collect", ratio_no_gc)
     out = {"timed_iterations": TRL_TIMED, "warmup_iterations": TRL_WARMUP, **results,
-           "ratio_ours_over_trl": ratio, "goal_ratio_at_most": 0.5, "goal_met": ratio <= 0.5,
+           "ratio_ours_over_trl": ratio, "goal_ratio_at_most": 0.5, "goal_met": goal["met"],
            "ratio_ours_over_trl_without_gc_collect": ratio_no_gc,
            "matched": {"prompts_per_iteration": 4, "response_tokens": RESPONSE, "ppo_epochs": 2, "minibatches": 1,
                        "temperature": 1.0, "kl_coef": 0.02, "clip": 0.2, "gamma": 1.0, "lam": 0.95,
