@@ -75,7 +75,7 @@ def check_against_golden(section: str, run: Path, request, record_result) -> Non
     got = measure(run)
     record_result(f"golden_{section}_measured", got)
     record_result("arithmetic", arithmetic)
-    reports = Path(request.config.getoption("--reports-dir"))
+    reports = Path(request.config._rlhf_reports)  # reports/<tier>/ (conftest.reports_folder)
     measured_file = reports / "golden_embedded.measured.json"
     # Several tests (xdist workers) add their section to one file; the committed one is the base.
     current = json.loads(measured_file.read_text()) if measured_file.exists() else json.loads(GOLDEN.read_text())

@@ -86,10 +86,10 @@ def test_states_are_gzip_level1_and_weights_only(lab_run):
 def test_a_finished_stage_is_never_overwritten(lab_run):
     from rlhf import lab
     folder = lab_run.run / "sft"
-    before = {p.name: sha256_file(p) for p in folder.iterdir()}
+    before = {str(p): sha256_file(p) for p in folder.rglob("*") if p.is_file()}
     with pytest.raises(FileExistsError, match="already ran"):
         lab.stage_sft(lab_run)
-    assert {p.name: sha256_file(p) for p in folder.iterdir()} == before
+    assert {str(p): sha256_file(p) for p in folder.rglob("*") if p.is_file()} == before
 
 
 def test_two_fresh_processes_write_byte_identical_states(tmp_path, record_result):

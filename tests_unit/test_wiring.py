@@ -96,7 +96,10 @@ def run_in_copy(tmp_path, files: dict, *args, keep_xdist=False):
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    env = {k: v for k, v in __import__("os").environ.items() if k != "RLHF_REPORTS_DIR"}
+    # As a user's shell would: not inside this suite's xdist worker (pytest-benchmark reads
+    # PYTEST_XDIST_WORKER and turns itself off) and without a reports folder chosen.
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k != "RLHF_REPORTS_DIR" and not k.startswith("PYTEST_XDIST")}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env=env)
 
