@@ -31,7 +31,7 @@ import torch
 
 from rlhf import rubric
 from rlhf.config import load_profile, profile_hash
-from rlhf.embedded import EMBEDDED_DIR, build_embedded
+from rlhf.embedded import EXPECTED_BUILD, build_embedded
 from rlhf.io import read_json, write_json
 
 STUDY = "base_study"
@@ -157,7 +157,7 @@ def build_base(out: Path, name: str) -> tuple[Path, dict]:
     model_dir = out / "bases" / name
     manifest = build_embedded(model_dir, text=BASES[name])
     if name == "embedded":
-        expected = read_json(EMBEDDED_DIR.parent / "embedded_expected.json")["files"]
+        expected = read_json(EXPECTED_BUILD)["files"]
         if manifest["files"] != expected:
             raise BaseStudyError("the rebuilt embedded base differs from rlhf/embedded_expected.json")
     return model_dir, manifest

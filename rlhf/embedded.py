@@ -6,8 +6,9 @@ embeddings, RMSNorm, RoPE), small enough to train LoRA adapters on 2 CPU cores.
 `build_embedded(out_dir, seed)` is deterministic: the tokenizer is trained on generated
 generic office text (`tokenizer_training_text`) that contains none of the lab's prompts,
 responses or probe strings (audited by `audit_training_text`), and the weights are drawn from
-`torch.manual_seed(seed)`. Two builds with the same seed are bit-identical; the built files
-are committed in `rlhf/embedded_model/` with a manifest of their SHA-256, and CI checks them.
+`torch.manual_seed(seed)`. Two builds with the same seed are bit-identical; the SHA-256 of the
+built files are committed in `rlhf/embedded_expected.json` (EXPECTED_BUILD), and CI checks a
+fresh build against them. The model itself is built into each run folder, never shipped.
 
 Why the final RMSNorm weight is a constant 20: a randomly initialised tiny model with std-0.02
 tied embeddings produces almost uniform next-token distributions (logits near 0), and LoRA
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, sha256_file, write_text
 
-EMBEDDED_DIR = Path(__file__).parent / "embedded_model"
+EXPECTED_BUILD = Path(__file__).parent / "embedded_expected.json"  # SHA-256 of a build from seed 49
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"

@@ -31,7 +31,6 @@ command exits saying how to continue.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from pathlib import Path
 import torch
 
 from rlhf import pin
-from rlhf.checkpoint import (Interrupted, StateError, assert_states_equal, check_identity, code_sha256, identity_of,
+from rlhf.checkpoint import (Interrupted, StateError, assert_states_equal, code_sha256, identity_of,
                              load_state, save_state, seed_system_rngs, sha256_file, stop_requested)
 from rlhf.config import PROFILES, configure_torch, load_profile, profile_hash
 from rlhf.evaluate import stage_evaluate

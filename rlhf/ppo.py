@@ -36,7 +36,7 @@ from rlhf.io import crash_point
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import critic_values, reward_scores
-from rlhf.scoring import backbone_hidden, response_logprobs
+from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, encode_prompt
 
 PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
@@ -162,9 +162,10 @@ def ppo_update(roles, optimizers, ro: dict, profile: dict, step: int, total: int
 def token_view(tokenizer, ro: dict, b: int, profile: dict) -> list[dict]:
     """Per-token numbers of response b, for the report: token, logp_old, logp_ref, KL reward,
     value, advantage, return."""
-    n = int(ro["batch"].response_mask[b].sum())
+    mask = ro["batch"].response_mask
+    n = int(mask[b].sum())
     ids = ro["responses"][b][:n]
-    kl_reward = -profile["ppo"]["kl_coef"] * (ro["logp_old"][b, :n] - ro["logp_ref"][b, :n])
+    kl_reward = ppo_math.log_ratio_penalty(ro["logp_old"], ro["logp_ref"], mask, profile["ppo"]["kl_coef"])[b, :n]
     rows = []
     for j in range(n):
         rows.append({"token": tokenizer.convert_ids_to_tokens(ids[j]) if ids[j] < len(tokenizer) else f"<id {ids[j]}>",
@@ -246,7 +247,8 @@ def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: d
             "mean_score": float(ro["score"].mean()),
             "scores": ro["score"].tolist(),
             "mean_sampled_log_ratio": float(ppo_math.mean_sampled_log_ratio(ro["logp_old"], ro["logp_ref"], mask).mean()),
-            "mean_kl_penalty": float((-cfg["kl_coef"] * ppo_math.sampled_log_ratio(ro["logp_old"], ro["logp_ref"], mask)).sum(-1).div(lengths).mean()),
+            "mean_kl_penalty": float(ppo_math.log_ratio_penalty(ro["logp_old"], ro["logp_ref"], mask, cfg["kl_coef"])
+                                     .sum(-1).div(lengths).mean()),
             "mean_value": float(ro["values"].sum() / mask.sum()),
             "mean_advantage": float(ro["advantages"][mask].mean()),
             "mean_return": float(ro["returns"][mask].mean()),

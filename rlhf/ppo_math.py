@@ -24,6 +24,7 @@ from rlhf.masks import as_bool_mask, last_active_index, masked_sum, response_mea
 __all__ = [
     "sampled_log_ratio",
     "mean_sampled_log_ratio",
+    "log_ratio_penalty",
     "token_rewards",
     "gae",
     "policy_ratio",
@@ -82,6 +83,18 @@ def mean_sampled_log_ratio(logp_old: torch.Tensor, logp_ref: torch.Tensor,
     return masked_sum(ratio, m, dim=-1) / counts.to(ratio.dtype)
 
 
+def log_ratio_penalty(logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+               kl_coef: float) -> torch.Tensor:
+    """The per-token penalty part of the reward: ``-kl_coef * (logp_old_t - logp_ref_t)`` on
+    active tokens, 0 (not -0.0) elsewhere. Shapes: [B, T] -> [B, T].
+
+    The sampled-token log-ratio is not the full-vocabulary KL, so the name says what it is. The
+    one place the penalty is computed: token_rewards, the per-token view of the report and the
+    history's mean penalty all call it."""
+    m = as_bool_mask(mask)
+    return _active(-kl_coef * sampled_log_ratio(logp_old, logp_ref, m), m)
+
+
 def token_rewards(logp_old: torch.Tensor, logp_ref: torch.Tensor, score: torch.Tensor,
                   mask: torch.Tensor, truncated: torch.Tensor, kl_coef: float = 0.02,
                   truncation_penalty: float = -1.0) -> torch.Tensor:
@@ -107,8 +120,7 @@ def token_rewards(logp_old: torch.Tensor, logp_ref: torch.Tensor, score: torch.T
         raise ValueError(f"score and truncated must be [B]={batch}, got {tuple(score.shape)} "
                          f"and {tuple(truncated.shape)}")
     with torch.no_grad():
-        rewards = -kl_coef * sampled_log_ratio(logp_old.detach(), logp_ref.detach(), m)
-        rewards = _active(rewards, m)  # clean 0 (not -0.0) on padding
+        rewards = log_ratio_penalty(logp_old.detach(), logp_ref.detach(), m, kl_coef)
         last = last_active_index(m)
         terminal = (score.detach().to(rewards.dtype)
                     + truncation_penalty * as_bool_mask(truncated).to(rewards.dtype))

@@ -18,7 +18,6 @@ off autograd, only explicit `torch.no_grad()` blocks do.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 

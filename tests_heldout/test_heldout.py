@@ -50,7 +50,7 @@ def roles(lab_run, evaluation):
 
 
 def test_results_file_schema(evaluation, lab_run, record_result):
-    file, results = evaluation["file"], evaluation["results"]
+    file = evaluation["file"]
     assert set(file) == {"policies", "reward_test", "differences", "politeness", "populations_note", "seconds",
                          "arithmetic"}
     # conftest imports rlhf before torch, so the run is pinned unless RLHF_CPU_PIN turned it off

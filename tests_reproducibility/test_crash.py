@@ -20,7 +20,6 @@ those of an uninterrupted run of the same command.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from rlhf import lab, ppo
-from rlhf.checkpoint import assert_states_equal, load_state, seed_system_rngs
+from rlhf.checkpoint import assert_states_equal, load_state
 from rlhf.io import read_json
 from rlhf.judge import train_judge
 from rlhf.roles import FROZEN_KINDS, ROLE_KINDS, Role, RoleIsolationError, assert_role_isolation

@@ -1,6 +1,4 @@
 """The embedded base: deterministic build, committed hashes, no lab text, Qwen2 code path."""
-import json
-import shutil
 from pathlib import Path
 
 import pytest

@@ -9,7 +9,7 @@ import torch
 
 from rlhf import ppo_math
 from rlhf.ppo_math import (bradley_terry_loss, clip_fraction, clipped_policy_loss, gae,
-                           learning_rate, mean_sampled_log_ratio, policy_ratio,
+                           log_ratio_penalty, learning_rate, mean_sampled_log_ratio, policy_ratio,
                            sampled_log_ratio, token_rewards, value_loss, warmup_steps)
 
 pytestmark = pytest.mark.unit
@@ -594,3 +594,16 @@ def test_no_whitening_constant_score_batch_keeps_raw_advantages():
     assert_close(ret, adv)
     assert adv.mean().item() == pytest.approx((0.857375 + 0.9025 + 0.95 + 1.0) / 4)
     assert abs(adv.mean().item()) > 0.5
+
+
+def test_kl_penalty_by_hand_and_zero_on_padding():
+    # kl_coef 0.5: active tokens -0.5 * (old - ref); padding exactly +0.0 (not -0.0)
+    logp_old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, 9.0, 9.0]])
+    logp_ref = torch.tensor([[-1.5, -1.0, -3.0], [-1.5, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    got = log_ratio_penalty(logp_old, logp_ref, mask, 0.5)
+    assert got.tolist() == [[-0.25, 0.5, 0.0], [-0.5, 0.0, 0.0]]
+    assert not torch.signbit(got[~mask]).any()
+    # token_rewards' KL part is this function (the terminal score only adds at the last token)
+    r = token_rewards(logp_old, logp_ref, torch.zeros(2), mask, torch.zeros(2, dtype=torch.bool), kl_coef=0.5)
+    assert torch.equal(r, got)

@@ -2,7 +2,6 @@
 frozen roles, moving roles, phase timings, and the recorded behaviour-vs-teacher-forced check."""
 import pytest
 
-from rlhf.checkpoint import load_state
 from rlhf.io import read_json
 from rlhf.ppo import PHASES
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlhf.lora import inject_lora, lora_modules
+from rlhf.lora import inject_lora
 from rlhf.models import load_base
 from rlhf.roles import new_role
 from rlhf.scoring import response_logprobs, response_targets

@@ -1,6 +1,5 @@
 """SPEC §5-§6 as running code: budgets, the SFT loss, generation with and without a KV cache,
 and the stage commands."""
-import copy
 
 import pytest
 import torch
