@@ -53,12 +53,12 @@ class Context:
     def __init__(self, run, profile: dict, model_dir, corpus):
         self.run = Path(run)
         self.profile = profile
+        self.device = profile_device(profile)
         self.model_dir = Path(model_dir)
         self.corpus = corpus
         self.base_identity = {"files": directory_identity(self.model_dir)}
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_id, self.pad_id = check_tokenizer(profile, self.tokenizer)
-        self.device = "cuda" if profile.get("device") == "cuda" and torch.cuda.is_available() else "cpu"
         configure_torch(profile)
 
     def identity(self, **extra) -> dict:
@@ -67,6 +67,21 @@ class Context:
 
     def role(self, kind: str):
         return new_role(kind, self.profile, self.model_dir, base_identity=self.base_identity, device=self.device)
+
+
+def profile_device(profile: dict) -> str:
+    """The profile's device, never a silent fallback: a CUDA profile on a machine without CUDA is
+    an error (a qwen2.5-0.5b run on the CPU would take days, and its numbers would not be the
+    GPU run's). To run a CUDA profile's code path on the CPU on purpose, use a copy of the
+    profile with `device = "cpu"`."""
+    device = profile.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"profile {profile.get('name')}: device must be 'cpu' or 'cuda', not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"profile {profile.get('name')} runs on CUDA, and torch sees no CUDA device here "
+                         f"(torch {torch.__version__}); no silent fallback to the CPU. For the CPU on purpose, "
+                         f"use a copy of the profile with device = \"cpu\"")
+    return device
 
 
 def open_context(run, profile_name: str | dict = "embedded", model_dir=None, revision: str = "r001") -> Context:
@@ -78,6 +93,7 @@ def open_context(run, profile_name: str | dict = "embedded", model_dir=None, rev
     from rlhf.embedded import build_embedded
     run = Path(run)
     profile = profile_name if isinstance(profile_name, dict) else load_profile(profile_name)
+    profile_device(profile)  # refused before anything is prepared
     _sweep_run_folder(run)
     corpus_dir = run / "corpus"
     if not (corpus_dir / "manifest.json").is_file():

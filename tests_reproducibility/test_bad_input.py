@@ -132,3 +132,21 @@ def test_nan_loss_stops_with_the_iteration_and_keeps_the_last_good_state(lab_run
         lab.stage_ppo(ctx, resume=True)
     assert sha256_file(good) == before
     assert not (ctx.run / "ppo" / "state-resumed.pt.gz").exists()
+
+
+def test_a_cuda_profile_without_cuda_is_refused_not_run_on_the_cpu(tmp_path, monkeypatch):
+    """Issue 15: no silent CPU fallback. The qwen2.5-0.5b profile says cuda; without a CUDA device
+    the context refuses before anything is prepared, naming how to run on the CPU on purpose."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    qwen = load_profile("qwen2.5-0.5b")
+    assert qwen["device"] == "cuda"
+    with pytest.raises(ValueError, match=r"runs on CUDA.*no silent fallback.*device = \"cpu\""):
+        lab.profile_device(qwen)
+    assert lab.profile_device({**qwen, "device": "cpu"}) == "cpu"
+    assert lab.profile_device(load_profile("embedded")) == "cpu"
+    with pytest.raises(ValueError, match="device must be"):
+        lab.profile_device({**qwen, "device": "tpu"})
+    with pytest.raises(ValueError, match="no silent fallback"):
+        lab.open_context(tmp_path / "run", "qwen2.5-0.5b", model_dir=tmp_path / "model")
+    assert not (tmp_path / "run").exists()
