@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import resource
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -37,7 +38,7 @@ from rlhf.masks import last_active_index
 from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import critic_values, reward_scores
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import collate, encode_prompt
+from rlhf.tokens import Batch, collate, encode_prompt
 
 PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
 
@@ -85,9 +86,26 @@ def _sync():
         torch.cuda.synchronize()
 
 
+@dataclass
+class Rollout:
+    """One iteration's rollout: detached data, fixed across both updates of the iteration.
+    B responses, R response positions (right-padded; `batch.response_mask` marks the active ones)."""
+    batch: Batch                   # prompt + response ids, attention mask, positions, response mask
+    responses: list[list[int]]     # the sampled ids of each response, EOS included
+    ended: list[bool]              # [B] ended with EOS (else cut at the token limit)
+    logp_old: torch.Tensor         # [B, R] the sampling actor's log-prob of each sampled token
+    logp_ref: torch.Tensor         # [B, R] the frozen reference's log-prob of that token
+    score: torch.Tensor            # [B]    the frozen judge's score at the last active token
+    values: torch.Tensor           # [B, R] the critic's V before each token
+    rewards: torch.Tensor          # [B, R] penalty per token + score (and truncation) once at the end
+    advantages: torch.Tensor       # [B, R] GAE, gamma 1, lambda 0.95
+    returns: torch.Tensor          # [B, R] advantages + values
+    truncated: torch.Tensor        # [B]    bool, cut at the token limit without EOS
+
+
 @torch.no_grad()
 def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, profile: dict,
-            sample_gen: torch.Generator, use_cache: bool, timings: dict) -> dict:
+            sample_gen: torch.Generator, use_cache: bool, timings: dict) -> Rollout:
     """Sample, then score the visited prefixes with reference, judge and critic (all detached)."""
     cfg = profile["ppo"]
     device = next(roles["actor"].model.parameters()).device
@@ -120,9 +138,9 @@ def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, 
     dones = torch.zeros_like(mask)
     dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True      # EOS or truncation ends it
     advantages, returns = ppo_math.gae(rewards, values, dones, gamma=cfg["gamma"], lam=cfg["lam"])
-    return {"batch": batch, "responses": gen.responses, "ended": gen.ended, "logp_old": logp_old,
-            "logp_ref": logp_ref, "score": score, "values": values, "rewards": rewards,
-            "advantages": advantages, "returns": returns, "truncated": truncated}
+    return Rollout(batch=batch, responses=gen.responses, ended=gen.ended, logp_old=logp_old, logp_ref=logp_ref,
+                   score=score, values=values, rewards=rewards, advantages=advantages, returns=returns,
+                   truncated=truncated)
 
 
 def _descend(role, optimizer, loss: torch.Tensor, kind: str, step: int, total: int, profile: dict,
@@ -138,143 +156,164 @@ def _descend(role, optimizer, loss: torch.Tensor, kind: str, step: int, total: i
     return lr, grad_norm
 
 
-def ppo_update(roles, optimizers, ro: dict, profile: dict, step: int, total: int, where: str, timings: dict) -> dict:
+def ppo_update(roles, optimizers, ro: Rollout, profile: dict, step: int, total: int, where: str,
+               timings: dict) -> dict:
     """One update of the actor, then one of the critic, on a fixed rollout."""
     cfg = profile["ppo"]
-    batch, mask = ro["batch"], ro["batch"].response_mask
+    batch, mask = ro.batch, ro.batch.response_mask
     t = time.perf_counter()
     logp_cur = response_logprobs(roles["actor"].model, batch)
-    policy_loss = ppo_math.clipped_policy_loss(logp_cur, ro["logp_old"], ro["advantages"], mask, clip=cfg["clip"])
+    policy_loss = ppo_math.clipped_policy_loss(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg["clip"])
     lr_a, gn_a = _descend(roles["actor"], optimizers["actor"], policy_loss, "actor", step, total, profile, where)
     timings["actor_update"] = timings.get("actor_update", 0.0) + time.perf_counter() - t
     t = time.perf_counter()
     v_cur = critic_values(roles["critic"], batch)
-    v_loss = ppo_math.value_loss(v_cur, ro["returns"], mask, coef=cfg["value_coef"])
+    v_loss = ppo_math.value_loss(v_cur, ro.returns, mask, coef=cfg["value_coef"])
     lr_c, gn_c = _descend(roles["critic"], optimizers["critic"], v_loss, "critic", step, total, profile, where)
     timings["critic_update"] = timings.get("critic_update", 0.0) + time.perf_counter() - t
     with torch.no_grad():
-        clip_frac = ppo_math.clip_fraction(logp_cur, ro["logp_old"], ro["advantages"], mask, clip=cfg["clip"])
+        clip_frac = ppo_math.clip_fraction(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg["clip"])
     return {"policy_loss": float(policy_loss.detach()), "value_loss": float(v_loss.detach()),
             "clip_fraction": float(clip_frac), "actor_lr": lr_a, "critic_lr": lr_c,
             "actor_grad_norm": gn_a, "critic_grad_norm": gn_c}
 
 
-def token_view(tokenizer, ro: dict, b: int, profile: dict) -> list[dict]:
+def token_view(tokenizer, ro: Rollout, b: int, profile: dict) -> list[dict]:
     """Per-token numbers of response b, for the report: token, logp_old, logp_ref, KL reward,
     value, advantage, return."""
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     n = int(mask[b].sum())
-    ids = ro["responses"][b][:n]
-    kl_reward = ppo_math.log_ratio_penalty(ro["logp_old"], ro["logp_ref"], mask, profile["ppo"]["kl_coef"])[b, :n]
+    ids = ro.responses[b][:n]
+    kl_reward = ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, profile["ppo"]["kl_coef"])[b, :n]
     rows = []
     for j in range(n):
         rows.append({"token": tokenizer.convert_ids_to_tokens(ids[j]) if ids[j] < len(tokenizer) else f"<id {ids[j]}>",
-                     "logp_old": float(ro["logp_old"][b, j]), "logp_ref": float(ro["logp_ref"][b, j]),
-                     "kl_reward": float(kl_reward[j]), "reward": float(ro["rewards"][b, j]),
-                     "value": float(ro["values"][b, j]), "advantage": float(ro["advantages"][b, j]),
-                     "return": float(ro["returns"][b, j])})
+                     "logp_old": float(ro.logp_old[b, j]), "logp_ref": float(ro.logp_ref[b, j]),
+                     "kl_reward": float(kl_reward[j]), "reward": float(ro.rewards[b, j]),
+                     "value": float(ro.values[b, j]), "advantage": float(ro.advantages[b, j]),
+                     "return": float(ro.returns[b, j])})
     return rows
 
+
+# ------------------------------------------------------------------------- the PPO loop
 
 def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
               stop_after_iteration: int | None = None, use_cache: bool = True, progress=None,
               keep_token_views: int = 3, checkpoint=None) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
 
-    The state holds the actor and critic adapters/heads, both optimizers, the prompt sampler,
-    the sampling generator, the system RNGs, the history and the consumed rollout ids.
-    Timings are returned apart: durations are not part of the compared state. After each
-    iteration (both updates done, no rollout pending) `checkpoint(iterations_done, make_state)`,
-    when given, may save the state (rlhf.lab's crash-safe legs).
+    restore -> for each iteration: rollout, 2 x ppo_update, record -> save. The state holds the
+    actor and critic adapters/heads, both optimizers, the prompt sampler, the sampling
+    generator, the system RNGs, the history and the consumed rollout ids. Timings are returned
+    apart: durations are not part of the compared state. After each iteration (both updates
+    done, no rollout pending) `checkpoint(iterations_done, make_state)`, when given, may save
+    the state (rlhf.lab's crash-safe legs).
     """
-    cfg, seeds, limits = profile["ppo"], profile["seeds"], profile["limits"]
+    cfg, limits = profile["ppo"], profile["limits"]
     prompts = view.rollout_prompts()
     encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
-    actor, critic = roles["actor"], roles["critic"]
-    optimizers = {"actor": adamw([p for p in actor.learned_parameters() if p.requires_grad], cfg["actor_lr"],
-                                 profile["optim"]["weight_decay"]),
-                  "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad], cfg["critic_lr"],
-                                  profile["optim"]["weight_decay"])}
-    sampler = PromptSampler(len(prompts), seeds["data_order"])
-    device = next(actor.model.parameters()).device
-    sample_gen = torch.Generator(device=device).manual_seed(seeds["ppo_sampling"])
-    history = {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None}
-    start = 0
-    if state is not None:
-        actor.load_learned_state(state["actor"])
-        critic.load_learned_state(state["critic"])
-        optimizers["actor"].load_state_dict(state["optimizers"]["actor"])
-        optimizers["critic"].load_state_dict(state["optimizers"]["critic"])
-        sampler.load(state["sampler"])
-        sample_gen.set_state(state["sampling_generator"])
-        set_rng_state(state["rng"])
-        history = state["history"]
-        start = state["iterations_done"]
-    iterations = cfg["iterations"]
+    run = _restore(roles, profile, len(prompts), state)
     updates = cfg["updates_per_iteration"]
-    total = iterations * updates
-    last = iterations if stop_after_iteration is None else stop_after_iteration
+    total = cfg["iterations"] * updates
+    last = cfg["iterations"] if stop_after_iteration is None else stop_after_iteration
     timings = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
-    def make_state(done: int) -> dict:
-        return {"stage": "ppo", "iterations_done": done, "actor": actor.learned_state(),
-                "critic": critic.learned_state(), "reference": roles["reference"].learned_state(),
-                "reward": roles["reward"].learned_state(),
-                "optimizers": {k: o.state_dict() for k, o in optimizers.items()}, "sampler": sampler.state(),
-                "sampling_generator": sample_gen.get_state(), "rng": rng_state(), "history": history}
-
-    for it in range(start, last):
+    for it in range(run["start"], last):
         crash_point("ppo.iteration")
         t_iter = time.perf_counter()
         tm: dict = {}
-        idx = sampler.draw(cfg["prompts_per_iteration"])
-        ro = rollout(roles, [encoded[i] for i in idx], eos_id, pad_id, profile, sample_gen, use_cache, tm)
-        if history["scoring_check"] is None:
-            # Behaviour log-probs (per prefix, while sampling) vs teacher-forced scoring of the
-            # same tokens, before any update: recorded, never substituted.
-            with torch.no_grad():
-                tf = response_logprobs(actor.model, ro["batch"])
-            diff = (tf - ro["logp_old"]).abs()[ro["batch"].response_mask]
-            history["scoring_check"] = {"iteration": it, "max_abs_diff": float(diff.max()),
-                                        "mean_abs_diff": float(diff.mean()), "tokens": int(diff.numel()),
-                                        "use_cache": use_cache}
-        stats = [ppo_update(roles, optimizers, ro, profile, it * updates + u, total, f"iteration {it}", tm)
+        idx = run["sampler"].draw(cfg["prompts_per_iteration"])
+        ro = rollout(roles, [encoded[i] for i in idx], eos_id, pad_id, profile, run["sample_gen"], use_cache, tm)
+        if run["history"]["scoring_check"] is None:
+            run["history"]["scoring_check"] = _scoring_check(roles["actor"], ro, it, use_cache)
+        stats = [ppo_update(roles, run["optimizers"], ro, profile, it * updates + u, total, f"iteration {it}", tm)
                  for u in range(updates)]
-        mask = ro["batch"].response_mask
-        lengths = mask.sum(-1).float()
-        record = {
-            "iteration": it,
-            "prompt_ids": [prompts[i]["document_id"] for i in idx],
-            "mean_score": float(ro["score"].mean()),
-            "scores": ro["score"].tolist(),
-            "mean_sampled_log_ratio": float(ppo_math.mean_sampled_log_ratio(ro["logp_old"], ro["logp_ref"], mask).mean()),
-            "mean_kl_penalty": float(ppo_math.log_ratio_penalty(ro["logp_old"], ro["logp_ref"], mask, cfg["kl_coef"])
-                                     .sum(-1).div(lengths).mean()),
-            "mean_value": float(ro["values"].sum() / mask.sum()),
-            "mean_advantage": float(ro["advantages"][mask].mean()),
-            "mean_return": float(ro["returns"][mask].mean()),
-            "response_length": float(lengths.mean()),
-            "truncations": int(ro["truncated"].sum()),
-            "policy_loss": [s["policy_loss"] for s in stats],
-            "value_loss": [s["value_loss"] for s in stats],
-            "clip_fraction": [s["clip_fraction"] for s in stats],
-            "actor_lr": [s["actor_lr"] for s in stats],
-            "critic_lr": [s["critic_lr"] for s in stats],
-            "actor_grad_norm": [s["actor_grad_norm"] for s in stats],
-            "critic_grad_norm": [s["critic_grad_norm"] for s in stats],
-        }
-        history["iterations"].append(record)
-        history["consumed"].extend(record["prompt_ids"])
-        if len(history["token_views"]) < keep_token_views or it == iterations - 1:
-            history["token_views"].append({"iteration": it, "prompt_id": record["prompt_ids"][0],
-                                           "score": float(ro["score"][0]), "ended": ro["ended"][0],
-                                           "tokens": token_view(tokenizer, ro, 0, profile)})
+        record = _record(it, [prompts[i]["document_id"] for i in idx], ro, stats, cfg)
+        _append_history(run["history"], record, ro, tokenizer, profile, keep_token_views)
         tm["iteration"] = time.perf_counter() - t_iter
         timings["per_iteration"].append(tm)
         for k in PHASES:
             timings["total"][k] += tm.get(k, 0.0)
         if progress is not None:
-            progress(it + 1, iterations, record)
+            progress(it + 1, cfg["iterations"], record)
         if checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
-            checkpoint(it + 1, lambda: make_state(it + 1))
+            checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
     timings["memory"] = peak_memory()
-    return make_state(last), timings
+    return _ppo_state(roles, run, last), timings
+
+
+def _restore(roles: dict, profile: dict, n_prompts: int, state: dict | None) -> dict:
+    """Optimizers, prompt sampler, sampling generator and history: fresh from the profile's
+    seeds, or restored (with the roles' learned tensors and the system RNGs) from `state`."""
+    cfg, seeds, decay = profile["ppo"], profile["seeds"], profile["optim"]["weight_decay"]
+    actor, critic = roles["actor"], roles["critic"]
+    run = {"optimizers": {"actor": adamw([p for p in actor.learned_parameters() if p.requires_grad],
+                                         cfg["actor_lr"], decay),
+                          "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad],
+                                          cfg["critic_lr"], decay)},
+           "sampler": PromptSampler(n_prompts, seeds["data_order"]),
+           "sample_gen": torch.Generator(device=next(actor.model.parameters()).device).manual_seed(
+               seeds["ppo_sampling"]),
+           "history": {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None},
+           "start": 0}
+    if state is not None:
+        actor.load_learned_state(state["actor"])
+        critic.load_learned_state(state["critic"])
+        run["optimizers"]["actor"].load_state_dict(state["optimizers"]["actor"])
+        run["optimizers"]["critic"].load_state_dict(state["optimizers"]["critic"])
+        run["sampler"].load(state["sampler"])
+        run["sample_gen"].set_state(state["sampling_generator"])
+        set_rng_state(state["rng"])
+        run["history"], run["start"] = state["history"], state["iterations_done"]
+    return run
+
+
+@torch.no_grad()
+def _scoring_check(actor, ro: Rollout, it: int, use_cache: bool) -> dict:
+    """Behaviour log-probs (per prefix, while sampling) vs teacher-forced scoring of the same
+    tokens, before any update: recorded, never substituted."""
+    tf = response_logprobs(actor.model, ro.batch)
+    diff = (tf - ro.logp_old).abs()[ro.batch.response_mask]
+    return {"iteration": it, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+            "tokens": int(diff.numel()), "use_cache": use_cache}
+
+
+def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg: dict) -> dict:
+    """The history line of one iteration: what was sampled and scored, and both updates."""
+    mask = ro.batch.response_mask
+    lengths = mask.sum(-1).float()
+    return {
+        "iteration": it,
+        "prompt_ids": prompt_ids,
+        "mean_score": float(ro.score.mean()),
+        "scores": ro.score.tolist(),
+        "mean_sampled_log_ratio": float(ppo_math.mean_sampled_log_ratio(ro.logp_old, ro.logp_ref, mask).mean()),
+        "mean_kl_penalty": float(ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, cfg["kl_coef"])
+                                 .sum(-1).div(lengths).mean()),
+        "mean_value": float(ro.values.sum() / mask.sum()),
+        "mean_advantage": float(ro.advantages[mask].mean()),
+        "mean_return": float(ro.returns[mask].mean()),
+        "response_length": float(lengths.mean()),
+        "truncations": int(ro.truncated.sum()),
+        **{key: [s[key] for s in stats] for key in ("policy_loss", "value_loss", "clip_fraction", "actor_lr",
+                                                     "critic_lr", "actor_grad_norm", "critic_grad_norm")},
+    }
+
+
+def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile: dict, keep_token_views: int) -> None:
+    """The iteration's record, its consumed rollout ids, and (first few and last) a token view."""
+    history["iterations"].append(record)
+    history["consumed"].extend(record["prompt_ids"])
+    if len(history["token_views"]) < keep_token_views or record["iteration"] == profile["ppo"]["iterations"] - 1:
+        history["token_views"].append({"iteration": record["iteration"], "prompt_id": record["prompt_ids"][0],
+                                       "score": float(ro.score[0]), "ended": ro.ended[0],
+                                       "tokens": token_view(tokenizer, ro, 0, profile)})
+
+
+def _ppo_state(roles: dict, run: dict, done: int) -> dict:
+    """Everything a resume needs after `done` iterations (no rollout pending)."""
+    return {"stage": "ppo", "iterations_done": done, "actor": roles["actor"].learned_state(),
+            "critic": roles["critic"].learned_state(), "reference": roles["reference"].learned_state(),
+            "reward": roles["reward"].learned_state(),
+            "optimizers": {k: o.state_dict() for k, o in run["optimizers"].items()},
+            "sampler": run["sampler"].state(), "sampling_generator": run["sample_gen"].get_state(),
+            "rng": rng_state(), "history": run["history"]}

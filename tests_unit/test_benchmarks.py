@@ -55,6 +55,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import bench_harness  # the measuring harness beside this file (tests_unit/ is on sys.path: prepend mode)
 from rlhf import flops
 
 pytestmark = pytest.mark.benchmark
@@ -109,8 +110,8 @@ def bench_ctx(tmp_path_factory):
 @pytest.fixture(scope="module")
 def peak():
     """The CPU's dense FP32 matmul peak, measured in this run: all cores (2 threads) and 1 thread."""
-    p = {"all_cores": flops.matmul_peak(2048, repeats=10, threads=ALL_CORES),
-         "one_thread": flops.matmul_peak(2048, repeats=10, threads=1)}
+    p = {"all_cores": bench_harness.matmul_peak(2048, repeats=10, threads=ALL_CORES),
+         "one_thread": bench_harness.matmul_peak(2048, repeats=10, threads=1)}
     SUMMARY["matmul_peak"] = p
     return p
 
@@ -272,17 +273,17 @@ def _check_generation(what: str, g, batch: int, vocab: int, *, new_tokens: int |
         assert all(math.isfinite(x) and x <= 0 for x in lp), f"{what}: log-probs {lp}"
 
 
-def _check_rollout(what: str, ro: dict) -> None:
+def _check_rollout(what: str, ro) -> None:
     """A rollout's tensors: [B, R] per token, [B] per answer, all finite; log-probs <= 0."""
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     B, R = mask.shape
-    assert len(ro["responses"]) == B and [len(r) for r in ro["responses"]] == mask.sum(-1).tolist(), what
+    assert len(ro.responses) == B and [len(r) for r in ro.responses] == mask.sum(-1).tolist(), what
     for k in ("logp_old", "logp_ref", "values", "rewards", "advantages", "returns"):
-        _check_shape(f"{what} {k}", ro[k], (B, R))
-        _check_finite(f"{what} {k}", ro[k])
-    _check_shape(f"{what} score", ro["score"], (B,))
-    _check_finite(f"{what} score", ro["score"])
-    assert bool((ro["logp_old"] <= 0).all() and (ro["logp_ref"] <= 0).all()), f"{what}: positive log-probs"
+        _check_shape(f"{what} {k}", getattr(ro, k), (B, R))
+        _check_finite(f"{what} {k}", getattr(ro, k))
+    _check_shape(f"{what} score", ro.score, (B,))
+    _check_finite(f"{what} score", ro.score)
+    assert bool((ro.logp_old <= 0).all() and (ro.logp_ref <= 0).all()), f"{what}: positive log-probs"
 
 
 def _check_update_stats(what: str, stats: dict) -> None:
@@ -583,13 +584,13 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
             for u, st in enumerate(stats):
                 _check_update_stats(f"{k} iteration {it} update {u}", st)
     for it, (a, b) in enumerate(zip(records["previous"], records["current"])):
-        assert a[0]["responses"] == b[0]["responses"], f"iteration {it}: previous and current drew differently"
+        assert a[0].responses == b[0].responses, f"iteration {it}: previous and current drew differently"
         assert a[1] == b[1], f"iteration {it}: previous and current updates differ"
     ro0 = records["current"][0][0]
-    assert ro0["responses"] == first.responses and ro0["ended"] == first.ended, \
+    assert ro0.responses == first.responses and ro0.ended == first.ended, \
         "the first PPO iteration did not draw what the unit path draws"
-    mask0 = ro0["batch"].response_mask
-    assert ro0["logp_old"][mask0].tolist() == [x for row in first.logps for x in row], \
+    mask0 = ro0.batch.response_mask
+    assert ro0.logp_old[mask0].tolist() == [x for row in first.logps for x in row], \
         "the first PPO iteration's behaviour log-probs are not the unit path's"
     med = {k: statistics.median(v[1:] or v) for k, v in seconds.items()}
     out = {"previous_commit": PREVIOUS, "timed_iterations": len(seconds["current"]) - 1,
@@ -725,13 +726,13 @@ def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fix
                            prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
     _check_rollout("fixed rollout", fixed_rollout)
     start = {k: roles[k].learned_state() for k in ("actor", "critic")}
-    mask = fixed_rollout["batch"].response_mask
+    mask = fixed_rollout.batch.response_mask
     with torch.no_grad():  # untimed: the first update's losses by the unit path, on the same parameters
-        expected_policy = ppo_math.clipped_policy_loss(response_logprobs(roles["actor"].model, fixed_rollout["batch"]),
-                                                       fixed_rollout["logp_old"], fixed_rollout["advantages"], mask,
+        expected_policy = ppo_math.clipped_policy_loss(response_logprobs(roles["actor"].model, fixed_rollout.batch),
+                                                       fixed_rollout.logp_old, fixed_rollout.advantages, mask,
                                                        clip=prof["ppo"]["clip"])
-        expected_value = ppo_math.value_loss(critic_values(roles["critic"], fixed_rollout["batch"]),
-                                             fixed_rollout["returns"], mask, coef=prof["ppo"]["value_coef"])
+        expected_value = ppo_math.value_loss(critic_values(roles["critic"], fixed_rollout.batch),
+                                             fixed_rollout.returns, mask, coef=prof["ppo"]["value_coef"])
     tm: dict = {}
     log: list = []
     benchmark.pedantic(_timed(lambda: ppo_update(roles, optimizers, fixed_rollout, prof, 20, 200, "bench", tm), log),
@@ -747,7 +748,7 @@ def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fix
     for k in ("actor", "critic"):
         _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
     _check_seconds("actor/critic update phases", [tm["actor_update"], tm["critic_update"]])
-    batch = fixed_rollout["batch"]
+    batch = fixed_rollout.batch
     B, T, R = flops.batch_dims(batch)
     calls = len(log)
     _report(benchmark, record_result, "ppo_actor_critic_update", log, 1, peak, tokens=B * T,
@@ -759,7 +760,7 @@ def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fix
 
 
 def _iteration_flops(shape, rank, ro, prompt_len: int, updates: int) -> dict:
-    b = ro["batch"]
+    b = ro.batch
     B, _, R = flops.batch_dims(b)
     gen = flops.generation_flops(shape, B, prompt_len, R, use_cache=True, lora_rank=rank)
     gen = {k: v for k, v in gen.items() if k.endswith("flops")}
@@ -794,7 +795,7 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
                  for u in range(cfg["updates_per_iteration"])]
         phases.append(tm)
         done.append((ro, stats))
-        lengths.append(float(ro["batch"].response_mask.sum(-1).float().mean()))
+        lengths.append(float(ro.batch.response_mask.sum(-1).float().mean()))
         return _iteration_flops(shape, rank, ro, max(len(p) for p in ps), cfg["updates_per_iteration"])
 
     log: list = []
@@ -809,9 +810,9 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
                                                                      "critic_values", "actor_update",
                                                                      "critic_update")])
     ro0 = done[0][0]
-    assert ro0["responses"] == first.responses and ro0["ended"] == first.ended, \
+    assert ro0.responses == first.responses and ro0.ended == first.ended, \
         "the first timed iteration did not draw what the unit path draws"
-    assert ro0["logp_old"][ro0["batch"].response_mask].tolist() == [x for row in first.logps for x in row], \
+    assert ro0.logp_old[ro0.batch.response_mask].tolist() == [x for row in first.logps for x in row], \
         "the first timed iteration's behaviour log-probs are not the unit path's"
     for k in ("actor", "critic"):
         _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
@@ -906,17 +907,18 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
 # ------------------------------------------------------------------------------ memory
 
 def test_peak_rss_per_stage(benchmark, record_result, bench_ctx):
-    """Peak RSS of each stage in its own fresh process (rlhf.flops.measure_stage_rss), the run's
+    """Peak RSS of each stage in its own fresh process (bench_harness.measure_stage_rss), the run's
     own ppo/timings.json figure when there is one, and the qwen2.5-0.5b estimate."""
     from rlhf.config import load_profile
-    code = ("import json, sys; from rlhf.flops import measure_stage_rss; "
+    code = ("import json, sys; sys.path.insert(0, sys.argv[3]); from bench_harness import measure_stage_rss; "
             "print('RSS=' + json.dumps(measure_stage_rss(sys.argv[1], sys.argv[2])))")
+    harness_dir = str(Path(bench_harness.__file__).resolve().parent)
     measured = {}
 
     def run_all():
         for stage in ("import", "sft", "reward", "ppo"):
-            out = subprocess.run([sys.executable, "-c", code, stage, str(bench_ctx.run)], capture_output=True,
-                                 text=True, cwd=ROOT, timeout=600)
+            out = subprocess.run([sys.executable, "-c", code, stage, str(bench_ctx.run), harness_dir],
+                                 capture_output=True, text=True, cwd=ROOT, timeout=600)
             assert out.returncode == 0, out.stderr[-3000:]
             line = [ln for ln in out.stdout.splitlines() if ln.startswith("RSS=")][-1]
             measured[stage] = json.loads(line[4:])

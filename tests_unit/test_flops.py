@@ -1,4 +1,8 @@
 """Arithmetic of rlhf.flops (FLOP formula, parameter counts, the qwen2.5-0.5b memory estimate)."""
+import ast
+import sys
+from pathlib import Path
+
 import pytest
 
 from rlhf import flops
@@ -84,3 +88,18 @@ def test_qwen_memory_estimate_arithmetic():
 def test_utilisation_ratio():
     u = flops.utilisation(2e9, 0.5, 8e9)
     assert u["achieved_gflop_s"] == pytest.approx(4.0) and u["utilisation"] == pytest.approx(0.5)
+
+
+def test_flops_is_pure_and_at_the_bottom_of_the_import_graph():
+    """rlhf.flops only calculates: every import, at any depth (function bodies included), is of
+    the standard library; nothing from rlhf, torch or any other package (issue 17 item 5)."""
+    tree = ast.parse(Path(flops.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"relative import in rlhf/flops.py: line {node.lineno}"
+            imported.add(node.module.split(".")[0])
+    assert "rlhf" not in imported, imported
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)

@@ -15,6 +15,7 @@ ended with EOS and one cut at the limit. The limit is 8 tokens instead of 64 to 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -112,14 +113,14 @@ def test_behaviour_logp_old_reaches_the_policy_loss_unchanged_in_both_updates(
     second update (which would make every ratio 1 and switch the clipping off)."""
     roles = make_roles(profile)
     ro = run_rollout(roles, prompts, profile, embedded_base)
-    stored = ro["logp_old"].clone()
+    stored = ro.logp_old.clone()
     calls = spy_on_policy_loss(monkeypatch)
     two_updates(roles, ro, profile)
 
     assert len(calls) == 2
     for call in calls:
         assert torch.equal(call["logp_old"], stored)  # bit for bit, in update 1 and update 2
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     # The actor moved after update 1: its log-probs in update 2 are not the behaviour ones.
     assert not torch.equal(calls[1]["logp_cur"], stored)
     assert float((calls[1]["logp_cur"] - stored).abs()[mask].max()) > 1e-4
@@ -161,13 +162,13 @@ def test_ratios_far_outside_the_clip_range_give_the_by_hand_loss_and_clip_fracti
     tokens, then over responses (the four responses have 1, 8, 2 and 8 tokens)."""
     roles = make_roles(profile)
     ro = run_rollout(roles, prompts, profile, embedded_base)
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     lengths = mask.sum(-1).tolist()
     with torch.no_grad():
-        logp_cur = response_logprobs(roles["actor"].model, ro["batch"])
+        logp_cur = response_logprobs(roles["actor"].model, ro.batch)
     advantage = [[PATTERN[j % 4][0] if j < n else 0.0 for j in range(mask.shape[1])] for n in lengths]
     delta = [[PATTERN[j % 4][1] if j < n else 0.0 for j in range(mask.shape[1])] for n in lengths]
-    ro = {**ro, "logp_old": logp_cur + torch.tensor(delta), "advantages": torch.tensor(advantage)}
+    ro = dataclasses.replace(ro, logp_old=logp_cur + torch.tensor(delta), advantages=torch.tensor(advantage))
 
     stats = ppo.ppo_update(roles, optimizers_of(roles, profile), ro, profile, 0, 2, "test", {})
 
@@ -189,18 +190,18 @@ def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(
     p["ppo"]["actor_lr"] = 1e-3
     roles = make_roles(p)
     ro = run_rollout(roles, prompts, p, embedded_base)
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     with torch.no_grad():
-        before = response_logprobs(roles["actor"].model, ro["batch"])
+        before = response_logprobs(roles["actor"].model, ro.batch)
     # Responses 0 and 2 were good, 1 and 3 bad; ratio 1 everywhere, so nothing is clipped.
     sign = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None].expand_as(mask)
     advantages = torch.where(mask, sign, torch.zeros(()))
-    ro = {**ro, "logp_old": before.clone(), "advantages": advantages}
+    ro = dataclasses.replace(ro, logp_old=before.clone(), advantages=advantages)
 
     stats = ppo.ppo_update(roles, optimizers_of(roles, p), ro, p, 0, 2, "test", {})
 
     with torch.no_grad():
-        after = response_logprobs(roles["actor"].model, ro["batch"])
+        after = response_logprobs(roles["actor"].model, ro.batch)
     change = after - before
     assert stats["clip_fraction"] == 0.0
     assert float(change[mask].abs().min()) > 0.1  # a clear effect, not rounding noise
@@ -216,14 +217,14 @@ def test_rollout_data_keep_their_values_and_carry_no_graph_across_both_updates(
     roles = make_roles(profile)
     ro = run_rollout(roles, prompts, profile, embedded_base)
     keys = ("logp_old", "logp_ref", "score", "values", "rewards", "advantages", "returns")
-    before = {k: ro[k].clone() for k in keys}
+    before = {k: getattr(ro, k).clone() for k in keys}
     for k in keys:
-        assert not ro[k].requires_grad, k
-        assert ro[k].grad_fn is None, k
+        assert not getattr(ro, k).requires_grad, k
+        assert getattr(ro, k).grad_fn is None, k
     two_updates(roles, ro, profile)
     for k in keys:
-        assert torch.equal(ro[k], before[k]), k
-        assert not ro[k].requires_grad, k
+        assert torch.equal(getattr(ro, k), before[k]), k
+        assert not getattr(ro, k).requires_grad, k
 
 
 # ================================================================= rollout itself
@@ -247,9 +248,9 @@ def rolled(make_roles, profile, prompts, embedded_base, monkeypatch):
 def test_the_sampled_answers_end_both_ways(rolled):
     """The premise of the rollout tests: one set of answers with EOS ends and cut ends."""
     ro, _, _ = rolled
-    assert ro["ended"] == [True, False, True, False]
-    assert ro["batch"].response_mask.sum(-1).tolist() == [1, 8, 2, 8]
-    assert ro["truncated"].tolist() == [False, True, False, True]
+    assert ro.ended == [True, False, True, False]
+    assert ro.batch.response_mask.sum(-1).tolist() == [1, 8, 2, 8]
+    assert ro.truncated.tolist() == [False, True, False, True]
 
 
 def test_rollout_logp_old_are_the_generators_per_step_logprobs(rolled, prompts, profile, embedded_base):
@@ -259,24 +260,24 @@ def test_rollout_logp_old_are_the_generators_per_step_logprobs(rolled, prompts, 
     gen = generate(roles["actor"].model, prompts, eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id,
                    max_new_tokens=RESPONSE_TOKENS, temperature=1.0,
                    generator=torch.Generator().manual_seed(SAMPLING_SEED), use_cache=True)
-    assert gen.responses == ro["responses"]
-    want = torch.zeros_like(ro["logp_old"])
+    assert gen.responses == ro.responses
+    want = torch.zeros_like(ro.logp_old)
     for b, lp in enumerate(gen.logps):
         want[b, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
-    assert torch.equal(ro["logp_old"], want)
+    assert torch.equal(ro.logp_old, want)
     with torch.no_grad():
-        teacher_forced = response_logprobs(roles["actor"].model, ro["batch"])
-    assert not torch.equal(ro["logp_old"], teacher_forced)  # so the check above can tell them apart
+        teacher_forced = response_logprobs(roles["actor"].model, ro.batch)
+    assert not torch.equal(ro.logp_old, teacher_forced)  # so the check above can tell them apart
 
 
 def test_rollout_logp_ref_are_the_references_teacher_forced_logprobs(rolled):
     """Catches logp_ref scored with the actor (a zero KL penalty) or with the wrong batch."""
     ro, _, roles = rolled
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     with torch.no_grad():
-        want = response_logprobs(roles["reference"].model, ro["batch"])
-        actor = response_logprobs(roles["actor"].model, ro["batch"])
-    assert torch.equal(ro["logp_ref"], want)
+        want = response_logprobs(roles["reference"].model, ro.batch)
+        actor = response_logprobs(roles["actor"].model, ro.batch)
+    assert torch.equal(ro.logp_ref, want)
     assert float((actor - want).abs()[mask].max()) > 0.1  # actor and reference really differ
 
 
@@ -284,9 +285,9 @@ def test_rollout_values_and_score_come_from_the_critic_and_the_judge(rolled):
     """Catches values or scores read from the wrong role (the judge and the critic swapped)."""
     ro, _, roles = rolled
     with torch.no_grad():
-        assert torch.equal(ro["values"], critic_values(roles["critic"], ro["batch"]))
-        assert torch.equal(ro["score"], reward_scores(roles["reward"], ro["batch"]))
-    assert float(ro["values"][ro["batch"].response_mask].abs().min()) > 0  # a drawn head, not zeros
+        assert torch.equal(ro.values, critic_values(roles["critic"], ro.batch))
+        assert torch.equal(ro.score, reward_scores(roles["reward"], ro.batch))
+    assert float(ro.values[ro.batch.response_mask].abs().min()) > 0  # a drawn head, not zeros
 
 
 def test_rollout_pays_the_score_once_at_the_last_active_token_minus_1_when_cut(rolled, profile):
@@ -294,28 +295,28 @@ def test_rollout_pays_the_score_once_at_the_last_active_token_minus_1_when_cut(r
     instead of the last active token, twice, or the truncation penalty missing or on the
     answers that ended with EOS."""
     ro, _, _ = rolled
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     kl_coef = profile["ppo"]["kl_coef"]
-    kl_part = torch.where(mask, -kl_coef * (ro["logp_old"] - ro["logp_ref"]), torch.zeros(()))
-    terminal = ro["rewards"] - kl_part
+    kl_part = torch.where(mask, -kl_coef * (ro.logp_old - ro.logp_ref), torch.zeros(()))
+    terminal = ro.rewards - kl_part
     for b, n in enumerate(mask.sum(-1).tolist()):
         cut = -1.0 if b in (1, 3) else 0.0   # answers 1 and 3 were cut at 8 tokens
-        assert float(terminal[b, n - 1]) == pytest.approx(float(ro["score"][b]) + cut, abs=1e-6)
+        assert float(terminal[b, n - 1]) == pytest.approx(float(ro.score[b]) + cut, abs=1e-6)
         assert torch.all(terminal[b, :n - 1].abs() < 1e-6), terminal[b]
-        assert torch.all(ro["rewards"][b, n:] == 0)
+        assert torch.all(ro.rewards[b, n:] == 0)
 
 
 def test_rollout_dones_sit_at_the_last_active_token_and_gae_uses_them(rolled, profile):
     """Catches dones at the last column of the padded batch (the EOS answers 0 and 2 would then
     bootstrap from padding) and advantages that are not the GAE of the stored rewards and values."""
     ro, dones, _ = rolled
-    mask = ro["batch"].response_mask
+    mask = ro.batch.response_mask
     want = torch.zeros_like(mask)
     for b, n in enumerate(mask.sum(-1).tolist()):
         want[b, n - 1] = True
     assert torch.equal(dones.bool(), want)
     assert torch.equal(last_active_index(mask), torch.tensor([0, 7, 1, 7]))
-    adv, ret = ppo_math.gae(ro["rewards"], ro["values"], want, gamma=profile["ppo"]["gamma"],
+    adv, ret = ppo_math.gae(ro.rewards, ro.values, want, gamma=profile["ppo"]["gamma"],
                             lam=profile["ppo"]["lam"])
-    assert torch.equal(ro["advantages"], adv)
-    assert torch.equal(ro["returns"], ret)
+    assert torch.equal(ro.advantages, adv)
+    assert torch.equal(ro.returns, ret)

@@ -1,0 +1,124 @@
+"""The benchmark harness: measurements only the benchmarks (tests_unit/test_benchmarks.py) use.
+
+Not a test module (no tests are collected from it). The FLOP and memory *formulas* stay in
+rlhf.flops, which imports nothing from rlhf; what is here measures:
+
+* `matmul_peak`: the CPU's dense-matmul FLOP/s (torch.mm, best of N), the peak the
+  utilisations are quoted against;
+* `peak_rss_mib` and `measure_stage_rss`: the peak RSS of one stage of the embedded profile,
+  meant to run alone in a fresh process. test_benchmarks.py runs it as
+  `python -c "import sys; sys.path.insert(0, HARNESS_DIR); from bench_harness import measure_stage_rss; ..."`.
+  Importing this module imports `rlhf` first, so that fresh process pins its CPU arithmetic
+  before torch is loaded, as the lab does (a late pin would change the run's identity).
+
+Import it from a test module of this folder as `import bench_harness` (pytest's default
+`prepend` import mode puts tests_unit/ on sys.path, since the folder is not a package).
+"""
+from __future__ import annotations
+
+import json
+import resource
+import time
+
+import rlhf  # noqa: F401 - first: pins the CPU arithmetic (rlhf.pin) before anything here imports torch
+
+
+# ------------------------------------------------------------------------------ the CPU peak
+
+def matmul_peak(n: int = 2048, repeats: int = 10, threads: int | None = None, dtype: str = "float32") -> dict:
+    """Best-of-`repeats` FLOP/s of torch.mm on two n x n matrices (2·n³ FLOPs), with `threads`
+    torch threads (None: leave the current setting); restores the thread count afterwards."""
+    import torch
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=g, dtype=getattr(torch, dtype))
+        b = torch.randn(n, n, generator=g, dtype=getattr(torch, dtype))
+        torch.mm(a, b)  # warm-up (thread pool, MKL dispatch)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+        used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    flops = 2 * n ** 3
+    return {"n": n, "dtype": dtype, "threads": used, "repeats": repeats, "best_seconds": best,
+            "flops_per_s": flops / best, "gflop_s": flops / best / 1e9}
+
+
+# ------------------------------------------------------------------------------ peak RSS
+
+def peak_rss_mib() -> float:
+    """Peak RSS of this process image: VmHWM from /proc/self/status (reset by exec), else ru_maxrss.
+
+    ru_maxrss alone is wrong for a freshly started child: Linux carries the parent's high-water
+    mark across fork + exec, so a child of a 3 GB parent reports 3 GB.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: int = 3) -> dict:
+    """Peak RSS of one stage of the embedded profile, meant to run alone in a fresh process.
+
+    Stages: "import" (context opened, no role: the floor of torch + transformers + corpus),
+    "sft" (actor role, `updates` SFT updates, the validation pass), "reward" (judge role,
+    `updates` Bradley-Terry updates, the validation pass), "ppo" (the four roles from the run's
+    SFT and judge files, `iterations` PPO iterations). `run_dir` holds corpus/, base_model/ and,
+    for "ppo", sft/actor.safetensors and reward/judge.safetensors.
+    """
+    import torch
+    from rlhf import lab
+    t0 = time.perf_counter()
+    ctx = lab.open_context(run_dir, "embedded")
+    view = ctx.corpus.learning_view()
+    prof = ctx.profile
+    if stage == "sft":
+        from rlhf.optim import adamw, optimizer_step
+        from rlhf.sft import encode_demonstrations, evaluate_loss, sft_loss
+        actor = ctx.role("actor")
+        train = encode_demonstrations(view.demonstrations("train"), ctx.tokenizer, ctx.eos_id, prof["limits"])
+        valid = encode_demonstrations(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof["limits"], "chosen")
+        params = [p for p in actor.learned_parameters() if p.requires_grad]
+        opt = adamw(params, prof["sft"]["lr"], prof["optim"]["weight_decay"])
+        k = prof["sft"]["examples_per_update"]
+        for u in range(updates):
+            loss, _ = sft_loss(actor.model, train[u * k:(u + 1) * k], ctx.pad_id)
+            optimizer_step(opt, params, loss, prof["sft"]["lr"], 1.0, "rss sft")
+        evaluate_loss(actor.model, valid, ctx.pad_id)
+    elif stage == "reward":
+        from rlhf.judge import encode_pairs, evaluate_pairs, pair_scores
+        from rlhf.optim import adamw, optimizer_step
+        from rlhf.ppo_math import bradley_terry_loss
+        judge = ctx.role("reward")
+        train = encode_pairs(view.pairs("train"), ctx.tokenizer, ctx.eos_id, prof["limits"])
+        valid = encode_pairs(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof["limits"])
+        params = [p for p in judge.learned_parameters() if p.requires_grad]
+        opt = adamw(params, prof["judge"]["lr"], prof["optim"]["weight_decay"])
+        k = prof["judge"]["pairs_per_update"]
+        for u in range(updates):
+            c, r = pair_scores(judge, train[u * k:(u + 1) * k], ctx.pad_id)
+            optimizer_step(opt, params, bradley_terry_loss(c, r), prof["judge"]["lr"], 1.0, "rss judge")
+        evaluate_pairs(judge, valid, ctx.pad_id)
+    elif stage == "ppo":
+        from rlhf.ppo import train_ppo
+        prof = json.loads(json.dumps(prof))
+        prof["ppo"]["iterations"] = iterations
+        roles = lab.ppo_roles(ctx)
+        train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, prof)
+    elif stage != "import":
+        raise ValueError(f"unknown stage {stage!r}")
+    return {"stage": stage, "peak_rss_mib": peak_rss_mib(),
+            "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),
+            "updates": updates if stage in ("sft", "reward") else None,
+            "iterations": iterations if stage == "ppo" else None}
