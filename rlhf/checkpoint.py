@@ -50,9 +50,9 @@ def stop_requested() -> bool:
 
 
 def code_sha256() -> str:
-    """SHA-256 over the package's source files and profiles (name + content, sorted)."""
+    """SHA-256 over the package's source files (subpackages included) and profiles (name + content, sorted)."""
     parts = []
-    for p in sorted(list(CODE_DIR.glob("*.py")) + list((CODE_DIR / "profiles").glob("*.toml"))):
+    for p in sorted(list(CODE_DIR.rglob("*.py")) + list((CODE_DIR / "profiles").glob("*.toml"))):
         parts.append(f"{p.relative_to(CODE_DIR)}:{sha256_file(p)}")
     return sha256_bytes("\n".join(parts).encode())
 

@@ -252,7 +252,7 @@ def test_spec_9_5_a_report_naming_the_score_human_helpfulness_is_caught(tmp_path
     """Regression (SPEC §9.5): the learned score called "human helpfulness" never reaches a report."""
     assert report.find_forbidden_wording("| mean human helpfulness | 1.2 | 3.4 |")
     run = make_synthetic_run(tmp_path / "run")
-    monkeypatch.setattr(report, "SCORE_NAME", "human helpfulness")
+    monkeypatch.setattr(report.wording, "SCORE_NAME", "human helpfulness")  # where the report reads it
     with pytest.raises(report.ReportWordingError, match="helpfulness"):
         report.write_reports(run)
     assert not any((run / n).exists() for n in report.REPORT_FILES)

@@ -1,0 +1,50 @@
+"""Fixed vocabulary of the reports: populations, metrics, pair variants, PPO phases, stages."""
+from __future__ import annotations
+
+from rlhf.report.wording import SCORE_NAME, SCORE_SHORT
+
+POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
+POPULATION_LABELS = {
+    "test": "test prompts",
+    "probe_rows": "probe rows",
+    "probe_contexts": "probe contexts (one row per context)",
+    "all_rows": "all rows",
+    "all_unique_contexts": "all unique contexts",
+}
+# (metrics key, label, key in evaluation "differences" or None); labels are fixed at import time.
+METRICS = (
+    ("rubric_success", "rubric success", "rubric_success"),
+    ("recognised_share", "recognised share", None),
+    ("uncertified", "UNCERTIFIED", None),
+    ("relevance", "relevance", None),
+    ("unsupported_certainty", "unsupported certainty (of recognised)", None),
+    ("refusals", "refusals", None),
+    ("without_eos", "outputs without EOS", None),
+    ("undecodable", "undecodable outputs", None),
+    ("polite_formula_share", "polite formulas present (share, any prose)", None),
+    ("mean_length", "mean length (tokens)", None),
+    ("mean_learned_reward", f"mean {SCORE_SHORT} ({SCORE_NAME})", "learned_reward"),
+    ("mean_sampled_log_ratio", "mean sampled log-ratio actor/reference", None),
+)
+VARIANTS = {
+    "0": "correct + hedge, plain vs wrong + certainty, plain",
+    "1": "correct, no caution, plain vs wrong + hedge, polite",
+    "2": "correct + hedge, polite vs wrong, no caution, plain",
+    "3": "correct + hedge, plain vs correct + certainty, polite",
+    "4": "correct, no caution, polite vs wrong + hedge, plain",
+}
+
+
+def metric(key: str) -> tuple:
+    """The METRICS entry (key, label, differences key) of metrics key `key`."""
+    return next(m for m in METRICS if m[0] == key)
+
+
+PPO_PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
+PHASE_LABELS = {
+    "generation": "generation (sampling, actor)", "reference": "reference scoring", "judge": "judge (learned reward)",
+    "critic_values": "critic values", "actor_update": "actor optimisation", "critic_update": "critic optimisation",
+    "iteration": "whole loop (all phases)",
+}
+STAGES = ("sft", "reward", "ppo")
+STAGE_LABELS = {"sft": "SFT", "reward": "judge (reward model)", "ppo": "PPO"}

@@ -1,0 +1,340 @@
+"""Tables of the reports, shared by the Markdown and the HTML renderer.
+
+``Table`` renders itself as Markdown (``md``) or HTML (``html``); the builders below turn one part
+of the results (the content of results.json) into a Table. Model outputs go through `quote`
+(identity for publishing, a placeholder for the wording check of the report's own text).
+"""
+from __future__ import annotations
+
+from rlhf.report import wording
+from rlhf.report.formatting import esc, esc_attr, fmt, fmt_ci, fmt_signed, is_num, mean, short_hash
+from rlhf.report.labels import (METRICS, PHASE_LABELS, POPULATION_LABELS, POPULATIONS, PPO_PHASES, STAGE_LABELS,
+                                VARIANTS, metric)
+
+
+class Table:
+    """A plain table: header, rows of cells; a cell is text or (text, css style) for HTML colouring."""
+
+    def __init__(self, header, rows, caption: str = "", cls: str = ""):
+        self.header, self.rows, self.caption, self.cls = list(header), [list(r) for r in rows], caption, cls
+
+    def md(self) -> str:
+        def cell(c):
+            t = c[0] if isinstance(c, tuple) else c
+            return str(t).replace("|", "\\|").replace("\n", " ")
+        lines = []
+        if self.caption:
+            lines += [f"*{self.caption}*", ""]
+        lines.append("| " + " | ".join(cell(h) for h in self.header) + " |")
+        lines.append("|" + "---|" * len(self.header))
+        for r in self.rows:
+            if len(r) == 1 and isinstance(r[0], tuple) and r[0][1] == "group":
+                lines.append(f"| **{cell(r[0])}** |" + " |" * (len(self.header) - 1))
+                continue
+            lines.append("| " + " | ".join(cell(c) for c in r) + " |")
+        return "\n".join(lines) + "\n"
+
+    def html(self) -> str:
+        out = [f'<table class="{esc_attr(self.cls)}">' if self.cls else "<table>"]
+        if self.caption:
+            out.append(f"<caption>{esc(self.caption)}</caption>")
+        out.append("<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in self.header) + "</tr></thead><tbody>")
+        for r in self.rows:
+            if len(r) == 1 and isinstance(r[0], tuple) and r[0][1] == "group":
+                out.append(f'<tr class="group"><td colspan="{len(self.header)}">{esc(r[0][0])}</td></tr>')
+                continue
+            cells = []
+            for c in r:
+                if isinstance(c, tuple):
+                    text, style = c[0], c[1]
+                    if style.startswith("class:"):
+                        cells.append(f'<td class="{esc_attr(style[6:])}">{esc(text)}</td>')
+                    else:
+                        cells.append(f'<td style="{esc_attr(style)}">{esc(text)}</td>')
+                else:
+                    cells.append(f"<td>{esc(c)}</td>")
+            out.append("<tr>" + "".join(cells) + "</tr>")
+        out.append("</tbody></table>")
+        return "\n".join(out)
+
+
+def kv_table(d: dict, caption: str = "", key="quantity", value="value") -> Table:
+    rows = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):
+            rows.extend([[f"{k}.{k2}", fmt(v2)] for k2, v2 in v.items()])
+        else:
+            rows.append([k, fmt(v)])
+    return Table([key, value], rows, caption)
+
+
+
+def policy_rows(ev: dict, policy: str) -> list[dict]:
+    return ((ev.get("policies") or {}).get(policy) or {}).get("rows") or []
+
+
+def policy_metrics(ev: dict, policy: str) -> dict:
+    return ((ev.get("policies") or {}).get(policy) or {}).get("metrics") or {}
+
+
+def comparison_table(ev: dict) -> Table:
+    diffs = ev.get("differences") or {}
+    ms, mp = policy_metrics(ev, "sft"), policy_metrics(ev, "ppo")
+    pops = [p for p in POPULATIONS if p in ms or p in mp] + sorted((set(ms) | set(mp)) - set(POPULATIONS))
+    rows = []
+    for pop in pops:
+        a, b = ms.get(pop, {}), mp.get(pop, {})
+        n = a.get("n_rows", b.get("n_rows"))
+        units = a.get("n_independent_units", b.get("n_independent_units"))
+        rows.append([(f"{POPULATION_LABELS.get(pop, pop)}: {fmt(n)} rows, {fmt(units)} independent units",
+                      "group")])
+        known = {m[0] for m in METRICS} | {"n_rows", "n_independent_units"}
+        extra = sorted(k for k in set(a) | set(b) if k not in known)
+        for key, label, dkey in list(METRICS) + [(k, k, None) for k in extra]:
+            va, vb = a.get(key), b.get(key)
+            d = (diffs.get(dkey) or {}).get(pop) if dkey else None
+            if d and is_num(d.get("diff")):
+                diff = d["diff"]
+            else:
+                diff = vb - va if is_num(va) and is_num(vb) else None
+            rows.append([label, fmt(va), fmt(vb), fmt_signed(diff), fmt_ci(d), fmt(d.get("units")) if d else "—"])
+    return Table(["metric", "SFT", "PPO", "PPO − SFT", "95% CI of difference", "units for CI"], rows,
+                 "SFT vs PPO, greedy generations, per population", cls="compare")
+
+
+def reward_test_table(rt: dict) -> Table:
+    rows = []
+    by = rt.get("by_variant") or {}
+    for v in sorted(by, key=lambda x: (len(str(x)), str(x))):
+        val = by[v]
+        if isinstance(val, dict):
+            acc = val.get("accuracy")
+            extra = ", ".join(f"{k} {fmt(x)}" for k, x in val.items() if k != "accuracy")
+        else:
+            acc, extra = val, ""
+        rows.append([str(v), VARIANTS.get(str(v), ""), fmt(acc), extra])
+    rows.append(["all", f"{fmt(rt.get('pairs'))} test pairs, {fmt(rt.get('ties'))} ties", fmt(rt.get("accuracy")), ""])
+    header = ["variant", "chosen vs rejected", "judge accuracy", "details"]
+    if not any(r[3] for r in rows):
+        header, rows = header[:3], [r[:3] for r in rows]
+    return Table(header, rows, "Judge accuracy on the 180 held-out test pairs, by pair variant (ties count as misses)")
+
+
+def politeness_table(pol: dict) -> Table:
+    rows = []
+    ctxs = pol.get("contexts") or []
+    scale = max([abs(c.get(k)) for c in ctxs for k in ("correct_politeness_delta", "incorrect_politeness_delta")
+                 if is_num(c.get(k))] or [1.0])
+    for c in ctxs:
+        cd, idl = c.get("correct_politeness_delta"), c.get("incorrect_politeness_delta")
+        flag = c.get("wrong_polite_outranks_correct_plain")
+        rows.append([c.get("family", ""), fmt(c.get("s_TF")), fmt(c.get("s_TT")), fmt(c.get("s_FF")), fmt(c.get("s_FT")),
+                     (fmt_signed(cd), _sign_style(cd, scale)), (fmt_signed(idl), _sign_style(idl, scale)),
+                     (fmt(flag), "class:warn" if flag else "")])
+    return Table(["context", "s(T,F) correct plain", "s(T,T) correct polite", "s(F,F) wrong plain",
+                  "s(F,T) wrong polite", "correct politeness delta", "incorrect politeness delta",
+                  "wrong-polite outranks correct-plain"], rows,
+                 f"Politeness probes: {wording.SCORE_SHORT} of the frozen judge on the four fixed candidates per context")
+
+
+def probe_outputs_table(ev: dict, quote) -> Table | None:
+    by = {}
+    for pol in ("sft", "ppo"):
+        for r in policy_rows(ev, pol):
+            if r.get("population") == "probe":
+                by.setdefault(r.get("family"), {}).setdefault(pol, []).append(r)
+    if not by:
+        return None
+    rows = []
+    for fam in sorted(by):
+        cells = [fam]
+        for pol in ("sft", "ppo"):
+            rs = by[fam].get(pol, [])
+            if not rs:
+                cells += ["—", "—", "—"]
+                continue
+            r = rs[0]
+            same = len({x.get("response") for x in rs}) == 1
+            rub = r.get("rubric") or {}
+            status = f"{rub.get('status', '—')}, {'success' if rub.get('rubric_success') else 'no success'}"
+            if rub.get("recognized"):
+                status += ", polite" if rub.get("polite") else ", plain"
+            if rub.get("reason"):
+                status += f": {rub['reason']}"
+            cells += [(quote(r.get("response", "")) + ("" if same else "  [the repeated rows differ]"), "class:text"),
+                      (status, "class:ok" if rub.get("rubric_success") else "class:bad"),
+                      fmt(r.get("learned_reward"))]
+        rows.append(cells)
+    return Table(["context", "SFT output", "SFT rubric", f"SFT {wording.SCORE_SHORT}", "PPO output", "PPO rubric",
+                  f"PPO {wording.SCORE_SHORT}"], rows,
+                 "The actor's own greedy outputs on the 20 probe contexts (one row per context; "
+                 "its four rows are repeated greedy generations of the same prompt)", cls="outputs")
+
+
+def frequent_outputs_table(ev: dict, quote, population="test", top=6) -> Table | None:
+    rows = []
+    for pol in ("sft", "ppo"):
+        rs = [r for r in policy_rows(ev, pol) if r.get("population") == population]
+        if not rs:
+            continue
+        counts: dict[str, list] = {}
+        for r in rs:
+            counts.setdefault(r.get("response", ""), []).append(r)
+        ranked = sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:top]
+        for text, group in ranked:
+            succ = sum(1 for r in group if (r.get("rubric") or {}).get("rubric_success"))
+            rows.append([pol.upper(), (quote(text), "class:text"), str(len(group)), f"{succ}/{len(group)}",
+                         fmt(mean([r.get("learned_reward") for r in group]))])
+    if not rows:
+        return None
+    return Table(["policy", "output", "rows", "rubric successes", f"mean {wording.SCORE_SHORT}"], rows,
+                 f"Most frequent outputs on the {population} prompts (top {top} per policy)", cls="outputs")
+
+
+def _sign_style(v, scale: float) -> str:
+    if not is_num(v) or v == 0 or scale <= 0:
+        return ""
+    alpha = 0.12 + 0.6 * min(1.0, abs(v) / scale)
+    return f"background: rgba(22,150,60,{alpha:.2f})" if v > 0 else f"background: rgba(210,40,40,{alpha:.2f})"
+
+
+def _show_token(tok: str) -> str:
+    """Display form of a token: spaces as ␣ and newlines as ↵ (byte-level BPE writes them Ġ and Ċ)."""
+    return tok.replace("Ġ", "␣").replace(" ", "␣").replace("Ċ", "↵").replace("\n", "↵")
+
+
+def token_view_table(view: dict, quote) -> Table:
+    toks = view.get("tokens") or []
+    scale = max((abs(t.get("advantage", 0) or 0) for t in toks), default=0.0)
+    rows = []
+    for i, t in enumerate(toks):
+        a = t.get("advantage")
+        lo, lr = t.get("logp_old"), t.get("logp_ref")
+        ratio = lo - lr if is_num(lo) and is_num(lr) else None
+        style = _sign_style(a, scale)
+        tok = _show_token(quote(t.get("token", "")))
+        rows.append([str(i), (tok, style + "; font-family: monospace" if style else "font-family: monospace"),
+                     fmt(lo, 4), fmt(lr, 4), fmt(ratio, 4), fmt(t.get("kl_reward"), 4), fmt(t.get("reward"), 4),
+                     fmt(t.get("value"), 4), (fmt(a, 4), style), fmt(t.get("return"), 4)])
+    return Table(["#", "token", "logp_old", "logp_ref", "log-ratio", "KL penalty", "reward r_t",
+                  "value V", "advantage A", "return"], rows,
+                 (f"iteration {view.get('iteration')}, prompt {view.get('prompt_id')}: {wording.SCORE_SHORT} "
+                  f"{fmt(view.get('score'))}, ended with EOS: {fmt(view.get('ended'))}, {len(toks)} tokens"),
+                 cls="tokens")
+
+
+def timings_table(res: dict) -> Table | None:
+    tot = res["timings"].get("ppo_phase_totals_s")
+    if not tot:
+        return None
+    loop = tot.get("iteration")
+    n = res["ppo"]["summary"]["iterations"] or 1
+    rows = []
+    for ph in PPO_PHASES + tuple(k for k in tot if k not in PPO_PHASES):
+        if ph not in tot:
+            continue
+        share = tot[ph] / loop if loop and ph != "iteration" else None
+        rows.append([PHASE_LABELS.get(ph, ph), fmt(tot[ph], 2), fmt(tot[ph] / n, 4), fmt(share, 3)])
+    if loop is not None:
+        other = loop - sum(tot.get(p, 0) for p in PPO_PHASES if p != "iteration")
+        rows.append(["other (bookkeeping between phases)", fmt(other, 2), fmt(other / n, 4), fmt(other / loop if loop else None, 3)])
+    return Table(["PPO phase", "total s", "s per iteration", "share of loop"], rows,
+                 f"PPO time per phase over {n} iterations (the continuous run)")
+
+
+def stage_time_table(res: dict) -> Table:
+    rows = []
+    for s, t in res["timings"]["stages"].items():
+        rows.append([STAGE_LABELS.get(s, s), fmt(t.get("continuous_s", t.get("seconds")), 1),
+                     fmt(t.get("interrupted_and_resumed_s"), 1)])
+    ev = res["timings"].get("evaluation_s")
+    if isinstance(ev, dict):
+        for k, v in ev.items():
+            rows.append([f"evaluation: {k}", fmt(v, 1), "—"])
+    elif is_num(ev):
+        rows.append(["evaluation", fmt(ev, 1), "—"])
+    return Table(["stage", "continuous run s", "interrupted + resumed s"], rows, "Wall-clock time per stage")
+
+
+def resume_tables(res: dict) -> list[Table]:
+    rows, hashes = [], []
+    for s, rc in res["resume_checks"].items():
+        rows.append([STAGE_LABELS.get(s, s), fmt(rc.get("boundary")), (fmt(rc.get("identical")),
+                     "class:ok" if rc.get("identical") else "class:bad"), fmt(rc.get("tensors_compared")),
+                     fmt(rc.get("interrupted_and_resumed_s"), 1), fmt(rc.get("continuous_s"), 1)])
+        for k in ("boundary", "resumed", "continuous"):
+            hashes.append([STAGE_LABELS.get(s, s), f"state-{k}.pt.gz", rc.get(f"sha256_{k}", "—")])
+    return [Table(["stage", "stopped after", "resumed state identical to continuous", "tensors compared",
+                   "interrupted + resumed s", "continuous s"], rows,
+                  "Interrupt/resume checks: the resumed and the continuous final states compared value by value"),
+            Table(["stage", "state file", "SHA-256"], hashes,
+                  "SHA-256 of the saved state files (integrity of each file; equality of the states is "
+                  "established by the value-by-value comparison above, not by these file hashes)", cls="hashes")]
+
+
+def fingerprint_table(res: dict) -> Table | None:
+    fp, chk = res.get("fingerprints"), res.get("fingerprint_checks")
+    if not fp or not chk:
+        return None
+    rows = []
+    for role, c in chk.items():
+        rows.append([role, short_hash(fp["before"][role].get("learned_sha256")),
+                     short_hash(fp["after"][role].get("learned_sha256")), fmt(c["learned_changed"]),
+                     "must change" if c["must_change"] else "must stay frozen", fmt(c["frozen_base_unchanged"]),
+                     (fmt(c["ok"]), "class:ok" if c["ok"] else "class:bad")])
+    return Table(["role", "learned SHA-256 before PPO", "after PPO", "changed", "rule", "frozen base unchanged",
+                  "ok"], rows, "Role fingerprints around PPO (full hashes in results.json)")
+
+
+def sft_vs_ppo(ev: dict, pop: str, key: str, dkey: str | None) -> tuple:
+    """(SFT value, PPO value, PPO − SFT, differences entry) of metric `key` on population `pop`.
+
+    The difference is the evaluation's own (``differences[dkey][pop]``, which also carries the CI)
+    when it has one, else PPO − SFT of the two values (None unless both are numbers).
+    """
+    ms, mp = policy_metrics(ev, "sft"), policy_metrics(ev, "ppo")
+    d = ((ev.get("differences") or {}).get(dkey) or {}).get(pop) or {}
+    va, vb = (ms.get(pop) or {}).get(key), (mp.get(pop) or {}).get(key)
+    diff = d.get("diff") if is_num(d.get("diff")) else (vb - va if is_num(va) and is_num(vb) else None)
+    return va, vb, diff, d
+
+
+def key_results_table(ev: dict) -> Table:
+    ms, mp = policy_metrics(ev, "sft"), policy_metrics(ev, "ppo")
+    rows = []
+    for pop in ("test", "probe_contexts"):
+        for key, label, dkey in (metric("rubric_success"), metric("mean_learned_reward")):
+            va, vb, diff, d = sft_vs_ppo(ev, pop, key, dkey)
+            units = (ms.get(pop) or mp.get(pop) or {}).get("n_independent_units")
+            rows.append([f"{label}, {POPULATION_LABELS.get(pop, pop)} ({fmt(units)} independent units)",
+                         fmt(va), fmt(vb), fmt_signed(diff), fmt_ci(d)])
+    return Table(["quantity", "SFT", "PPO", "PPO − SFT", "95% CI"], rows, "Key results (details below)")
+
+
+def shortcut_audit_table(sa: dict) -> Table:
+    rows = []
+    for key in sa["order"]:
+        c = sa["counterfactuals"][key]
+        rows.append([key, fmt(c["accuracy"])] + [fmt(c["by_variant"].get(str(v))) for v in range(5)]
+                    + [c["meaning"]])
+    return Table(["prompts", "accuracy", "v0", "v1", "v2", "v3", "v4", "what it means"],
+                 rows, "Judge accuracy per pair variant under counterfactual prompts")
+
+
+def sft_epochs_table(epochs: list[dict]) -> Table:
+    return Table(["epoch", "train loss", "validation loss"],
+                 [[fmt(e.get("epoch")), fmt(e.get("train_loss")), fmt(e.get("validation_loss"))] for e in epochs],
+                 "SFT epochs")
+
+
+def judge_epochs_table(epochs: list[dict]) -> Table:
+    return Table(["epoch", "train loss", "train accuracy", "validation loss", "validation accuracy"],
+                 [[fmt(e.get("epoch")), fmt(e.get("train_loss")), fmt(e.get("train_accuracy")),
+                   fmt(e.get("validation_loss")), fmt(e.get("validation_accuracy"))] for e in epochs],
+                 "Judge epochs")
+
+
+def artifacts_table(artifacts: dict) -> Table:
+    return Table(["artifact", "role", "SHA-256", "tensors"],
+                 [[k, fmt(v["role"]), v["sha256"] or "—", fmt(v["tensors"])] for k, v in artifacts.items()],
+                 "Final adapters and heads", cls="hashes")
