@@ -143,14 +143,17 @@ def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(embedded_profi
     assert max(diffs) <= 0.05  # stated BF16 bound on the log-probs of the tokens both paths drew
 
 
-def test_stage_commands_stop_and_resume(tmp_path, capsys):
+def test_stage_commands_stop_and_resume(tmp_path, capsys, small_profile_file):
+    """The stage commands on the miniature budget (2 epochs of 3 updates): stop after epoch 1,
+    resume to the end, and a clear error where there is nothing to resume."""
     run = tmp_path / "run"
-    assert cli.main(["sft", "--run", str(run), "--stop-after", "1"]) == 0
+    profile = ["--profile", str(small_profile_file)]
+    assert cli.main(["sft", "--run", str(run), *profile, "--stop-after", "1"]) == 0
     assert (run / "sft" / "state-stop001.pt.gz").is_file()
     out = capsys.readouterr().out
-    assert "sft epoch 1: train loss" in out and "validation loss" in out
-    assert cli.main(["sft", "--run", str(run), "--resume"]) == 0
+    assert "sft epoch 1: train loss" in out and "validation loss" in out and "sft epoch 2:" not in out
+    assert cli.main(["sft", "--run", str(run), *profile, "--resume"]) == 0
     out = capsys.readouterr().out
-    assert "sft epoch 20:" in out and (run / "sft" / "state-resumed.pt.gz").is_file()
-    assert cli.main(["reward", "--run", str(run), "--resume"]) == 2  # nothing to resume: clear error
+    assert "sft epoch 2:" in out and (run / "sft" / "state-resumed.pt.gz").is_file()
+    assert cli.main(["reward", "--run", str(run), *profile, "--resume"]) == 2  # nothing to resume: clear error
     assert "nothing to resume" in capsys.readouterr().err
