@@ -7,7 +7,7 @@ run's `run.json`). `keep_existing=True` makes a rerun after a crash idempotent: 
 already there was written whole (the rename is atomic), so it is kept as it is.
 
 A crash can leave two kinds of debris, both removed by `sweep_incomplete` before a stage
-continues: a temporary file (`.NAME.XXXX.tmp`, killed before the rename) and a data file
+continues: a temporary file (`.NAME.<random>.tmp`, killed before the rename) and a data file
 without its sidecar manifest (killed between the two writes of `write_with_sidecar`, which
 writes the manifest last). Neither is ever read.
 
@@ -108,7 +108,7 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False
 
 @contextmanager
 def atomic_folder(out):
-    """Build a folder under a temporary sibling name (`.NAME.XXXX`) and rename it into place
+    """Build a folder under a temporary sibling name (`.NAME.<random>`) and rename it into place
     whole, so that a crash never leaves a half-written folder at `out` (rlhf.lab sweeps the
     temporary ones on a rerun). `out` must be absent or empty; the body writes into the
     yielded path."""

@@ -61,13 +61,11 @@ def differences(expected, got, path="") -> list[str]:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name (Linux), else what platform knows."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else (platform.processor() or platform.machine())
 
 
 def check_against_golden(section: str, run: Path, request, record_result) -> None:
@@ -86,6 +84,8 @@ def check_against_golden(section: str, run: Path, request, record_result) -> Non
         current["verified_on"] = sorted(current["verified_on"] + [cpu_model()])
     write_text(measured_file, json.dumps(current, indent=1, sort_keys=True) + "\n", overwrite=True)
     if not arithmetic["comparable"]:
+        # Deliberate (issue 12 item 2): off x86-64, or with RLHF_CPU_PIN=off, the bytes differ by
+        # design and a comparison could only fail; the skip says why. On x86-64 CI it never skips.
         pytest.skip(f"the golden hashes cannot be compared on this machine: {arithmetic['note']}")
     golden = json.loads(GOLDEN.read_text())
     assert golden["pinned_arithmetic"] == read_json(run / "run.json")["identity"]["arithmetic"], \

@@ -107,7 +107,7 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
     captured = {}
 
     class Captured(Exception):
-        pass
+        """Raised by the spy to stop stage_ppo once it has handed over its roles."""
 
     def spy(roles, *args, **kwargs):
         captured.update(roles)
