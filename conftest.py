@@ -266,7 +266,7 @@ def _run_whole_lab(run, revision: str, protocol: bool):
     ctx = lab.open_context(run, "embedded", revision=revision)
     lab.run_lab(ctx, protocol=protocol)
     ctx.stage_seconds = {"total": _time.perf_counter() - t0,
-                         **{s: read_timing(run / s / "timings.json") for s in ("sft", "reward", "ppo")}}
+                         **{s: read_timing(run / s / "timings.json") for s in ("sft", "judge", "ppo")}}
     return ctx
 
 

@@ -30,9 +30,16 @@ from pathlib import Path
 import torch
 
 from rlhf import rubric
-from rlhf.config import load_profile, profile_hash
+from rlhf.config import load_profile, Profile, profile_hash
 from rlhf.embedded import EXPECTED_BUILD, build_embedded
 from rlhf.io import read_json, write_json
+from rlhf.evaluate import expected_actions, heldout_prompts, judge_test_accuracy, policy_responses
+from rlhf.tokens import decode_response, encode_prompt
+from rlhf.lab import open_context, train_role
+from rlhf.roles import save_role
+from rlhf.sft import train_sft
+from rlhf.judge import train_judge
+from rlhf.shortcut import run_shortcut_audit
 
 STUDY = "base_study"
 VERSION = 1
@@ -54,8 +61,6 @@ def _share(flags) -> float:
 
 def _test_rows(ctx, responses: list[list[int]], records: list[dict]) -> list[dict]:
     """Rubric verdicts of responses to the test prompts (labels read only here, after generation)."""
-    from rlhf.evaluate import expected_actions
-    from rlhf.tokens import decode_response
     expected = expected_actions(ctx.corpus.evaluation_view())
     rows = []
     for rec, ids in zip(records, responses):
@@ -76,11 +81,6 @@ def _summary(rows: list[dict]) -> dict:
 
 def measure_sft(ctx) -> dict:
     """r001: SFT with the profile's budget; greedy and temperature-1 answers to the 180 test prompts."""
-    from rlhf.evaluate import heldout_prompts, policy_responses
-    from rlhf.lab import train_role
-    from rlhf.roles import save_role
-    from rlhf.sft import train_sft
-    from rlhf.tokens import encode_prompt
 
     t0 = time.perf_counter()
     state = train_role(ctx, "actor", train_sft)
@@ -91,9 +91,9 @@ def measure_sft(ctx) -> dict:
     train_seconds = time.perf_counter() - t0
 
     records = [r for r in heldout_prompts(ctx.corpus.evaluation_view()) if r["population"] == "test"]
-    limits = ctx.profile["limits"]
+    limits = ctx.profile.limits
     prompt_ids = [encode_prompt(ctx.tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
-    seed = ctx.profile["seeds"]["evaluation"]
+    seed = ctx.profile.seeds.evaluation
     greedy = _test_rows(ctx, policy_responses(actor.model, prompt_ids, ctx), records)
     sampled = _test_rows(ctx, policy_responses(actor.model, prompt_ids, ctx,
                                                generator=torch.Generator().manual_seed(seed)), records)
@@ -101,27 +101,22 @@ def measure_sft(ctx) -> dict:
     return {"revision": ctx.corpus.revision, "updates": state["step"],
             "last_epoch": {"train_loss": last["train_loss"], "validation_loss": last["validation_loss"]},
             "greedy": _summary(greedy),
-            "temperature_1": {**_summary(sampled), "temperature": ctx.profile["ppo"]["temperature"],
+            "temperature_1": {**_summary(sampled), "temperature": ctx.profile.ppo.temperature,
                               "generator_seed": seed},
             "train_seconds": train_seconds, "seconds": time.perf_counter() - t0}
 
 
 def measure_judge(ctx) -> dict:
     """r002: the judge with the profile's budget; test accuracy, variants 1/2/4, the conflict audit."""
-    from rlhf.evaluate import judge_test_accuracy
-    from rlhf.judge import train_judge
-    from rlhf.lab import train_role
-    from rlhf.roles import save_role
-    from rlhf.shortcut import run_shortcut_audit
 
     if ctx.corpus.revision != "r002":
         raise BaseStudyError(f"the judge is measured on r002 (no give-aways), not {ctx.corpus.revision}")
     t0 = time.perf_counter()
-    state = train_role(ctx, "reward", train_judge)
-    judge = ctx.role("reward")
+    state = train_role(ctx, "judge", train_judge)
+    judge = ctx.role("judge")
     judge.load_learned_state(state["judge"])
     judge.freeze()
-    save_role(judge, ctx.run / "reward" / "judge.safetensors", ctx.identity(stage="base_study_reward"))
+    save_role(judge, ctx.run / "judge" / "judge.safetensors", ctx.identity(stage="base_study_judge"))
     train_seconds = time.perf_counter() - t0
     test = judge_test_accuracy(judge, ctx)
     audit = run_shortcut_audit(ctx)  # reloads the saved judge, hash-checked, writes shortcut_audit/
@@ -163,8 +158,7 @@ def build_base(out: Path, name: str) -> tuple[Path, dict]:
     return model_dir, manifest
 
 
-def measure_base(out: Path, name: str, profile: dict) -> dict:
-    from rlhf.lab import open_context
+def measure_base(out: Path, name: str, profile: Profile) -> dict:
     model_dir, manifest = build_base(out, name)
     sft = measure_sft(open_context(out / name / "r001", profile, model_dir=model_dir, revision="r001"))
     judge = measure_judge(open_context(out / name / "r002", profile, model_dir=model_dir, revision="r002"))
@@ -180,14 +174,14 @@ def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> d
     if (out / "results.json").exists():
         raise FileExistsError(f"{out / 'results.json'} exists: the base study already ran (use a new --out)")
     profile = load_profile(profile_name)
-    if profile["model"]["kind"] != "embedded":
-        raise BaseStudyError(f"the base study measures embedded bases, not profile {profile['name']}")
+    if profile.model.kind != "embedded":
+        raise BaseStudyError(f"the base study measures embedded bases, not profile {profile.name}")
     t0 = time.perf_counter()
     measured = {name: measure_base(out, name, profile) for name in bases}
     result = {
-        "study": STUDY, "version": VERSION, "profile": profile["name"], "profile_sha256": profile_hash(profile),
-        "budgets": {"sft": {k: profile["sft"][k] for k in ("epochs", "lr", "expected_updates")},
-                    "judge": {k: profile["judge"][k] for k in ("epochs", "lr", "expected_updates")},
+        "study": STUDY, "version": VERSION, "profile": profile.name, "profile_sha256": profile_hash(profile),
+        "budgets": {"sft": {k: getattr(profile.sft, k) for k in ("epochs", "lr", "expected_updates")},
+                    "judge": {k: getattr(profile.judge, k) for k in ("epochs", "lr", "expected_updates")},
                     "fixed_before_measuring": True},
         "chosen": "embedded", "criteria": CRITERIA,
         "bases": measured,

@@ -3,7 +3,7 @@
     rlhf prepare --out DIR [--revision r001]     corpus: inputs/, labels/, manifest.json
     rlhf build-embedded --out DIR [--seed 49] [--text office|control]   the embedded base (or its control)
     rlhf fetch-model --out DIR                   download Qwen2.5-0.5B-Instruct (network needed)
-    rlhf sft|reward|ppo --run DIR [--resume] [--stop-after N]   one stage
+    rlhf sft|judge|ppo --run DIR [--resume] [--stop-after N]   one stage
     rlhf evaluate --run DIR / rlhf report --run DIR
     rlhf lab --out DIR [--profile embedded]      the whole lab in one run
     rlhf base-study --out DIR                    issue 8: the embedded base beside its control base
@@ -43,7 +43,7 @@ def cmd_fetch_model(args) -> int:
     from rlhf.models import fetch_model
     profile = load_profile(args.profile)
     out = fetch_model(profile, args.out)
-    print(f"downloaded {profile['model']['repo_id']}@{profile['model']['revision']} -> {out}")
+    print(f"downloaded {profile.model.repo_id}@{profile.model.revision} -> {out}")
     return 0
 
 
@@ -59,17 +59,17 @@ def cmd_stage(args) -> int:
     if args.stop_after is None and not args.resume and lab.stage_complete(ctx, args.command):
         print(f"{args.command}: already complete in {ctx.run} (run.json); nothing to do")
         return 0
-    fn = {"sft": lab.stage_sft, "reward": lab.stage_reward, "ppo": lab.stage_ppo}[args.command]
+    fn = {"sft": lab.stage_sft, "judge": lab.stage_judge, "ppo": lab.stage_ppo}[args.command]
     kwargs = {"resume": args.resume, "stop_after": args.stop_after}
     if args.command == "ppo":
         kwargs["use_cache"] = not args.no_kv_cache
     result = fn(ctx, **kwargs)
-    where = ctx.run / ("reward" if args.command == "reward" else args.command)
+    where = ctx.run / args.command
     print(f"{args.command}: done in {result['seconds']:.1f} s -> {where}")
     return 0
 
 
-STAGE_OUTPUTS = {"sft": "sft/actor.safetensors", "reward": "reward/judge.safetensors",
+STAGE_OUTPUTS = {"sft": "sft/actor.safetensors", "judge": "judge/judge.safetensors",
                  "ppo": "ppo/actor.safetensors", "evaluate": "evaluation/results.json", "report": "report.html"}
 
 
@@ -104,7 +104,7 @@ def cmd_lab(args) -> int:
     print(f"corpus {ctx.corpus.dataset} {ctx.corpus.revision} audit:")
     print(json.dumps(ctx.corpus.manifest["audit"], indent=1, sort_keys=True))
     n = sum(p.numel() for p in ctx.role("reference").model.parameters())
-    print(f"base model: {ctx.profile['name']} from {ctx.model_dir}: {n:,} parameters with adapters, "
+    print(f"base model: {ctx.profile.name} from {ctx.model_dir}: {n:,} parameters with adapters, "
           f"vocab {len(ctx.tokenizer)}, EOS {ctx.eos_id}, PAD {ctx.pad_id}")
     results = lab.run_lab(ctx)
     print(print_summary(results))
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b"])
     p.set_defaults(func=cmd_fetch_model)
 
-    for name, text in (("sft", "supervised fine-tuning of the actor"), ("reward", "train the judge (Bradley-Terry)"),
+    for name, text in (("sft", "supervised fine-tuning of the actor"), ("judge", "train the judge (Bradley-Terry)"),
                        ("ppo", "100-iteration PPO against the frozen judge")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--revision", default="r001")
         p.add_argument("--resume", action="store_true", help="continue from the saved stop state")
         p.add_argument("--stop-after", type=int, default=None,
-                       help="stop after this epoch (sft, reward) or iteration (ppo) and save a state")
+                       help="stop after this epoch (sft, judge) or iteration (ppo) and save a state")
         if name == "ppo":
             p.add_argument("--no-kv-cache", action="store_true", help="generate without a KV cache")
         p.set_defaults(func=cmd_stage)

@@ -1,7 +1,20 @@
-"""Profiles are plain TOML files (rlhf/profiles/*.toml) read into plain dicts."""
+"""Profiles: TOML files (rlhf/profiles/*.toml) read into frozen dataclasses, checked key by key.
+
+One dataclass per TOML table; each field's `doc` says what the number is, and the TOML comments
+say why a value was chosen. An unknown, missing or wrongly typed key is a `ProfileError` that
+names the file, the table and the key. Every seed has one source, the `[seeds]` table; every
+function gets its numbers from the profile (no default argument repeats a profile value).
+
+    profile = load_profile("embedded")          # or a path to a TOML file
+    profile.ppo.kl_coef                         # 0.02
+    small = override(profile, {("ppo", "iterations"): 4})   # a checked, frozen copy
+"""
 from __future__ import annotations
 
+import dataclasses
 import tomllib
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlhf.io import dumps_json, sha256_text
@@ -11,28 +24,229 @@ PROFILES = ("embedded", "qwen2.5-0.5b")
 DEFAULT_PROFILE = "embedded"
 
 
-def load_profile(name_or_path: str = DEFAULT_PROFILE) -> dict:
+class ProfileError(ValueError):
+    """A profile file that cannot be used: the message names the file, the table and the key."""
+
+
+def doc(text: str, **kwargs):
+    """A dataclass field with its documentation (kept in the field's metadata, tested)."""
+    return field(metadata={"doc": text}, **kwargs)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    torch_threads: int = doc("torch CPU threads; 0 leaves torch's default (all cores)")
+
+
+@dataclass(frozen=True)
+class Model:
+    kind: str = doc("'embedded' (built by `rlhf build-embedded`) or 'qwen2.5-0.5b' (downloaded weights)")
+    architecture: str = doc("transformers class of the base model, e.g. Qwen2ForCausalLM")
+    hidden_size: int = doc("width of the residual stream")
+    num_hidden_layers: int = doc("decoder layers")
+    num_attention_heads: int = doc("query heads per layer")
+    num_key_value_heads: int = doc("key/value heads per layer (grouped-query attention)")
+    intermediate_size: int = doc("width of the MLP's gate/up projections")
+    vocab_size: int = doc("rows of the (tied) embedding matrix")
+    tie_word_embeddings: bool = doc("the LM head shares the embedding matrix")
+    dtype: str = doc("dtype of the frozen base weights: 'float32' or 'bfloat16'")
+    eos_token: str | None = doc("EOS token text (embedded tokenizer), checked by the loader", default=None)
+    pad_token: str | None = doc("padding token text (embedded tokenizer), checked by the loader", default=None)
+    eos_token_id: int | None = doc("EOS token id the tokenizer must have (downloaded models)", default=None)
+    pad_token_id: int | None = doc("padding token id the tokenizer must have (downloaded models)", default=None)
+    repo_id: str | None = doc("model hub repository of the weights (downloaded models)", default=None)
+    revision: str | None = doc("pinned hub commit of the weights (downloaded models)", default=None)
+    allow_random_weights: bool = doc("accept a directory whose weights are random (the --random-weights "
+                                     "stand-in of the full shape); never true for a real run", default=False)
+
+
+@dataclass(frozen=True)
+class Limits:
+    prompt_tokens: int = doc("longest prompt, in the model's tokens; longer prompts are an error")
+    response_tokens: int = doc("longest response; a response without EOS by then is truncated")
+    context_tokens: int = doc("prompt + response window (prompt_tokens + response_tokens)")
+
+
+@dataclass(frozen=True)
+class Lora:
+    rank: int = doc("r of every adapter")
+    alpha: int = doc("scale numerator: the branch is scaled by alpha / rank")
+    targets: tuple[str, ...] = doc("projection names that get an adapter in every layer")
+    expected_adapters: int = doc("adapters per role (layers x targets), checked after wrapping")
+    expected_parameters: int = doc("trainable LoRA parameters per role, checked after wrapping")
+
+
+@dataclass(frozen=True)
+class Seeds:
+    torch: int = doc("global torch seed and the system RNGs before each stage")
+    lora: int = doc("generator of the actor's (and so reference's and critic's) LoRA A matrices")
+    judge_lora: int = doc("generator of the judge's LoRA A matrices")
+    judge_head: int = doc("generator of the judge head's N(0, head_init_std) weight")
+    data_order: int = doc("generators of SFT/judge data order and of the PPO prompt sampler")
+    ppo_sampling: int = doc("generator of PPO's token sampling")
+    evaluation: int = doc("held-out sampling (temperature 1) and the bootstrap intervals")
+
+
+@dataclass(frozen=True)
+class Optim:
+    weight_decay: float = doc("AdamW decoupled weight decay (every optimizer)")
+    warmup_ratio: float = doc("linear warm-up over max(1, int(warmup_ratio * total)) updates")
+    min_lr_ratio: float = doc("the linear decay ends at min_lr_ratio * peak on the last update")
+    grad_clip_norm: float = doc("global gradient-norm clip of every update")
+
+
+@dataclass(frozen=True)
+class Sft:
+    epochs: int = doc("passes over the 168 train demonstrations")
+    examples_per_update: int = doc("demonstrations per optimizer update")
+    lr: float = doc("peak learning rate of the actor's adapters")
+    expected_updates: int = doc("total updates, checked before training")
+    max_updates_per_epoch: int | None = doc("cut each epoch short (miniature budgets for tests and dry "
+                                            "runs); absent in a real profile", default=None)
+
+
+@dataclass(frozen=True)
+class Judge:
+    epochs: int = doc("passes over the 840 train preference pairs")
+    pairs_per_update: int = doc("preference pairs per optimizer update")
+    lr: float = doc("peak learning rate of the judge's adapters and head")
+    expected_updates: int = doc("total updates, checked before training")
+    head_init_std: float = doc("standard deviation of the judge head's initial weight (bias 0)")
+    max_updates_per_epoch: int | None = doc("cut each epoch short (miniature budgets for tests and dry "
+                                            "runs); absent in a real profile", default=None)
+
+
+@dataclass(frozen=True)
+class Ppo:
+    iterations: int = doc("rollout-then-update iterations")
+    prompts_per_iteration: int = doc("prompts sampled (one response each) per iteration")
+    updates_per_iteration: int = doc("actor and critic updates over each iteration's rollouts")
+    actor_lr: float = doc("peak learning rate of the actor's adapters")
+    critic_lr: float = doc("peak learning rate of the critic's adapters and head")
+    kl_coef: float = doc("per-token penalty -kl_coef * (logp_old - logp_ref) in the reward")
+    truncation_penalty: float = doc("added to the judge's score of a response without EOS")
+    gamma: float = doc("discount of GAE")
+    lam: float = doc("lambda of GAE")
+    clip: float = doc("PPO ratio clip range epsilon")
+    value_coef: float = doc("weight of the critic's squared error")
+    temperature: float = doc("sampling temperature of rollouts")
+    resume_stop_iteration: int = doc("the interrupt/resume protocol's boundary iteration")
+    checkpoint_every: int = doc("each leg saves a crash checkpoint every this many iterations")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str = doc("profile name, recorded in run.json")
+    device: str = doc("'cpu' or 'cuda'; a CUDA profile is refused where torch sees no CUDA device")
+    runtime: Runtime = doc("[runtime] table")
+    model: Model = doc("[model] table")
+    limits: Limits = doc("[limits] table")
+    lora: Lora = doc("[lora] table")
+    seeds: Seeds = doc("[seeds] table")
+    optim: Optim = doc("[optim] table")
+    sft: Sft = doc("[sft] table")
+    judge: Judge = doc("[judge] table")
+    ppo: Ppo = doc("[ppo] table")
+    # The file it was read from: not part of the configuration (nor of its hash).
+    source: Path | None = field(default=None, compare=False, metadata={"doc": "file the profile was read from"})
+
+    def to_dict(self) -> dict:
+        """The configuration as plain data (tuples as lists), without `source`."""
+        data = dataclasses.asdict(self)
+        data.pop("source")
+        return data
+
+
+TABLES = {f.name: f.type for f in dataclasses.fields(Profile)}
+
+
+def _field_types(cls) -> dict[str, object]:
+    return typing.get_type_hints(cls)
+
+
+def _check_value(value, kind, where: str):
+    """`value` as `kind` (int, float, str, bool, tuple[str, ...], or X | None), or ProfileError."""
+    args = typing.get_args(kind)
+    if type(None) in args:  # Optional: None is never written in TOML, so a present value is an X
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_value(value, inner, where)
+    if typing.get_origin(kind) is tuple:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ProfileError(f"{where} must be a list of strings, got {value!r}")
+        return tuple(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # `gamma = 1` means 1.0
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise ProfileError(f"{where} must be {kind.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _read_table(cls, data: dict, where: str):
+    types = _field_types(cls)
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise ProfileError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                           f"(known: {', '.join(types)})")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if data.get(f.name) is None:  # absent (None only comes from to_dict of an optional key)
+            if f.default is dataclasses.MISSING:
+                raise ProfileError(f"{where}: missing key {f.name!r} ({f.metadata['doc']})")
+            continue
+        values[f.name] = _check_value(data[f.name], types[f.name], f"{where}: key {f.name!r}")
+    return cls(**values)
+
+
+def profile_from_dict(data: dict, source: str | Path = "<dict>") -> Profile:
+    """A checked Profile from plain data (a parsed TOML file)."""
+    types = _field_types(Profile)
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    unknown = sorted(set(tables) - set(TABLES)) + sorted(set(top) - {"name", "device"})
+    if unknown:
+        raise ProfileError(f"profile {source}: unknown table or key {', '.join(unknown)}")
+    values = {}
+    for key in ("name", "device"):
+        if key not in top:
+            raise ProfileError(f"profile {source}: missing top-level key {key!r}")
+        values[key] = _check_value(top[key], types[key], f"profile {source}: key {key!r}")
+    for name in TABLES:
+        if name in ("name", "device", "source"):
+            continue
+        if name not in tables:
+            raise ProfileError(f"profile {source}: missing table [{name}]")
+        values[name] = _read_table(types[name], tables[name], f"profile {source}: table [{name}]")
+    return Profile(**values, source=Path(source) if source != "<dict>" else None)
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
     """Read a profile by name (`embedded`, `qwen2.5-0.5b`) or by path to a TOML file."""
     path = Path(name_or_path)
-    if name_or_path in PROFILES:
+    if str(name_or_path) in PROFILES:
         path = PROFILE_DIR / f"{name_or_path}.toml"
     if not path.is_file():
         raise FileNotFoundError(f"unknown profile {name_or_path!r}: no file {path} "
                                 f"(known profiles: {', '.join(PROFILES)})")
-    with open(path, "rb") as f:
-        profile = tomllib.load(f)
-    return profile
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"profile {path}: not valid TOML ({e})") from None
+    return profile_from_dict(data, path)
 
 
-def profile_hash(profile: dict) -> str:
+def override(profile: Profile, changes: dict[tuple[str, str], object]) -> Profile:
+    """A copy of `profile` with `{(table, key): value}` changed, each value checked like a file's
+    (a new name, budgets, seeds); `(None, "name")` changes a top-level key."""
+    data = profile.to_dict()
+    for (table, key), value in changes.items():
+        target = data if table is None else data.get(table)
+        if target is None or key not in target:
+            raise ProfileError(f"override of profile {profile.name}: no key {key!r} in table [{table}]")
+        target[key] = value
+    return profile_from_dict(data, profile.source or "<dict>")
+
+
+def profile_hash(profile: Profile) -> str:
     """SHA-256 of the profile's canonical JSON: the identity of a configuration."""
-    return sha256_text(dumps_json(profile))
-
-
-def configure_torch(profile: dict) -> None:
-    """Apply the profile's runtime settings (thread count) and the global torch seed."""
-    import torch
-    threads = profile.get("runtime", {}).get("torch_threads", 0)
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(profile["seeds"]["torch"])
+    return sha256_text(dumps_json(profile.to_dict()))

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, sha256_file, write_text
+from rlhf.corpus import build_corpus, REVISIONS
+from rlhf.rubric import CONTEXTS
 
 EXPECTED_BUILD = Path(__file__).parent / "embedded_expected.json"  # SHA-256 of a build from seed 49
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -108,8 +110,6 @@ def tokenizer_training_text(seed: int = BUILD_SEED, lines: int = 6000, text: str
 def lab_strings() -> list[str]:
     """Every lab prompt, response and probe string of every corpus revision (r001 and r002):
     what the base must never have seen."""
-    from rlhf.corpus import REVISIONS, build_corpus  # local import: corpus is independent of the model
-    from rlhf.rubric import CONTEXTS
 
     strings = set(CONTEXTS)
     for revision in REVISIONS:

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from rlhf import pin, rubric
-from rlhf.config import PROFILE_DIR, profile_hash
+from rlhf.config import profile_hash
 from rlhf.generate import generate
 from rlhf.io import crash_point, sha256_file, write_json
 from rlhf.judge import encode_pairs, evaluate_pairs
@@ -53,7 +53,6 @@ POPULATIONS_NOTE = ("80 probe rows are 20 independent contexts; "
                     "520 generations are not 520 independent cases")
 EXPECTED_ROWS = {"test": 180, "probe": 80}
 EXPECTED_DISTINCT_PROMPTS = 200
-EVALUATION_SEED = 349
 
 
 class ProbeIdentityError(AssertionError):
@@ -117,8 +116,8 @@ def policy_responses(actor_model, prompt_ids: list[list[int]], ctx,
     out = []
     for chunk in _batches(prompt_ids):
         gen = generate(actor_model, chunk, eos_id=ctx.eos_id, pad_id=ctx.pad_id,
-                       max_new_tokens=ctx.profile["limits"]["response_tokens"], greedy=generator is None,
-                       temperature=ctx.profile["ppo"]["temperature"], generator=generator)
+                       max_new_tokens=ctx.profile.limits.response_tokens, greedy=generator is None,
+                       temperature=ctx.profile.ppo.temperature, generator=generator)
         out += gen.responses
     return out
 
@@ -136,7 +135,7 @@ def generate_heldout(actor_model, ctx) -> list[dict]:
     response_ids, finish_reason ("eos"/"length"/"undecodable"), ended_with_eos, length (tokens).
     """
     records = heldout_prompts(ctx.corpus.evaluation_view())
-    limits = ctx.profile["limits"]
+    limits = ctx.profile.limits
     prompt_ids = [encode_prompt(ctx.tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
     responses = greedy_responses(actor_model, prompt_ids, ctx)
     rows = []
@@ -160,7 +159,7 @@ def score_rows(rows: list[dict], ctx, actor_model, reference_model, judge_role) 
     """New rows with `learned_reward` (frozen judge, read at the last response token, EOS
     included) and `sampled_log_ratio` (mean over the generated tokens of the teacher-forced
     log pi_actor - log pi_reference, the one scoring path rlhf.scoring.response_logprobs)."""
-    limits = ctx.profile["limits"]
+    limits = ctx.profile.limits
     device = next(actor_model.parameters()).device
     out = []
     for chunk in _batches(rows):
@@ -264,7 +263,7 @@ def judge_test_accuracy(judge_role, ctx) -> dict:
     """The frozen judge on the 180 held-out test pairs; a tie counts as a miss. `rows` keeps
     each pair's chosen and rejected score, so that the accuracy can be recomputed from them."""
     view = ctx.corpus.evaluation_view()
-    pairs = encode_pairs(view.test_pairs(), ctx.tokenizer, ctx.eos_id, ctx.profile["limits"])
+    pairs = encode_pairs(view.test_pairs(), ctx.tokenizer, ctx.eos_id, ctx.profile.limits)
     result = evaluate_pairs(judge_role, pairs, ctx.pad_id)
     variant = {lab["document_id"]: lab["variant"] for lab in view.labels("pair", "test")}
     hits: dict[str, list[bool]] = defaultdict(list)
@@ -313,15 +312,12 @@ def bootstrap_interval(units: dict[str, list], seed: int, resamples: int) -> tup
     return lo, hi
 
 
-def bootstrap_differences(sft_rows: list[dict], ppo_rows: list[dict], ctx=None, seed: int | None = None,
-                          resamples: int = 2000) -> dict:
+def bootstrap_differences(sft_rows: list[dict], ppo_rows: list[dict], seed: int, resamples: int = 2000) -> dict:
     """SFT -> PPO differences in rubric success and learned reward, per population, with 95%
     percentile bootstrap intervals over independent units (families for test, contexts for
     probes, both strata for the pooled populations). Rows must carry `rubric` and
-    `learned_reward`; both policies must cover the same documents. The seed: `seed` when given,
-    else the profile's evaluation seed (`ctx`), else 349 (SPEC §10)."""
-    if seed is None:
-        seed = ctx.profile["seeds"]["evaluation"] if ctx is not None else EVALUATION_SEED
+    `learned_reward`; both policies must cover the same documents. `seed`: the profile's
+    evaluation seed (349, SPEC §10) in the lab."""
     if sorted(r["document_id"] for r in sft_rows) != sorted(r["document_id"] for r in ppo_rows):
         raise ValueError("SFT and PPO rows must cover the same documents")
     out = {}
@@ -383,7 +379,7 @@ def probe_candidate_scores(judge_role, ctx) -> dict[str, dict[str, float]]:
     the 80 fixed probe candidates (correct/polite designs from the labels)."""
     view = ctx.corpus.evaluation_view()
     rows = view.probe_rows()
-    encoded = [encode_example(ctx.tokenizer, r["prompt"], r["response"], ctx.eos_id, ctx.profile["limits"],
+    encoded = [encode_example(ctx.tokenizer, r["prompt"], r["response"], ctx.eos_id, ctx.profile.limits,
                               r["document_id"]) for r in rows]
     device = next(judge_role.model.parameters()).device
     scores: list[float] = []
@@ -418,12 +414,12 @@ def evaluation_roles(ctx) -> dict:
     """SFT actor, PPO actor, frozen reference (SFT adapters) and frozen judge, each on its own base."""
     sft_file = ctx.run / "sft" / "actor.safetensors"
     roles = {"sft": ctx.role("actor"), "ppo": ctx.role("actor"), "reference": ctx.role("reference"),
-             "judge": ctx.role("reward")}
+             "judge": ctx.role("judge")}
     load_role(roles["sft"], sft_file)
     load_role(roles["ppo"], ctx.run / "ppo" / "actor.safetensors")
     load_role(roles["reference"], sft_file, source_kind="actor")
     roles["reference"].freeze()
-    load_role(roles["judge"], ctx.run / "reward" / "judge.safetensors")
+    load_role(roles["judge"], ctx.run / "judge" / "judge.safetensors")
     roles["judge"].freeze()
     assert_role_isolation(roles)
     return roles
@@ -434,14 +430,13 @@ def evaluation_artifacts(ctx) -> list[Path]:
     weights, the SFT/judge/PPO adapters and heads with their manifests, the profile file."""
     files = sorted(p for p in (ctx.corpus.root or ctx.run / "corpus").rglob("*") if p.is_file())
     files += sorted(ctx.model_dir.glob("*.safetensors"))
-    for rel in ("sft/actor.safetensors", "reward/judge.safetensors", "ppo/actor.safetensors",
+    for rel in ("sft/actor.safetensors", "judge/judge.safetensors", "ppo/actor.safetensors",
                 "ppo/critic.safetensors"):
         for p in (ctx.run / rel, ctx.run / (rel + ".json")):
             if p.is_file():
                 files.append(p)
-    profile_file = PROFILE_DIR / f"{ctx.profile.get('name')}.toml"
-    if profile_file.is_file():
-        files.append(profile_file)
+    if ctx.profile.source is not None and Path(ctx.profile.source).is_file():
+        files.append(Path(ctx.profile.source))
     return files
 
 
@@ -489,14 +484,14 @@ def stage_evaluate(ctx) -> dict:
         crash_point("evaluate.policy")
         rows = evaluate_policy(name, roles[name], roles, ctx, seconds)
         policies[name] = {"rows": rows, "metrics": summarise_populations(rows)}
-    reward_test = _timed(seconds, "judge_test_accuracy", judge_test_accuracy, roles["judge"], ctx)
+    judge_test = _timed(seconds, "judge_test_accuracy", judge_test_accuracy, roles["judge"], ctx)
     differences = _timed(seconds, "bootstrap", bootstrap_differences, policies["sft"]["rows"],
-                         policies["ppo"]["rows"], ctx)
+                         policies["ppo"]["rows"], ctx.profile.seeds.evaluation)
     politeness = _timed(seconds, "politeness", politeness_exercise, roles["judge"], ctx, artifacts)
     attach_policy_outputs(politeness["contexts"], policies)
     assert_role_isolation(roles)
     seconds["total"] = time.perf_counter() - t0
-    results = {"policies": policies, "reward_test": reward_test, "differences": differences,
+    results = {"policies": policies, "judge_test": judge_test, "differences": differences,
                "politeness": politeness, "populations_note": POPULATIONS_NOTE, "seconds": seconds,
                "arithmetic": pin.describe()}
     write_json(out_path, results)

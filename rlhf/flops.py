@@ -61,10 +61,9 @@ class Shape:
         return self.kv_heads * self.head_dim
 
     @classmethod
-    def from_profile(cls, profile: dict) -> "Shape":
-        m = profile["model"]
-        return cls(m["hidden_size"], m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"],
-                   m["intermediate_size"], m["vocab_size"], m.get("tie_word_embeddings", True))
+    def from_profile(cls, profile) -> "Shape":
+        """From a profile's [model] table (an rlhf.config.Profile; read by attribute, not imported)."""
+        return cls.from_config(profile.model)
 
     @classmethod
     def from_config(cls, config) -> "Shape":
@@ -219,7 +218,7 @@ def activation_bytes(shape: Shape, base_bytes: int, batch: int, seq: int, respon
     return {"layers": layers, "logits": logits, "total": layers + logits}
 
 
-def memory_estimate(profile: dict, *, batch: int = 4, seq: int | None = None, response: int | None = None) -> dict:
+def memory_estimate(profile, *, batch: int = 4, seq: int | None = None, response: int | None = None) -> dict:
     """Bytes held during PPO with four separate backbones (SPEC §6), by calculation.
 
     backbones   total_params · dtype bytes · 4
@@ -229,10 +228,10 @@ def memory_estimate(profile: dict, *, batch: int = 4, seq: int | None = None, re
     activations the largest update's kept tensors (activation_bytes), B = 4, T = context limit
     """
     shape = Shape.from_profile(profile)
-    dtype_bytes = DTYPE_BYTES[profile["model"]["dtype"]]
-    rank = profile["lora"]["rank"]
-    seq = seq or profile["limits"]["context_tokens"]
-    response = response or profile["limits"]["response_tokens"]
+    dtype_bytes = DTYPE_BYTES[profile.model.dtype]
+    rank = profile.lora.rank
+    seq = seq or profile.limits.context_tokens
+    response = response or profile.limits.response_tokens
     n_base = total_params(shape)
     n_lora = lora_params(shape, rank)
     n_head = shape.hidden + 1
@@ -242,7 +241,7 @@ def memory_estimate(profile: dict, *, batch: int = 4, seq: int | None = None, re
     optimizer = trained_params * (4 + 8)
     act = activation_bytes(shape, dtype_bytes, batch, seq, response)
     total = backbones + adapters + optimizer + act["total"]
-    return {"profile": profile["name"], "base_params": n_base, "lora_params_per_role": n_lora,
+    return {"profile": profile.name, "base_params": n_base, "lora_params_per_role": n_lora,
             "dtype_bytes": dtype_bytes, "backbones": backbones, "adapters_and_heads": adapters,
             "optimizer_and_grads": optimizer, "activations": act["total"],
             "activations_layers": act["layers"], "activations_logits": act["logits"], "total": total,

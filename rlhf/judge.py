@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import torch
 
+from rlhf.config import Limits, Profile
 from rlhf.optim import epoch_budget, train_epochs
 from rlhf.ppo_math import bradley_terry_loss
 from rlhf.roles import reward_scores
 from rlhf.tokens import collate, encode_example
 
 
-def encode_pairs(records: list[dict], tokenizer, eos_id: int, limits: dict):
+def encode_pairs(records: list[dict], tokenizer, eos_id: int, limits: Limits):
     """[(document_id, prompt_ids, chosen_ids, rejected_ids)]; over-limit pairs raise naming the id."""
     out = []
     for r in records:
@@ -53,15 +54,15 @@ def evaluate_pairs(judge, pairs, pad_id: int, batch_size: int = 16) -> dict:
             "chosen_scores": chosen, "rejected_scores": rejected}
 
 
-def judge_budget(profile: dict, n_pairs: int) -> tuple[int, int]:
-    return epoch_budget(n_pairs, profile["judge"]["pairs_per_update"], profile["judge"]["epochs"],
-                        profile["judge"].get("max_updates_per_epoch"))
+def judge_budget(profile: Profile, n_pairs: int) -> tuple[int, int]:
+    return epoch_budget(n_pairs, profile.judge.pairs_per_update, profile.judge.epochs,
+                        profile.judge.max_updates_per_epoch)
 
 
-def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
+def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, *, state: dict | None = None,
                 stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
     """Run (or continue) the judge's Bradley-Terry budget; returns the state after the last epoch."""
-    cfg, limits = profile["judge"], profile["limits"]
+    cfg, limits = profile.judge, profile.limits
     train = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
     valid = encode_pairs(view.pairs("validation"), tokenizer, eos_id, limits)
 
@@ -76,7 +77,7 @@ def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: dict,
                 "train_loss": sum(h["loss"] for h in updates) / len(updates),
                 "train_accuracy": sum(h["accuracy"] for h in updates) / len(updates)}
 
-    return train_epochs(judge, "judge", "judge", train, cfg["pairs_per_update"], cfg, profile, update_loss,
-                        epoch_summary, label="reward stage, judge role", state=state,
+    return train_epochs(judge, "judge", "judge", train, cfg.pairs_per_update, cfg, profile, update_loss,
+                        epoch_summary, label="judge stage", state=state,
                         stop_after_epoch=stop_after_epoch,
                         progress=progress, checkpoint=checkpoint)

@@ -1,4 +1,4 @@
-"""The lab's stages over one run folder, each runnable alone (`rlhf sft|reward|ppo --run DIR`)
+"""The lab's stages over one run folder, each runnable alone (`rlhf sft|judge|ppo --run DIR`)
 or all in order (`rlhf lab --out DIR`).
 
 Run folder:
@@ -12,7 +12,7 @@ Run folder:
                             every `ppo.checkpoint_every` iterations (PPO)
             actor.safetensors(+.json)   final SFT adapters
             history.json, timings.json, resume_check.json
-    reward/ the same for the judge (judge.safetensors)
+    judge/  the same for the judge (judge.safetensors)
     ppo/    the same for PPO (actor.safetensors, critic.safetensors, fingerprints.json)
 
 Interrupt/resume protocol (SPEC §7), run by the lab and by tests_reproducibility:
@@ -31,26 +31,42 @@ command exits saying how to continue.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from rlhf import pin
 from rlhf.checkpoint import (Interrupted, StateError, assert_states_equal, code_sha256, identity_of,
                              load_state, save_state, seed_system_rngs, sha256_file, stop_requested)
-from rlhf.config import PROFILES, configure_torch, load_profile, profile_hash
+from rlhf.config import load_profile, Profile, profile_hash, PROFILES
 from rlhf.evaluate import stage_evaluate
 from rlhf.io import dumps_json, read_json, sha256_bytes, sweep_incomplete, write_json
 from rlhf.models import directory_identity, load_tokenizer, check_tokenizer
 from rlhf.roles import (ROLE_KINDS, assert_role_isolation, fingerprint, load_role, new_role, save_role)
+from rlhf.corpus import load_corpus, prepare
+from rlhf.embedded import build_embedded
+from rlhf.sft import train_sft
+from rlhf.judge import train_judge
+from rlhf.ppo import STATE_KEYS, train_ppo
+from rlhf.report import write_reports
+from rlhf.shortcut import run_shortcut_audit
+
+
+def configure_torch(profile: Profile) -> None:
+    """Apply the profile's runtime settings (thread count) and the global torch seed."""
+    if profile.runtime.torch_threads:
+        torch.set_num_threads(profile.runtime.torch_threads)
+    torch.manual_seed(profile.seeds.torch)
 
 
 class Context:
     """What every stage needs: profile, run folder, corpus, base model directory, tokenizer."""
 
-    def __init__(self, run, profile: dict, model_dir, corpus):
+    def __init__(self, run, profile: Profile, model_dir, corpus):
         self.run = Path(run)
         self.profile = profile
         self.device = profile_device(profile)
@@ -69,31 +85,31 @@ class Context:
         return new_role(kind, self.profile, self.model_dir, base_identity=self.base_identity, device=self.device)
 
 
-def profile_device(profile: dict) -> str:
+def profile_device(profile: Profile) -> str:
     """The profile's device, never a silent fallback: a CUDA profile on a machine without CUDA is
     an error (a qwen2.5-0.5b run on the CPU would take days, and its numbers would not be the
     GPU run's). To run a CUDA profile's code path on the CPU on purpose, use a copy of the
     profile with `device = "cpu"`."""
-    device = profile.get("device", "cpu")
+    device = profile.device
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"profile {profile.get('name')}: device must be 'cpu' or 'cuda', not {device!r}")
+        raise ValueError(f"profile {profile.name}: device must be 'cpu' or 'cuda', not {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"profile {profile.get('name')} runs on CUDA, and torch sees no CUDA device here "
+        raise ValueError(f"profile {profile.name} runs on CUDA, and torch sees no CUDA device here "
                          f"(torch {torch.__version__}); no silent fallback to the CPU. For the CPU on purpose, "
                          f"use a copy of the profile with device = \"cpu\"")
     return device
 
 
-def open_context(run, profile_name: str | dict = "embedded", model_dir=None, revision: str = "r001") -> Context:
+def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, revision: str = "r001") -> Context:
     """Prepare (first time) or load (hash-verified) the run's corpus and base; refuse mixing.
 
-    `profile_name` is a profile name or an already loaded profile dict (tests use small budgets).
+    `profile_name` is a profile name, a TOML path, or an already loaded Profile (tests pass
+    small budgets made with `config.override`).
     """
-    from rlhf.corpus import load_corpus, prepare
-    from rlhf.embedded import build_embedded
     run = Path(run)
-    profile = profile_name if isinstance(profile_name, dict) else load_profile(profile_name)
+    profile = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
     profile_device(profile)  # refused before anything is prepared
+    refuse_old_layout(run)
     _sweep_run_folder(run)
     corpus_dir = run / "corpus"
     if not (corpus_dir / "manifest.json").is_file():
@@ -103,8 +119,8 @@ def open_context(run, profile_name: str | dict = "embedded", model_dir=None, rev
         raise ValueError(f"run {run} holds corpus revision {corpus.revision}, not {revision}: "
                          f"one run never mixes revisions; use a new --out folder")
     if model_dir is None:
-        if profile["model"]["kind"] != "embedded":
-            raise ValueError(f"profile {profile['name']} needs --model-dir DIR "
+        if profile.model.kind != "embedded":
+            raise ValueError(f"profile {profile.name} needs --model-dir DIR "
                              f"(get the weights with: rlhf fetch-model --out DIR)")
         model_dir = run / "base_model"
         if not (model_dir / "config.json").is_file():
@@ -119,10 +135,21 @@ def open_context(run, profile_name: str | dict = "embedded", model_dir=None, rev
 RUN_FILE = "run.json"
 
 
+def refuse_old_layout(run: Path) -> None:
+    """The one compatibility rule for run folders written before the judge had one name
+    (issue 17): their judge stage lives in `reward/`. Such a folder is refused with the reason,
+    before anything is read or written; its states were made by older code, which the run's
+    code identity would refuse anyway, so it is never continued or mixed with new stages."""
+    if (run / "reward").is_dir() and not (run / "judge").exists():
+        raise StateError(f"run folder {run} has the old layout (its judge stage is in reward/; the stage "
+                         f"is now judge/, issue 17) and was written by an older rlhf: it cannot be continued. "
+                         f"Its results stay readable as files; start afresh in a new folder: "
+                         f"rlhf lab --out NEW_FOLDER")
+
+
 def _sweep_run_folder(run: Path) -> None:
     """Remove what a crash left at the top of a run folder: temporary files and the temporary
     folders of an interrupted corpus preparation or base build (`.corpus.*`, `.base_model.*`)."""
-    import shutil
     if not run.is_dir():
         return
     sweep_incomplete(run, sidecar_patterns=())
@@ -133,7 +160,7 @@ def _sweep_run_folder(run: Path) -> None:
 
 def run_identity(ctx: Context) -> dict:
     """What a run is: a rerun in the same folder must match every part."""
-    return {"profile": ctx.profile.get("name"), "config": profile_hash(ctx.profile), "revision": ctx.corpus.revision,
+    return {"profile": ctx.profile.name, "config": profile_hash(ctx.profile), "revision": ctx.corpus.revision,
             "corpus": sha256_file(ctx.corpus.root / "manifest.json"), "code": code_sha256(),
             "base_model": sha256_bytes(dumps_json(ctx.base_identity["files"]).encode()),
             "arithmetic": pin.identity_tag()}
@@ -174,7 +201,6 @@ def mark_complete(ctx: Context, stage: str, **info) -> None:
 
 
 def _progress(desc: str, total: int):
-    from tqdm import tqdm
     bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True,
                disable=not sys.stderr.isatty())
     def update(step, _total, loss):
@@ -189,9 +215,6 @@ def _say(line: str) -> None:
 
 
 # ------------------------------------------------------------------------- a resumable stage
-
-LEGS = ("boundary", "resumed", "continuous")
-
 
 def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict, *, resume: bool = False,
                  stop_after: int | None = None, protocol: bool = True, checkpoint_every: int = 1) -> dict:
@@ -301,7 +324,7 @@ def train_role(ctx: Context, kind: str, train_fn, *, state=None, stop=None, prog
     """A fresh `kind` role trained by `train_fn` (train_sft or train_judge) on the learning view,
     from the profile's torch seed; returns the training state (what a stage saves and resumes)."""
     role = ctx.role(kind)
-    seed_system_rngs(ctx.profile["seeds"]["torch"])
+    seed_system_rngs(ctx.profile.seeds.torch)
     return train_fn(role, ctx.corpus.learning_view(), ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile,
                     state=state, stop_after_epoch=stop, progress=progress, checkpoint=checkpoint)
 
@@ -327,7 +350,7 @@ def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_
     if stop_after is None:
         role = ctx.role(kind)
         role.load_learned_state(result["state"][key])
-        if kind == "reward":
+        if kind == "judge":
             role.freeze()  # the judge is frozen from here on
         folder = ctx.run / stage
         if not (folder / f"{artifact}.json").is_file():  # a rerun keeps a complete artifact
@@ -340,16 +363,14 @@ def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_
 
 
 def stage_sft(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
-    from rlhf.sft import train_sft
     return _epoch_stage(ctx, "sft", "actor", "actor", train_sft,
                         lambda e: (f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
                                    f"validation loss {e['validation_loss']:.4f}"),
                         "actor.safetensors", resume, stop_after, protocol)
 
 
-def stage_reward(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
-    from rlhf.judge import train_judge
-    return _epoch_stage(ctx, "reward", "reward", "judge", train_judge,
+def stage_judge(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
+    return _epoch_stage(ctx, "judge", "judge", "judge", train_judge,
                         lambda e: (f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation "
                                    f"loss {e['validation_loss']:.4f}  validation accuracy "
                                    f"{e['validation_accuracy']:.3f}"),
@@ -363,27 +384,26 @@ def ppo_roles(ctx: Context) -> dict:
     load_role(roles["actor"], sft_file)
     load_role(roles["reference"], sft_file, source_kind="actor")
     load_role(roles["critic"], sft_file, source_kind="actor", adapters_only=True)
-    load_role(roles["reward"], ctx.run / "reward" / "judge.safetensors")
-    roles["reward"].freeze()
+    load_role(roles["judge"], ctx.run / "judge" / "judge.safetensors")
+    roles["judge"].freeze()
     roles["reference"].freeze()
     return roles
 
 
 def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> dict:
-    from rlhf.ppo import train_ppo
     view = ctx.corpus.learning_view()
     initial_roles = ppo_roles(ctx)
     identity = ctx.identity(stage="ppo", sft=sha256_file(ctx.run / "sft" / "actor.safetensors"),
-                            judge=sha256_file(ctx.run / "reward" / "judge.safetensors"),
+                            judge=sha256_file(ctx.run / "judge" / "judge.safetensors"),
                             initial=_initial_fingerprints(initial_roles))
-    cfg = ctx.profile["ppo"]
-    bar, tick = _progress("PPO", cfg["iterations"])
+    cfg = ctx.profile.ppo
+    bar, tick = _progress("PPO", cfg.iterations)
 
     def run_fn(state, stop, checkpoint):
         roles = ppo_roles(ctx)
         assert_role_isolation(roles)
         before = {k: fingerprint(r) for k, r in roles.items()}
-        seed_system_rngs(ctx.profile["seeds"]["torch"])
+        seed_system_rngs(ctx.profile.seeds.torch)
 
         def progress(it, total, rec):
             tick(it, total, rec["policy_loss"][-1])
@@ -402,14 +422,14 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         check_fingerprints(before, after, moved=out["iterations_done"] > (state or {}).get("iterations_done", 0))
         return out, tm
 
-    result = run_protocol(ctx, "ppo", cfg["resume_stop_iteration"], run_fn, identity, resume=resume,
-                          stop_after=stop_after, protocol=protocol, checkpoint_every=cfg["checkpoint_every"])
+    result = run_protocol(ctx, "ppo", cfg.resume_stop_iteration, run_fn, identity, resume=resume,
+                          stop_after=stop_after, protocol=protocol, checkpoint_every=cfg.checkpoint_every)
     bar.close()
     if stop_after is None:
         folder = ctx.run / "ppo"
         final = ppo_roles(ctx)
-        for kind in ("actor", "critic", "reference", "reward"):
-            final[kind].load_learned_state(result["state"][kind])
+        for kind, key in STATE_KEYS.items():
+            final[kind].load_learned_state(result["state"][key])
         # From the initial roles and the final state, so that a rerun after a crash writes the same.
         fingerprints = {"before": _short({k: fingerprint(r) for k, r in initial_roles.items()}),
                         "after": _short({k: fingerprint(r) for k, r in final.items()})}
@@ -430,12 +450,10 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
 def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
     """Every stage in order, skipping those run.json records as complete; returns results.json.
 
-    sft -> reward -> ppo (each with the interrupt/resume protocol unless `protocol=False`) ->
+    sft -> judge -> ppo (each with the interrupt/resume protocol unless `protocol=False`) ->
     evaluate -> shortcut_audit -> report. Stages without checkpoints (evaluation, audit,
     reports) write their results whole and last, so a crash inside one reruns that one."""
-    from rlhf.report import write_reports
-    from rlhf.shortcut import run_shortcut_audit
-    for name, fn in (("sft", stage_sft), ("reward", stage_reward), ("ppo", stage_ppo)):
+    for name, fn in (("sft", stage_sft), ("judge", stage_judge), ("ppo", stage_ppo)):
         if stage_complete(ctx, name):
             _say(f"{name}: already complete in {ctx.run} (skipped)")
             continue
@@ -485,7 +503,7 @@ def check_fingerprints(before: dict, after: dict, moved: bool = True) -> None:
     for kind in ROLE_KINDS:
         if before[kind]["frozen_sha256"] != after[kind]["frozen_sha256"]:
             raise AssertionError(f"the frozen base of role {kind} changed during PPO")
-    for kind in ("reference", "reward"):
+    for kind in ("reference", "judge"):
         if before[kind]["learned_sha256"] != after[kind]["learned_sha256"]:
             raise AssertionError(f"role {kind} changed during PPO; it must stay frozen")
     if moved:

@@ -37,7 +37,6 @@ _PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
 
 DEFAULT_RANK = 8
 DEFAULT_ALPHA = 16
-DEFAULT_SEED = 49
 
 # PEFT's key naming on disk: "base_model.model.<qualified module>.lora_A.weight"
 PEFT_PREFIX = "base_model.model."
@@ -164,8 +163,7 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
-def inject_lora(model: nn.Module, rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA,
-                seed: int = DEFAULT_SEED, targets=TARGETS) -> dict[str, LoRALinear]:
+def inject_lora(model: nn.Module, *, rank: int, alpha: float, seed: int, targets=TARGETS) -> dict[str, LoRALinear]:
     """Freeze every base parameter and wrap the targets of every decoder layer in LoRALinear.
 
     Order is fixed: layer 0..L-1, and inside a layer the targets in `TARGETS` order; every A is

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from rlhf.config import Profile
 from rlhf.io import ArtifactExists, dumps_json, read_json, sha256_file, write_text
 
 FETCH_MARKER = "rlhf-fetch.json"
@@ -43,40 +44,40 @@ class Base:
     identity: dict = field(default_factory=dict)
 
 
-def how_to_get(profile: dict, model_dir) -> str:
-    if profile["model"]["kind"] == "embedded":
+def how_to_get(profile: Profile, model_dir) -> str:
+    if profile.model.kind == "embedded":
         return f"build it with: rlhf build-embedded --out {model_dir}"
     return (f"download it (needs network access) with: rlhf fetch-model --out {model_dir}  "
-            f"(repo {profile['model']['repo_id']}, revision {profile['model']['revision']})")
+            f"(repo {profile.model.repo_id}, revision {profile.model.revision})")
 
 
-def check_config(profile: dict, config) -> None:
+def check_config(profile: Profile, config) -> None:
     """Compare a transformers config with the profile's model section; raise on any mismatch."""
-    spec = profile["model"]
+    spec = profile.model
     arch = list(getattr(config, "architectures", None) or [])
-    if spec["architecture"] not in arch:
-        raise ModelCheckError(f"architecture {arch} is not {spec['architecture']}")
+    if spec.architecture not in arch:
+        raise ModelCheckError(f"architecture {arch} is not {spec.architecture}")
     for key in SHAPE_KEYS:
-        if getattr(config, key) != spec[key]:
-            raise ModelCheckError(f"{key} is {getattr(config, key)}, profile {profile['name']} "
-                                  f"requires {spec[key]}")
+        if getattr(config, key) != getattr(spec, key):
+            raise ModelCheckError(f"{key} is {getattr(config, key)}, profile {profile.name} "
+                                  f"requires {getattr(spec, key)}")
     if not config.tie_word_embeddings:
         raise ModelCheckError("input and output embeddings are not tied (tie_word_embeddings false)")
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     stored = str(stored).replace("torch.", "")
-    if stored != spec["dtype"]:
-        raise ModelCheckError(f"checkpoint dtype is {stored}, profile {profile['name']} requires {spec['dtype']}")
+    if stored != spec.dtype:
+        raise ModelCheckError(f"checkpoint dtype is {stored}, profile {profile.name} requires {spec.dtype}")
 
 
-def check_revision(profile: dict, model_dir: Path) -> str:
+def check_revision(profile: Profile, model_dir: Path) -> str:
     """The pinned revision, read from our fetch marker or huggingface_hub's download metadata."""
-    want = profile["model"]["revision"]
+    want = profile.model.revision
     marker = model_dir / FETCH_MARKER
     if marker.is_file() and read_json(marker).get("random_weights"):
         # A random-weight stand-in of the full shape (time/memory runs without the download):
         # accepted only when the caller's profile says so, and recorded as such.
-        if not profile["model"].get("allow_random_weights"):
-            raise ModelCheckError(f"{model_dir} holds RANDOM weights of the {profile['name']} shape, not "
+        if not profile.model.allow_random_weights:
+            raise ModelCheckError(f"{model_dir} holds RANDOM weights of the {profile.name} shape, not "
                                   f"revision {want}; {how_to_get(profile, model_dir)}")
         return "random-weights"
     if marker.is_file():
@@ -85,29 +86,30 @@ def check_revision(profile: dict, model_dir: Path) -> str:
         meta = model_dir / ".cache" / "huggingface" / "download" / "config.json.metadata"
         got = meta.read_text().split("\n")[0].strip() if meta.is_file() else None
     if got != want:
-        raise ModelCheckError(f"{model_dir} holds revision {got!r}, profile {profile['name']} pins "
+        raise ModelCheckError(f"{model_dir} holds revision {got!r}, profile {profile.name} pins "
                               f"{want}; {how_to_get(profile, model_dir)}")
     return got
 
 
-def check_tokenizer(profile: dict, tokenizer) -> tuple[int, int]:
-    spec = profile["model"]
-    eos_tok = spec.get("eos_token", "<|im_end|>")
-    pad_tok = spec.get("pad_token", "<|endoftext|>")
+def check_tokenizer(profile: Profile, tokenizer) -> tuple[int, int]:
+    spec = profile.model
+    eos_tok = spec.eos_token or "<|im_end|>"
+    pad_tok = spec.pad_token or "<|endoftext|>"
     eos_id = tokenizer.convert_tokens_to_ids(eos_tok)
     pad_id = tokenizer.convert_tokens_to_ids(pad_tok)
     for name, got, key in (("EOS", eos_id, "eos_token_id"), ("PAD", pad_id, "pad_token_id")):
         if got is None or tokenizer.convert_ids_to_tokens(got) != (eos_tok if name == "EOS" else pad_tok):
             raise ModelCheckError(f"tokenizer has no {name} token")
-        if key in spec and got != spec[key]:
-            raise ModelCheckError(f"tokenizer {name} id is {got}, profile requires {spec[key]}")
+        want = getattr(spec, key)
+        if want is not None and got != want:
+            raise ModelCheckError(f"tokenizer {name} id is {got}, profile requires {want}")
     if eos_id == pad_id:
         raise ModelCheckError("EOS and PAD must be different tokens")
     return eos_id, pad_id
 
 
-def check_model(profile: dict, model) -> None:
-    dtype = DTYPES[profile["model"]["dtype"]]
+def check_model(profile: Profile, model) -> None:
+    dtype = DTYPES[profile.model.dtype]
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     if emb.untyped_storage().data_ptr() != head.untyped_storage().data_ptr():
         raise ModelCheckError("lm_head and embed_tokens do not share one tensor (tying broken)")
@@ -169,7 +171,7 @@ def load_tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
-def load_base(profile: dict, model_dir, *, device: str = "cpu", identity: dict | None = None) -> Base:
+def load_base(profile: Profile, model_dir, *, device: str = "cpu", identity: dict | None = None) -> Base:
     """Load and verify the frozen base of `profile` from the local directory `model_dir`.
 
     `identity` (the directory's file hashes) may be passed in when the caller already hashed the
@@ -185,58 +187,58 @@ def load_base(profile: dict, model_dir, *, device: str = "cpu", identity: dict |
                                 f"{how_to_get(profile, model_dir)}")
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     check_config(profile, config)
-    revision = check_revision(profile, model_dir) if "revision" in profile["model"] else None
+    revision = check_revision(profile, model_dir) if profile.model.revision is not None else None
     tokenizer = load_tokenizer(model_dir)
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
-    dtype = DTYPES[profile["model"]["dtype"]]
+    dtype = DTYPES[profile.model.dtype]
     model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
     model.to(device)
     check_model(profile, model)
     freeze(model)
     ident = dict(identity) if identity else {"files": directory_identity(model_dir)}
     check_recorded_files(model_dir, ident.get("files") or directory_identity(model_dir))
-    ident.update({"profile": profile["name"], "revision": revision, "eos_id": eos_id, "pad_id": pad_id})
+    ident.update({"profile": profile.name, "revision": revision, "eos_id": eos_id, "pad_id": pad_id})
     return Base(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id, identity=ident)
 
 
-def random_base(profile: dict, tokenizer, *, seed: int = 0, device: str = "cpu") -> Base:
+def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cpu") -> Base:
     """The profile's full shape with random weights (time/memory runs without the download)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    spec = profile["model"]
+    spec = profile.model
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
-    config = Qwen2Config(**{k: spec[k] for k in SHAPE_KEYS}, tie_word_embeddings=True,
+    config = Qwen2Config(**{k: getattr(spec, k) for k in SHAPE_KEYS}, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
                          eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
-                         architectures=[spec["architecture"]], dtype=spec["dtype"])
+                         architectures=[spec.architecture], dtype=spec.dtype)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(DTYPES[spec["dtype"]])
+        model = Qwen2ForCausalLM(config).to(DTYPES[spec.dtype])
     check_config(profile, model.config)
     check_model(profile, model)
     freeze(model)
     return Base(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id,
-                identity={"profile": profile["name"], "random_weights_seed": seed})
+                identity={"profile": profile.name, "random_weights_seed": seed})
 
 
-def fetch_model(profile: dict, out_dir, *, snapshot_download=None) -> Path:
+def fetch_model(profile: Profile, out_dir, *, snapshot_download=None) -> Path:
     """Download the profile's pinned revision into `out_dir` (which must not exist or be empty)."""
-    if "revision" not in profile["model"]:
-        raise ValueError(f"profile {profile['name']} has no downloadable model "
+    if profile.model.revision is None:
+        raise ValueError(f"profile {profile.name} has no downloadable model "
                          f"(the embedded base is built with `rlhf build-embedded`)")
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ArtifactExists(f"refusing to download into non-empty directory {out_dir}")
     if snapshot_download is None:
         from huggingface_hub import snapshot_download
-    spec = profile["model"]
+    spec = profile.model
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        snapshot_download(repo_id=spec["repo_id"], revision=spec["revision"], local_dir=str(tmp),
+        snapshot_download(repo_id=spec.repo_id, revision=spec.revision, local_dir=str(tmp),
                           allow_patterns=FETCH_PATTERNS)
         write_text(tmp / FETCH_MARKER, dumps_json({
-            "repo_id": spec["repo_id"], "revision": spec["revision"],
+            "repo_id": spec.repo_id, "revision": spec.revision,
             "files": directory_identity(tmp)}))
         os.chmod(tmp, 0o755)
         if out_dir.exists():
@@ -248,7 +250,7 @@ def fetch_model(profile: dict, out_dir, *, snapshot_download=None) -> Path:
     return out_dir
 
 
-def write_random_model_dir(profile: dict, out_dir, tokenizer_file, *, seed: int = 0) -> Path:
+def write_random_model_dir(profile: Profile, out_dir, tokenizer_file, *, seed: int = 0) -> Path:
     """A model directory with the profile's full shape and RANDOM weights, plus a tokenizer.
 
     For measuring time and memory of the qwen2.5-0.5b profile without the download
@@ -266,5 +268,5 @@ def write_random_model_dir(profile: dict, out_dir, tokenizer_file, *, seed: int 
     base.model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     write_text(out_dir / FETCH_MARKER, dumps_json({"random_weights": True, "seed": seed,
-                                                   "shape_of": profile["model"].get("revision")}))
+                                                   "shape_of": profile.model.revision}))
     return out_dir

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from rlhf.config import Judge, Profile, Sft
 from rlhf.io import crash_point
+from rlhf.ppo_math import learning_rate
+from rlhf.checkpoint import rng_state, set_rng_state
 
 
 class NonFiniteError(FloatingPointError):
@@ -49,7 +52,7 @@ def epoch_budget(n_items: int, per_update: int, epochs: int, max_updates_per_epo
     return per_epoch, per_epoch * epochs
 
 
-def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: dict, profile: dict,
+def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: Sft | Judge, profile: Profile,
                  update_loss, epoch_summary, *, label: str, state: dict | None = None,
                  stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
     """The epoch loop of SFT and the judge: the same order, schedule, step and resume state.
@@ -63,24 +66,23 @@ def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: 
 
     After each epoch `epoch_summary(updates_of_the_epoch)` adds the validation numbers, then
     `checkpoint(epochs_done, make_state)` (when given) may save the state (rlhf.lab's crash-safe
-    legs). Runs to cfg["epochs"] or stops after `stop_after_epoch`; returns the state to save or
+    legs). Runs to cfg.epochs or stops after `stop_after_epoch`; returns the state to save or
     resume from (keys: stage, epochs_done, step, `key`, optimizer, order_generator, rng, history).
     """
-    from rlhf.ppo_math import learning_rate
-    opt_cfg = profile["optim"]
-    per_epoch, total = epoch_budget(len(train), per_update, cfg["epochs"], cfg.get("max_updates_per_epoch"))
+    opt_cfg = profile.optim
+    per_epoch, total = epoch_budget(len(train), per_update, cfg.epochs, cfg.max_updates_per_epoch)
     params = [p for p in role.learned_parameters() if p.requires_grad]
     optimizer, order, history, first_epoch, step = _start_epochs(
-        role, key, params, cfg["lr"], opt_cfg["weight_decay"], profile["seeds"]["data_order"], total, state)
-    last_epoch = cfg["epochs"] if stop_after_epoch is None else stop_after_epoch
+        role, key, params, cfg.lr, opt_cfg.weight_decay, profile.seeds.data_order, total, state)
+    last_epoch = cfg.epochs if stop_after_epoch is None else stop_after_epoch
     for epoch in range(first_epoch, last_epoch):
         perm = torch.randperm(len(train), generator=order).tolist()
         for u in range(per_epoch):
             items = [train[i] for i in perm[u * per_update:(u + 1) * per_update]]
-            lr = learning_rate(step, total, cfg["lr"], opt_cfg["warmup_ratio"], opt_cfg["min_lr_ratio"])
+            lr = learning_rate(step, total, cfg.lr, opt_cfg.warmup_ratio, opt_cfg.min_lr_ratio)
             crash_point(f"{stage}.update")
             loss, extra = update_loss(items)
-            grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
+            grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg.grad_clip_norm,
                                        f"{label}, update {step} (epoch {epoch})")
             history["updates"].append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr,
                                        **extra, "grad_norm": grad_norm})
@@ -97,7 +99,6 @@ def _start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: 
                   state: dict | None):
     """AdamW, the data-order generator, the history, and - when resuming - everything restored
     from `state` (its learned tensors under `key`). Returns (optimizer, order, history, first_epoch, step)."""
-    from rlhf.checkpoint import set_rng_state
     optimizer = adamw(params, lr, weight_decay)
     order = torch.Generator().manual_seed(seed)
     history = {"updates": [], "epochs": [], "total_updates": total}
@@ -112,7 +113,6 @@ def _start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: 
 
 def _epoch_state(stage: str, key: str, role, optimizer, order, history: dict, epochs_done: int, step: int) -> dict:
     """Everything an epoch-based stage needs to resume after `epochs_done` epochs."""
-    from rlhf.checkpoint import rng_state
     return {"stage": stage, "epochs_done": epochs_done, "step": step, key: role.learned_state(),
             "optimizer": optimizer.state_dict(), "order_generator": order.get_state(), "rng": rng_state(),
             "history": history}

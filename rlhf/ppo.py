@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhf.config import Ppo, Profile
 from rlhf import ppo_math
 from rlhf.checkpoint import rng_state, set_rng_state
 from rlhf.generate import generate
@@ -40,6 +41,11 @@ from rlhf.roles import critic_values, reward_scores
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import Batch, collate, encode_prompt
 
+# Where each role's learned tensors sit in a PPO state. The state format keeps the judge under
+# "reward", its name before issue 17: renaming the key would change every PPO state's bytes, and
+# with them the golden hashes (tests_reproducibility/golden_embedded.json). Insertion order is the
+# state's key order.
+STATE_KEYS = {"actor": "actor", "critic": "critic", "reference": "reference", "judge": "reward"}
 PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
 
 
@@ -104,14 +110,14 @@ class Rollout:
 
 
 @torch.no_grad()
-def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, profile: dict,
+def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, profile: Profile,
             sample_gen: torch.Generator, use_cache: bool, timings: dict) -> Rollout:
     """Sample, then score the visited prefixes with reference, judge and critic (all detached)."""
-    cfg = profile["ppo"]
+    cfg = profile.ppo
     device = next(roles["actor"].model.parameters()).device
     t = time.perf_counter()
     gen = generate(roles["actor"].model, prompt_ids, eos_id=eos_id, pad_id=pad_id,
-                   max_new_tokens=profile["limits"]["response_tokens"], temperature=cfg["temperature"],
+                   max_new_tokens=profile.limits.response_tokens, temperature=cfg.temperature,
                    generator=sample_gen, use_cache=use_cache)
     _sync()
     timings["generation"] = time.perf_counter() - t
@@ -125,7 +131,7 @@ def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, 
     _sync()
     timings["reference"] = time.perf_counter() - t
     t = time.perf_counter()
-    score = reward_scores(roles["reward"], batch)                          # [B]
+    score = reward_scores(roles["judge"], batch)                          # [B]
     _sync()
     timings["judge"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -134,57 +140,57 @@ def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, 
     timings["critic_values"] = time.perf_counter() - t
     truncated = torch.tensor([not e for e in gen.ended], device=device)   # [B]
     rewards = ppo_math.token_rewards(logp_old, logp_ref, score, mask, truncated,
-                                     kl_coef=cfg["kl_coef"], truncation_penalty=cfg["truncation_penalty"])
+                                     kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty)
     dones = torch.zeros_like(mask)
     dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True      # EOS or truncation ends it
-    advantages, returns = ppo_math.gae(rewards, values, dones, gamma=cfg["gamma"], lam=cfg["lam"])
+    advantages, returns = ppo_math.gae(rewards, values, dones, gamma=cfg.gamma, lam=cfg.lam)
     return Rollout(batch=batch, responses=gen.responses, ended=gen.ended, logp_old=logp_old, logp_ref=logp_ref,
                    score=score, values=values, rewards=rewards, advantages=advantages, returns=returns,
                    truncated=truncated)
 
 
-def _descend(role, optimizer, loss: torch.Tensor, kind: str, step: int, total: int, profile: dict,
+def _descend(role, optimizer, loss: torch.Tensor, kind: str, step: int, total: int, profile: Profile,
              where: str) -> tuple[float, float]:
     """One optimizer step of the actor or the critic at its scheduled rate: (lr, pre-clip grad norm)."""
-    opt_cfg = profile["optim"]
-    lr = ppo_math.learning_rate(step, total, profile["ppo"][f"{kind}_lr"], opt_cfg["warmup_ratio"],
-                                opt_cfg["min_lr_ratio"])
+    opt_cfg = profile.optim
+    lr = ppo_math.learning_rate(step, total, getattr(profile.ppo, f"{kind}_lr"), opt_cfg.warmup_ratio,
+                                opt_cfg.min_lr_ratio)
     params = [p for p in role.learned_parameters() if p.requires_grad]
-    grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg["grad_clip_norm"],
+    grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg.grad_clip_norm,
                                f"PPO stage, {kind} role, update {step} ({where})")
     _sync()
     return lr, grad_norm
 
 
-def ppo_update(roles, optimizers, ro: Rollout, profile: dict, step: int, total: int, where: str,
+def ppo_update(roles, optimizers, ro: Rollout, profile: Profile, step: int, total: int, where: str,
                timings: dict) -> dict:
     """One update of the actor, then one of the critic, on a fixed rollout."""
-    cfg = profile["ppo"]
+    cfg = profile.ppo
     batch, mask = ro.batch, ro.batch.response_mask
     t = time.perf_counter()
     logp_cur = response_logprobs(roles["actor"].model, batch)
-    policy_loss = ppo_math.clipped_policy_loss(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg["clip"])
+    policy_loss = ppo_math.clipped_policy_loss(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg.clip)
     lr_a, gn_a = _descend(roles["actor"], optimizers["actor"], policy_loss, "actor", step, total, profile, where)
     timings["actor_update"] = timings.get("actor_update", 0.0) + time.perf_counter() - t
     t = time.perf_counter()
     v_cur = critic_values(roles["critic"], batch)
-    v_loss = ppo_math.value_loss(v_cur, ro.returns, mask, coef=cfg["value_coef"])
+    v_loss = ppo_math.value_loss(v_cur, ro.returns, mask, coef=cfg.value_coef)
     lr_c, gn_c = _descend(roles["critic"], optimizers["critic"], v_loss, "critic", step, total, profile, where)
     timings["critic_update"] = timings.get("critic_update", 0.0) + time.perf_counter() - t
     with torch.no_grad():
-        clip_frac = ppo_math.clip_fraction(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg["clip"])
+        clip_frac = ppo_math.clip_fraction(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg.clip)
     return {"policy_loss": float(policy_loss.detach()), "value_loss": float(v_loss.detach()),
             "clip_fraction": float(clip_frac), "actor_lr": lr_a, "critic_lr": lr_c,
             "actor_grad_norm": gn_a, "critic_grad_norm": gn_c}
 
 
-def token_view(tokenizer, ro: Rollout, b: int, profile: dict) -> list[dict]:
+def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
     """Per-token numbers of response b, for the report: token, logp_old, logp_ref, KL reward,
     value, advantage, return."""
     mask = ro.batch.response_mask
     n = int(mask[b].sum())
     ids = ro.responses[b][:n]
-    kl_reward = ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, profile["ppo"]["kl_coef"])[b, :n]
+    kl_reward = ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, profile.ppo.kl_coef)[b, :n]
     rows = []
     for j in range(n):
         rows.append({"token": tokenizer.convert_ids_to_tokens(ids[j]) if ids[j] < len(tokenizer) else f"<id {ids[j]}>",
@@ -197,7 +203,7 @@ def token_view(tokenizer, ro: Rollout, b: int, profile: dict) -> list[dict]:
 
 # ------------------------------------------------------------------------- the PPO loop
 
-def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
+def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, *, state: dict | None = None,
               stop_after_iteration: int | None = None, use_cache: bool = True, progress=None,
               keep_token_views: int = 3, checkpoint=None) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
@@ -209,19 +215,19 @@ def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: d
     done, no rollout pending) `checkpoint(iterations_done, make_state)`, when given, may save
     the state (rlhf.lab's crash-safe legs).
     """
-    cfg, limits = profile["ppo"], profile["limits"]
+    cfg, limits = profile.ppo, profile.limits
     prompts = view.rollout_prompts()
     encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
     run = _restore(roles, profile, len(prompts), state)
-    updates = cfg["updates_per_iteration"]
-    total = cfg["iterations"] * updates
-    last = cfg["iterations"] if stop_after_iteration is None else stop_after_iteration
+    updates = cfg.updates_per_iteration
+    total = cfg.iterations * updates
+    last = cfg.iterations if stop_after_iteration is None else stop_after_iteration
     timings = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
     for it in range(run["start"], last):
         crash_point("ppo.iteration")
         t_iter = time.perf_counter()
         tm: dict = {}
-        idx = run["sampler"].draw(cfg["prompts_per_iteration"])
+        idx = run["sampler"].draw(cfg.prompts_per_iteration)
         ro = rollout(roles, [encoded[i] for i in idx], eos_id, pad_id, profile, run["sample_gen"], use_cache, tm)
         if run["history"]["scoring_check"] is None:
             run["history"]["scoring_check"] = _scoring_check(roles["actor"], ro, it, use_cache)
@@ -234,25 +240,25 @@ def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: d
         for k in PHASES:
             timings["total"][k] += tm.get(k, 0.0)
         if progress is not None:
-            progress(it + 1, cfg["iterations"], record)
+            progress(it + 1, cfg.iterations, record)
         if checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
             checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
     timings["memory"] = peak_memory()
     return _ppo_state(roles, run, last), timings
 
 
-def _restore(roles: dict, profile: dict, n_prompts: int, state: dict | None) -> dict:
+def _restore(roles: dict, profile: Profile, n_prompts: int, state: dict | None) -> dict:
     """Optimizers, prompt sampler, sampling generator and history: fresh from the profile's
     seeds, or restored (with the roles' learned tensors and the system RNGs) from `state`."""
-    cfg, seeds, decay = profile["ppo"], profile["seeds"], profile["optim"]["weight_decay"]
+    cfg, seeds, decay = profile.ppo, profile.seeds, profile.optim.weight_decay
     actor, critic = roles["actor"], roles["critic"]
     run = {"optimizers": {"actor": adamw([p for p in actor.learned_parameters() if p.requires_grad],
-                                         cfg["actor_lr"], decay),
+                                         cfg.actor_lr, decay),
                           "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad],
-                                          cfg["critic_lr"], decay)},
-           "sampler": PromptSampler(n_prompts, seeds["data_order"]),
+                                          cfg.critic_lr, decay)},
+           "sampler": PromptSampler(n_prompts, seeds.data_order),
            "sample_gen": torch.Generator(device=next(actor.model.parameters()).device).manual_seed(
-               seeds["ppo_sampling"]),
+               seeds.ppo_sampling),
            "history": {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None},
            "start": 0}
     if state is not None:
@@ -277,7 +283,7 @@ def _scoring_check(actor, ro: Rollout, it: int, use_cache: bool) -> dict:
             "tokens": int(diff.numel()), "use_cache": use_cache}
 
 
-def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg: dict) -> dict:
+def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg: Ppo) -> dict:
     """The history line of one iteration: what was sampled and scored, and both updates."""
     mask = ro.batch.response_mask
     lengths = mask.sum(-1).float()
@@ -287,7 +293,7 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
         "mean_score": float(ro.score.mean()),
         "scores": ro.score.tolist(),
         "mean_sampled_log_ratio": float(ppo_math.mean_sampled_log_ratio(ro.logp_old, ro.logp_ref, mask).mean()),
-        "mean_kl_penalty": float(ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, cfg["kl_coef"])
+        "mean_kl_penalty": float(ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, cfg.kl_coef)
                                  .sum(-1).div(lengths).mean()),
         "mean_value": float(ro.values.sum() / mask.sum()),
         "mean_advantage": float(ro.advantages[mask].mean()),
@@ -299,11 +305,11 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
     }
 
 
-def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile: dict, keep_token_views: int) -> None:
+def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile: Profile, keep_token_views: int) -> None:
     """The iteration's record, its consumed rollout ids, and (first few and last) a token view."""
     history["iterations"].append(record)
     history["consumed"].extend(record["prompt_ids"])
-    if len(history["token_views"]) < keep_token_views or record["iteration"] == profile["ppo"]["iterations"] - 1:
+    if len(history["token_views"]) < keep_token_views or record["iteration"] == profile.ppo.iterations - 1:
         history["token_views"].append({"iteration": record["iteration"], "prompt_id": record["prompt_ids"][0],
                                        "score": float(ro.score[0]), "ended": ro.ended[0],
                                        "tokens": token_view(tokenizer, ro, 0, profile)})
@@ -311,9 +317,8 @@ def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile
 
 def _ppo_state(roles: dict, run: dict, done: int) -> dict:
     """Everything a resume needs after `done` iterations (no rollout pending)."""
-    return {"stage": "ppo", "iterations_done": done, "actor": roles["actor"].learned_state(),
-            "critic": roles["critic"].learned_state(), "reference": roles["reference"].learned_state(),
-            "reward": roles["reward"].learned_state(),
+    return {"stage": "ppo", "iterations_done": done,
+            **{STATE_KEYS[kind]: roles[kind].learned_state() for kind in STATE_KEYS},
             "optimizers": {k: o.state_dict() for k, o in run["optimizers"].items()},
             "sampler": run["sampler"].state(), "sampling_generator": run["sample_gen"].get_state(),
             "rng": rng_state(), "history": run["history"]}

@@ -96,8 +96,8 @@ def log_ratio_penalty(logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torc
 
 
 def token_rewards(logp_old: torch.Tensor, logp_ref: torch.Tensor, score: torch.Tensor,
-                  mask: torch.Tensor, truncated: torch.Tensor, kl_coef: float = 0.02,
-                  truncation_penalty: float = -1.0) -> torch.Tensor:
+                  mask: torch.Tensor, truncated: torch.Tensor, *, kl_coef: float,
+                  truncation_penalty: float) -> torch.Tensor:
     """Per-token PPO rewards (SPEC §6).
 
     ``r[b,t] = -kl_coef * (logp_old[b,t] - logp_ref[b,t])``           for every active t
@@ -131,7 +131,7 @@ def token_rewards(logp_old: torch.Tensor, logp_ref: torch.Tensor, score: torch.T
 # --------------------------------------------------------------------------- advantages
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor,
-        gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        *, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation, backwards over tokens (SPEC §6).
 
     ``delta_t = r_t + gamma * (1 - done_t) * V_{t+1} - V_t``
@@ -192,7 +192,7 @@ def policy_ratio(logp_cur: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor
 
 def clipped_policy_loss(logp_cur: torch.Tensor, logp_old: torch.Tensor,
                         advantages: torch.Tensor, mask: torch.Tensor,
-                        clip: float = 0.2) -> torch.Tensor:
+                        *, clip: float) -> torch.Tensor:
     """PPO clipped actor loss.
 
     ``l_t  = -min(rho_t * A_t, clamp(rho_t, 1 - clip, 1 + clip) * A_t)``
@@ -218,7 +218,7 @@ def clipped_policy_loss(logp_cur: torch.Tensor, logp_old: torch.Tensor,
 
 
 def clip_fraction(logp_cur: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
+                  mask: torch.Tensor, *, clip: float) -> torch.Tensor:
     """Share of active tokens whose clipped branch is the active one (for logging).
 
     ``c_t = [A_t > 0 and rho_t > 1 + clip] or [A_t < 0 and rho_t < 1 - clip]``
@@ -236,7 +236,7 @@ def clip_fraction(logp_cur: torch.Tensor, logp_old: torch.Tensor, advantages: to
 
 
 def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               coef: float = 0.5) -> torch.Tensor:
+               *, coef: float) -> torch.Tensor:
     """Critic loss ``response_mean(coef * (V_t - R_t)^2, mask)``.
 
     Shapes: values, returns, mask [B, T] (or [T]) -> scalar.
@@ -267,13 +267,12 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Te
 
 # --------------------------------------------------------------------------- schedule
 
-def warmup_steps(total: int, warmup_ratio: float = 0.1) -> int:
+def warmup_steps(total: int, warmup_ratio: float) -> int:
     """Number of warm-up updates: ``warm = max(1, int(warmup_ratio * total))`` (SPEC §5)."""
     return max(1, int(warmup_ratio * total))
 
 
-def learning_rate(step: int, total: int, peak: float, warmup_ratio: float = 0.1,
-                  min_ratio: float = 0.1) -> float:
+def learning_rate(step: int, total: int, peak: float, warmup_ratio: float, min_ratio: float) -> float:
     """Learning rate of update ``step`` (0-based) out of ``total`` (SPEC §5, §6): the seed's formula.
 
     ``warm = max(1, int(warmup_ratio * total))``

@@ -4,7 +4,7 @@
 |-----------|-----------------------------------|--------------------------------|-------------------|
 | actor     | SFT adapter                       | PPO                            | -                 |
 | reference | independent copy of SFT adapter   | nothing, fully frozen          | -                 |
-| reward    | base + own adapter (seed 50)      | Bradley-Terry, then frozen     | scalar, N(0,0.02) |
+| judge     | base + own adapter (seed 50)      | Bradley-Terry, then frozen     | scalar, N(0,0.02) |
 | critic    | copy of SFT adapter               | value regression               | scalar, zeros     |
 
 Every role loads its own base from the model directory: no tensor storage is shared between
@@ -25,15 +25,16 @@ import torch
 from safetensors.torch import load as st_load, save as st_save
 from torch import nn
 
+from rlhf.config import Profile
 from rlhf.io import dumps_json, read_verified, sha256_bytes, write_with_sidecar
-from rlhf.lora import inject_lora, load_lora_state_dict, lora_parameters, lora_state_dict
+from rlhf.lora import count_lora_parameters, inject_lora, load_lora_state_dict, lora_parameters, lora_state_dict
 from rlhf.models import load_base
 from rlhf.scoring import backbone_hidden, last_token_hidden, prefix_hidden
 from rlhf.tokens import Batch
 
-ROLE_KINDS = ("actor", "reference", "reward", "critic")
-FROZEN_KINDS = ("reference", "reward")
-HEAD_KINDS = ("reward", "critic")
+ROLE_KINDS = ("actor", "reference", "judge", "critic")
+FROZEN_KINDS = ("reference", "judge")
+HEAD_KINDS = ("judge", "critic")
 
 
 class RoleIsolationError(AssertionError):
@@ -48,7 +49,7 @@ class RoleStateError(ValueError):
 class Role:
     kind: str
     model: nn.Module                 # Qwen2ForCausalLM with LoRA adapters; base frozen
-    head: nn.Linear | None           # [hidden] -> scalar, FP32, reward and critic only
+    head: nn.Linear | None           # [hidden] -> scalar, FP32, judge and critic only
     base_identity: dict = field(default_factory=dict)
 
     def learned_parameters(self) -> list[nn.Parameter]:
@@ -89,28 +90,33 @@ class Role:
         yield from self.model.named_buffers()
 
 
-def new_head(hidden: int, kind: str, profile: dict) -> nn.Linear:
-    """Scalar head (hidden + 1 parameters, FP32): reward N(0, std) from seed 50, bias 0; critic zeros."""
+def new_head(hidden: int, kind: str, profile: Profile) -> nn.Linear:
+    """Scalar head (hidden + 1 parameters, FP32): judge N(0, std) from seed 50, bias 0; critic zeros."""
     head = nn.Linear(hidden, 1, dtype=torch.float32)
     with torch.no_grad():
         head.bias.zero_()
-        if kind == "reward":
-            g = torch.Generator().manual_seed(profile["seeds"]["judge_head"])
-            head.weight.copy_(torch.randn(head.weight.shape, generator=g) * profile["judge"]["head_init_std"])
+        if kind == "judge":
+            g = torch.Generator().manual_seed(profile.seeds.judge_head)
+            head.weight.copy_(torch.randn(head.weight.shape, generator=g) * profile.judge.head_init_std)
         else:
             head.weight.zero_()
     return head
 
 
-def new_role(kind: str, profile: dict, model_dir, *, base_identity: dict | None = None,
+def new_role(kind: str, profile: Profile, model_dir, *, base_identity: dict | None = None,
              device: str = "cpu") -> Role:
     """Load a fresh backbone from `model_dir` and give it this role's adapters and head."""
     if kind not in ROLE_KINDS:
         raise ValueError(f"unknown role {kind!r}; roles are {ROLE_KINDS}")
     base = load_base(profile, model_dir, device=device, identity=base_identity)
-    lora = profile["lora"]
-    seed = lora["judge_seed"] if kind == "reward" else lora["seed"]
-    inject_lora(base.model, rank=lora["rank"], alpha=lora["alpha"], seed=seed, targets=lora["targets"])
+    seed = profile.seeds.judge_lora if kind == "judge" else profile.seeds.lora
+    adapters = inject_lora(base.model, rank=profile.lora.rank, alpha=profile.lora.alpha, seed=seed,
+                           targets=profile.lora.targets)
+    n_params = count_lora_parameters(base.model)
+    if (len(adapters), n_params) != (profile.lora.expected_adapters, profile.lora.expected_parameters):
+        raise ValueError(f"profile {profile.name}: the {kind} has {len(adapters)} adapters with {n_params:,} "
+                         f"parameters; [lora] expects {profile.lora.expected_adapters} with "
+                         f"{profile.lora.expected_parameters:,}")
     base.model.to(device)
     head = new_head(base.model.config.hidden_size, kind, profile).to(device) if kind in HEAD_KINDS else None
     role = Role(kind=kind, model=base.model, head=head, base_identity=base.identity)

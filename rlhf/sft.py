@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import torch
 
+from rlhf.config import Limits, Profile
 from rlhf.masks import masked_sum
 from rlhf.optim import epoch_budget, train_epochs
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, encode_example
 
 
-def encode_demonstrations(records: list[dict], tokenizer, eos_id: int, limits: dict, response_key: str = "response"):
+def encode_demonstrations(records: list[dict], tokenizer, eos_id: int, limits: Limits, response_key: str = "response"):
     """[(document_id, prompt_ids, response_ids)]; an over-limit example raises naming its id."""
     return [(r["document_id"], *encode_example(tokenizer, r["prompt"], r[response_key], eos_id, limits,
                                                r["document_id"])) for r in records]
@@ -51,17 +52,17 @@ def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
     return total / count
 
 
-def sft_budget(profile: dict, n_examples: int) -> tuple[int, int]:
+def sft_budget(profile: Profile, n_examples: int) -> tuple[int, int]:
     """(updates per epoch, total updates): 168 demonstrations / 8 = 21 per epoch."""
-    return epoch_budget(n_examples, profile["sft"]["examples_per_update"], profile["sft"]["epochs"],
-                        profile["sft"].get("max_updates_per_epoch"))
+    return epoch_budget(n_examples, profile.sft.examples_per_update, profile.sft.epochs,
+                        profile.sft.max_updates_per_epoch)
 
 
-def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *, state: dict | None = None,
+def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, *, state: dict | None = None,
               stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
     """Run (or continue) the profile's SFT budget on the actor Role; returns the state after the
     last epoch run (keys: stage, epochs_done, step, actor, optimizer, order_generator, rng, history)."""
-    cfg, limits = profile["sft"], profile["limits"]
+    cfg, limits = profile.sft, profile.limits
     train = encode_demonstrations(view.demonstrations("train"), tokenizer, eos_id, limits)
     valid = encode_demonstrations(view.pairs("validation"), tokenizer, eos_id, limits, "chosen")
 
@@ -73,7 +74,7 @@ def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: dict, *
         return {"validation_loss": evaluate_loss(actor.model, valid, pad_id),
                 "train_loss": sum(h["loss"] for h in updates) / len(updates)}
 
-    return train_epochs(actor, "sft", "actor", train, cfg["examples_per_update"], cfg, profile, update_loss,
+    return train_epochs(actor, "sft", "actor", train, cfg.examples_per_update, cfg, profile, update_loss,
                         epoch_summary, label="SFT stage, actor role", state=state,
                         stop_after_epoch=stop_after_epoch,
                         progress=progress, checkpoint=checkpoint)

@@ -204,7 +204,7 @@ def cue_counts(records: list[dict], originals: list[dict], labels: list[dict]) -
 @torch.no_grad()
 def score_records(judge, records: list[dict], ctx) -> list[float]:
     """Margins score(chosen) - score(rejected) of each record with the frozen judge."""
-    pairs = encode_pairs(records, ctx.tokenizer, ctx.eos_id, ctx.profile["limits"])
+    pairs = encode_pairs(records, ctx.tokenizer, ctx.eos_id, ctx.profile.limits)
     device = next(judge.model.parameters()).device
     margins: list[float] = []
     for i in range(0, len(pairs), BATCH_SIZE):
@@ -237,7 +237,7 @@ def audit_hashes(judge, ctx) -> dict[str, str]:
     every corpus file (labels, inputs, exports, manifest.json)."""
     fp = fingerprint(judge)
     out = {"judge.learned_sha256": fp["learned_sha256"], "judge.frozen_sha256": fp["frozen_sha256"]}
-    for rel in ("reward/judge.safetensors", "reward/judge.safetensors.json"):
+    for rel in ("judge/judge.safetensors", "judge/judge.safetensors.json"):
         out[rel] = sha256_file(ctx.run / rel)
     root = Path(ctx.corpus.root)
     for p in sorted(root.rglob("*")):
@@ -266,12 +266,12 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
     out_path = Path(out_dir if out_dir is not None else ctx.run / "shortcut_audit") / "results.json"
     if out_path.exists():
         raise FileExistsError(f"{out_path} exists: the shortcut audit already ran (use a new folder)")
-    judge_file = ctx.run / "reward" / "judge.safetensors"
-    judge = ctx.role("reward")
+    judge_file = ctx.run / "judge" / "judge.safetensors"
+    judge = ctx.role("judge")
     manifest = load_role(judge, judge_file)
     judge.freeze()
     before = audit_hashes(judge, ctx)
-    if before["reward/judge.safetensors"] != manifest["sha256"]:
+    if before["judge/judge.safetensors"] != manifest["sha256"]:
         raise ShortcutAuditError(f"{judge_file} does not match its manifest hash")
 
     revision = ctx.corpus.revision
@@ -295,7 +295,7 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
         "study": STUDY, "version": VERSION,
         "corpus": {"revision": revision, "dataset": ctx.corpus.dataset,
                    "manifest_sha256": before["corpus/manifest.json"]},
-        "profile": ctx.profile.get("name"),
+        "profile": ctx.profile.name,
         "arithmetic": pin.describe(),
         "seeds": {"counterfactuals": SHORTCUT_AUDIT_SEED,
                   "counterfactual_draws": ("random.Random(5049): shuffle list(range(240)) until no fixed "
@@ -308,7 +308,7 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
         "baseline": revision,
         "order": [revision, *COUNTERFACTUALS],
         "counterfactuals": results,
-        "judge": {"file": "reward/judge.safetensors", "sha256": before["reward/judge.safetensors"],
+        "judge": {"file": "judge/judge.safetensors", "sha256": before["judge/judge.safetensors"],
                   "learned_sha256": before["judge.learned_sha256"],
                   "frozen_sha256": before["judge.frozen_sha256"]},
         "hashes_before": before, "hashes_after": after, "unchanged": True,

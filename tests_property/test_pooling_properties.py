@@ -29,7 +29,7 @@ PAD_GAP_MIN = 1e-3
 @pytest.fixture(scope="module")
 def judge(embedded_profile, embedded_dir, embedded_base, move_adapters):
     """A judge whose adapters have moved (nonzero B) so the whole path is exercised."""
-    role = new_role("reward", embedded_profile, embedded_dir)
+    role = new_role("judge", embedded_profile, embedded_dir)
     move_adapters(role.model, 7)
     with torch.no_grad():
         role.head.bias.fill_(0.3)  # weight: the SPEC's N(0, 0.02) draw from seed 50

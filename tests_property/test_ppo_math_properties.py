@@ -22,6 +22,15 @@ from rlhf.masks import last_active_index, response_mean
 from rlhf.ppo_math import (clip_fraction, clipped_policy_loss, gae, mean_sampled_log_ratio,
                            sampled_log_ratio, token_rewards, value_loss)
 
+# SPEC §5-§6 numbers, passed explicitly (ppo_math has no defaults; the profiles own these values,
+# and test_the_constants_these_tests_pass_are_both_profiles_values in tests_unit/test_ppo_math.py checks that both profiles agree).
+REWARD = {"kl_coef": 0.02, "truncation_penalty": -1.0}
+GAE = {"gamma": 1.0, "lam": 0.95}
+CLIP = {"clip": 0.2}
+VALUE = {"coef": 0.5}
+WARMUP_RATIO, MIN_LR_RATIO = 0.1, 0.1
+
+
 pytestmark = pytest.mark.unit
 
 F64 = torch.float64
@@ -172,7 +181,7 @@ def test_each_response_carries_total_weight_one_over_b(batch):
     assert torch.equal(x.grad[~mask], torch.zeros(int((~mask).sum()), dtype=F64))
     # The same through the actor loss at rho = 1, A = 1: each row's gradient sums to -1/B.
     logp = torch.zeros_like(x, requires_grad=True)
-    clipped_policy_loss(logp, torch.zeros_like(x), torch.ones_like(x), mask).backward()
+    clipped_policy_loss(logp, torch.zeros_like(x), torch.ones_like(x), mask, **CLIP).backward()
     assert torch.allclose(logp.grad.sum(dim=-1), torch.full((b,), -1.0 / b, dtype=F64),
                           atol=1e-12, rtol=0)
 
@@ -265,13 +274,13 @@ def test_reductions_use_active_tokens_only(batch, score):
         lc, lo, lr, a, v, r = [t.clone() for t in tensors]
         lc.requires_grad_(True)
         v.requires_grad_(True)
-        actor = clipped_policy_loss(lc, lo, a, mask)
-        critic = value_loss(v, r, mask)
+        actor = clipped_policy_loss(lc, lo, a, mask, **CLIP)
+        critic = value_loss(v, r, mask, **VALUE)
         (actor + critic).backward()
         rewards = token_rewards(lo, lr, torch.full((b,), score, dtype=F64), mask,
-                                torch.zeros(b, dtype=torch.bool))
+                                torch.zeros(b, dtype=torch.bool), **REWARD)
         return [actor.detach(), critic.detach(), lc.grad, v.grad, rewards,
-                clip_fraction(lc.detach(), lo, a, mask), response_mean(r, mask),
+                clip_fraction(lc.detach(), lo, a, mask, **CLIP), response_mean(r, mask),
                 mean_sampled_log_ratio(lo, lr, mask), sampled_log_ratio(lo, lr, mask)]
 
     clean = [logp_cur, logp_old, logp_ref, adv, values, returns]
@@ -293,17 +302,17 @@ def test_no_nan_or_inf_for_logprobs_down_to_minus_50(batch, adv, ret, score, cut
     b, t = mask.shape
     advantages = torch.full((b, t), adv)
     lc = logp_cur.clone().requires_grad_(True)
-    actor = clipped_policy_loss(lc, logp_old, advantages, mask)
+    actor = clipped_policy_loss(lc, logp_old, advantages, mask, **CLIP)
     actor.backward()
     v = values.clone().requires_grad_(True)
-    critic = value_loss(v, torch.full((b, t), ret), mask)
+    critic = value_loss(v, torch.full((b, t), ret), mask, **VALUE)
     critic.backward()
     rewards = token_rewards(logp_old, logp_ref, torch.full((b,), score), mask,
-                            torch.full((b,), cut, dtype=torch.bool))
+                            torch.full((b,), cut, dtype=torch.bool), **REWARD)
     dones = torch.zeros(b, t, dtype=torch.bool)
     dones[torch.arange(b), last_active_index(mask)] = True
-    a, r = gae(rewards, values, dones)
+    a, r = gae(rewards, values, dones, **GAE)
     for x in (actor, critic, lc.grad, v.grad, rewards, a, r,
-              clip_fraction(logp_cur, logp_old, advantages, mask),
+              clip_fraction(logp_cur, logp_old, advantages, mask, **CLIP),
               mean_sampled_log_ratio(logp_old, logp_ref, mask)):
         assert torch.isfinite(x).all()

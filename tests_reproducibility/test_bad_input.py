@@ -6,19 +6,15 @@ import pytest
 
 from rlhf import lab
 from rlhf.checkpoint import StateError, load_state
-from rlhf.config import load_profile
+from rlhf.config import load_profile, override
 from rlhf.io import read_json, sha256_file
 
 pytestmark = pytest.mark.unit
 
 
 def small_profile():
-    p = copy.deepcopy(load_profile("embedded"))
-    p["sft"]["epochs"] = 2
-    p["judge"]["epochs"] = 2
-    p["ppo"]["iterations"] = 3
-    p["ppo"]["resume_stop_iteration"] = 1
-    return p
+    return override(load_profile("embedded"), {("sft", "epochs"): 2, ("judge", "epochs"): 2, ("ppo", "iterations"): 3,
+                                               ("ppo", "resume_stop_iteration"): 1})
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +29,7 @@ def small_run(tmp_path_factory):
 def test_resume_with_changed_config_is_refused(small_run):
     before = sha256_file(small_run.run / "run.json")
     with pytest.raises(StateError, match=r"identity changed in config .*Nothing was written.*rlhf lab --out NEW_FOLDER"):
-        lab.open_context(small_run.run, {**small_profile(), "sft": {**small_profile()["sft"], "lr": 1e-3}})
+        lab.open_context(small_run.run, override(small_profile(), {("sft", "lr"): 1e-3}))
     assert not (small_run.run / "sft" / "state-resumed.pt.gz").exists()
     assert sha256_file(small_run.run / "run.json") == before
 
@@ -51,7 +47,7 @@ def test_rerun_with_another_revision_code_pin_or_profile_is_refused(small_run, p
         monkeypatch.setattr(lab, "code_sha256", lambda: "f" * 64)
     elif part == "arithmetic":
         monkeypatch.setattr(pin, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
-    profile = {**small_profile(), "name": "renamed"} if part == "profile" else small_profile()
+    profile = override(small_profile(), {(None, "name"): "renamed"}) if part == "profile" else small_profile()
     with pytest.raises(StateError, match=rf"identity changed in [a-z, ]*{part}.*start afresh"):
         lab.open_context(small_run.run, profile)
 
@@ -115,13 +111,26 @@ def test_a_cuda_profile_without_cuda_is_refused_not_run_on_the_cpu(tmp_path, mon
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     qwen = load_profile("qwen2.5-0.5b")
-    assert qwen["device"] == "cuda"
+    assert qwen.device == "cuda"
     with pytest.raises(ValueError, match=r"runs on CUDA.*no silent fallback.*device = \"cpu\""):
         lab.profile_device(qwen)
-    assert lab.profile_device({**qwen, "device": "cpu"}) == "cpu"
+    assert lab.profile_device(override(qwen, {(None, "device"): "cpu"})) == "cpu"
     assert lab.profile_device(load_profile("embedded")) == "cpu"
     with pytest.raises(ValueError, match="device must be"):
-        lab.profile_device({**qwen, "device": "tpu"})
+        lab.profile_device(override(qwen, {(None, "device"): "tpu"}))
     with pytest.raises(ValueError, match="no silent fallback"):
         lab.open_context(tmp_path / "run", "qwen2.5-0.5b", model_dir=tmp_path / "model")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_folder_of_the_old_layout_is_refused_naming_why(tmp_path):
+    """Issue 17's one compatibility rule: a run folder whose judge stage is in reward/ (written
+    before the judge had one name) is refused before anything is read or written."""
+    run = tmp_path / "old"
+    (run / "reward").mkdir(parents=True)
+    (run / "reward" / "history.json").write_text("{}")
+    with pytest.raises(StateError, match=r"old layout \(its judge stage is in reward/.*rlhf lab --out NEW_FOLDER"):
+        lab.open_context(run, small_profile())
+    assert sorted(p.name for p in run.iterdir()) == ["reward"]
+    (run / "judge").mkdir()  # a new-layout folder that merely has a reward/ beside it is not refused for it
+    lab.refuse_old_layout(run)

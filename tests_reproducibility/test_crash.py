@@ -33,8 +33,8 @@ from rlhf.io import read_json, sha256_file
 # One worker runs this module: its uninterrupted reference run is a module fixture.
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("crash")]
 
-STAGES = ("sft", "reward", "ppo")
-ROLE_FILES = ("sft/actor.safetensors", "reward/judge.safetensors", "ppo/actor.safetensors", "ppo/critic.safetensors")
+STAGES = ("sft", "judge", "ppo")
+ROLE_FILES = ("sft/actor.safetensors", "judge/judge.safetensors", "ppo/actor.safetensors", "ppo/critic.safetensors")
 
 
 def lab(run, profile, crash_at=None, timeout=600):
@@ -58,7 +58,7 @@ def outcome(run) -> dict:
     ev = read_json(run / "evaluation" / "results.json")
     audit = read_json(run / "shortcut_audit" / "results.json")
     return {"states": states, "roles": {f: sha256_file(run / f) for f in ROLE_FILES},
-            "evaluation": {k: ev[k] for k in ("policies", "reward_test", "differences", "politeness")},
+            "evaluation": {k: ev[k] for k in ("policies", "judge_test", "differences", "politeness")},
             "audit": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
             "stages_complete": sorted(read_json(run / "run.json")["stages"])}
 
@@ -104,10 +104,10 @@ def test_killed_again_and_again_the_lab_finishes_bit_identical(uninterrupted, tm
     # the kill before it (printed, flushed, before it was itself killed).
     steps = [("sft_update", "sft.update@2", "sft",
               ("sft: boundary run already complete", "sft: resumed from the saved boundary state")),
-             ("judge_update", "judge.update@11", "reward",
+             ("judge_update", "judge.update@11", "judge",
               ("sft: boundary run already complete", "sft: resumed from the saved boundary state")),
              ("ppo_iteration", "ppo.iteration@6", "ppo",
-              ("sft: already complete", "reward: continuous run continues from its checkpoint continuous-0001.pt.gz")),
+              ("sft: already complete", "judge: continuous run continues from its checkpoint continuous-0001.pt.gz")),
              ("mid_write_state", "write:state-continuous.pt.gz", "ppo",
               ("ppo: continuous run continues from its checkpoint continuous-0001.pt.gz",)),
              ("evaluation", "evaluate.policy@2", "evaluate",

@@ -35,14 +35,14 @@ def measure(run: Path) -> dict:
     audit = results["shortcut_audit"]
     return {
         "states_sha256_continuous": {s: read_json(run / s / "resume_check.json")["sha256_continuous"]
-                                     for s in ("sft", "reward", "ppo")},
+                                     for s in ("sft", "judge", "ppo")},
         "base_model_manifest_sha256": sha256_file(run / "base_model" / "manifest.json"),
         "corpus_manifest_sha256": sha256_file(run / "corpus" / "manifest.json"),
         "rubric_success": {pol: {pop: ev["policies"][pol]["metrics"][pop]["rubric_success"] for pop in POPULATIONS}
                            for pol in ("sft", "ppo")},
         "mean_learned_reward": {pol: {pop: ev["policies"][pol]["metrics"][pop]["mean_learned_reward"]
                                       for pop in POPULATIONS} for pol in ("sft", "ppo")},
-        "judge_test_accuracy": results["reward_test"]["accuracy"],
+        "judge_test_accuracy": results["judge_test"]["accuracy"],
         "shortcut_audit_accuracy": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
     }
 
@@ -121,7 +121,7 @@ def test_golden_file_holds_both_revisions_and_every_quantity():
     golden = json.loads(GOLDEN.read_text())
     for section in ("r001", "r002"):
         g = golden[section]
-        assert set(g["states_sha256_continuous"]) == {"sft", "reward", "ppo"}
+        assert set(g["states_sha256_continuous"]) == {"sft", "judge", "ppo"}
         assert all(len(h) == 64 for h in g["states_sha256_continuous"].values())
         assert set(g["rubric_success"]["sft"]) == set(POPULATIONS)
         assert set(g["shortcut_audit_accuracy"]) == {section, "a_family_permuted", "b_heading_independent",

@@ -32,8 +32,8 @@ pytestmark = pytest.mark.unit
 CASES = {
     "sft_actor": (lab.stage_sft, "sft", sft_module, "sft_loss", 4,
                   r"SFT stage, actor role, update 3 \(epoch 1\)", ["continuous-0001.pt.gz"]),
-    "judge": (lab.stage_reward, "reward", judge_module, "bradley_terry_loss", 4,
-              r"reward stage, judge role, update 3 \(epoch 1\)", ["continuous-0001.pt.gz"]),
+    "judge": (lab.stage_judge, "judge", judge_module, "bradley_terry_loss", 4,
+              r"judge stage, update 3 \(epoch 1\)", ["continuous-0001.pt.gz"]),
     "ppo_actor": (lab.stage_ppo, "ppo", ppo_math, "clipped_policy_loss", 5,
                   r"PPO stage, actor role, update 4 \(iteration 2\)", ["continuous-0001.pt.gz", "continuous-0002.pt.gz"]),
     "ppo_critic": (lab.stage_ppo, "ppo", ppo_math, "value_loss", 5,
@@ -90,7 +90,7 @@ def good_run(tmp_path_factory, small_profile_file, one_thread):
     run must leave untouched, and the SFT and judge artifacts PPO starts from."""
     from rlhf.config import load_profile
     ctx = lab.open_context(tmp_path_factory.mktemp("good") / "run", load_profile(str(small_profile_file)))
-    for stage in (lab.stage_sft, lab.stage_reward, lab.stage_ppo):
+    for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
         stage(ctx, protocol=False)
     return ctx
 
@@ -99,7 +99,7 @@ def fresh_run(good, run):
     """A new run folder with the good run's corpus, base, SFT actor and judge (hashes travel)."""
     for part in ("corpus", "base_model"):
         shutil.copytree(good.run / part, run / part)
-    for stage, name in (("sft", "actor"), ("reward", "judge")):
+    for stage, name in (("sft", "actor"), ("judge", "judge")):
         (run / stage).mkdir()
         for suffix in (".safetensors", ".safetensors.json"):
             shutil.copy(good.run / stage / f"{name}{suffix}", run / stage / f"{name}{suffix}")

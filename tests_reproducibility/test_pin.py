@@ -104,7 +104,7 @@ def test_the_pin_is_in_every_identity_and_results_file(lab_run):
     record = read_json(run / "run.json")
     tag = record["identity"]["arithmetic"]
     assert tag == pin.identity_tag()
-    for stage in ("sft", "reward", "ppo"):
+    for stage in ("sft", "judge", "ppo"):
         for leg in ("boundary", "resumed", "continuous"):
             assert read_json(run / stage / f"state-{leg}.pt.gz.json")["identity"]["arithmetic"] == tag
     assert read_json(run / "evaluation" / "results.json")["arithmetic"] == record["arithmetic"]

@@ -13,7 +13,7 @@ from rlhf.io import read_json, sha256_file
 
 pytestmark = pytest.mark.unit
 
-BOUNDARY = {"sft": ("epochs_done", 1), "reward": ("epochs_done", 1), "ppo": ("iterations_done", 40)}
+BOUNDARY = {"sft": ("epochs_done", 1), "judge": ("epochs_done", 1), "ppo": ("iterations_done", 40)}
 
 
 def states(ctx, stage):
@@ -21,7 +21,7 @@ def states(ctx, stage):
     return {k: load_state(folder / f"state-{k}.pt.gz") for k in ("boundary", "resumed", "continuous")}
 
 
-@pytest.mark.parametrize("stage", ["sft", "reward", "ppo"])
+@pytest.mark.parametrize("stage", ["sft", "judge", "ppo"])
 def test_resumed_equals_continuous_tensor_by_tensor(lab_run, stage, record_result):
     s = states(lab_run, stage)
     key, stop = BOUNDARY[stage]
@@ -69,7 +69,7 @@ def test_ppo_state_holds_everything_a_resume_needs(lab_run):
 
 
 def test_sft_and_judge_states_hold_optimizer_order_and_rng(lab_run):
-    for stage, learned in (("sft", "actor"), ("reward", "judge")):
+    for stage, learned in (("sft", "actor"), ("judge", "judge")):
         s = load_state(lab_run.run / stage / "state-boundary.pt.gz")
         assert {learned, "optimizer", "order_generator", "rng", "history", "step", "epochs_done"} <= set(s)
         assert s["step"] == len(s["history"]["updates"]) > 0

@@ -29,7 +29,7 @@ from rlhf.sft import train_sft
 pytestmark = pytest.mark.unit
 
 STAGES = {"sft": ("actor", train_sft, "epochs_done", 1),
-          "reward": ("reward", train_judge, "epochs_done", 1),
+          "judge": ("judge", train_judge, "epochs_done", 1),
           "ppo": (None, None, "iterations_done", 2)}
 
 
@@ -37,7 +37,7 @@ STAGES = {"sft": ("actor", train_sft, "epochs_done", 1),
 def mini_lab(tmp_path_factory, small_profile_file, one_thread):
     from rlhf.config import load_profile
     ctx = lab.open_context(tmp_path_factory.mktemp("resume_mini") / "run", load_profile(str(small_profile_file)))
-    for stage in (lab.stage_sft, lab.stage_reward, lab.stage_ppo):
+    for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
         stage(ctx)  # boundary, resumed and continuous legs
     return ctx
 
@@ -113,7 +113,7 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
         captured.update(roles)
         raise Captured
 
-    monkeypatch.setattr(ppo, "train_ppo", spy)
+    monkeypatch.setattr(lab, "train_ppo", spy)  # lab binds train_ppo at import
     with pytest.raises(Captured):
         lab.stage_ppo(mini_lab, stop_after=1)  # nothing is saved: train_ppo never returns
     roles = captured
@@ -136,10 +136,10 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
     # Reference and actor start from the same SFT adapters, as values, not as shared tensors.
     actor, reference = roles["actor"].learned_state(), roles["reference"].learned_state()
     assert actor.keys() == reference.keys() and all(torch.equal(actor[k], reference[k]) for k in actor)
-    others = {k: roles[k].learned_state() for k in ("reference", "critic", "reward")}
+    others = {k: roles[k].learned_state() for k in ("reference", "critic", "judge")}
     base_name, base = next((n, p) for n, p in roles["actor"].model.named_parameters() if not p.requires_grad)
     others_base = {k: dict(roles[k].model.named_parameters())[base_name].detach().clone()
-                   for k in ("reference", "critic", "reward")}
+                   for k in ("reference", "critic", "judge")}
     with torch.no_grad():
         for p in roles["actor"].learned_parameters():
             p.add_(1.0)

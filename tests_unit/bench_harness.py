@@ -72,10 +72,10 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
     """Peak RSS of one stage of the embedded profile, meant to run alone in a fresh process.
 
     Stages: "import" (context opened, no role: the floor of torch + transformers + corpus),
-    "sft" (actor role, `updates` SFT updates, the validation pass), "reward" (judge role,
+    "sft" (actor role, `updates` SFT updates, the validation pass), "judge" (judge role,
     `updates` Bradley-Terry updates, the validation pass), "ppo" (the four roles from the run's
     SFT and judge files, `iterations` PPO iterations). `run_dir` holds corpus/, base_model/ and,
-    for "ppo", sft/actor.safetensors and reward/judge.safetensors.
+    for "ppo", sft/actor.safetensors and judge/judge.safetensors.
     """
     import torch
     from rlhf import lab
@@ -87,38 +87,38 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
         from rlhf.optim import adamw, optimizer_step
         from rlhf.sft import encode_demonstrations, evaluate_loss, sft_loss
         actor = ctx.role("actor")
-        train = encode_demonstrations(view.demonstrations("train"), ctx.tokenizer, ctx.eos_id, prof["limits"])
-        valid = encode_demonstrations(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof["limits"], "chosen")
+        train = encode_demonstrations(view.demonstrations("train"), ctx.tokenizer, ctx.eos_id, prof.limits)
+        valid = encode_demonstrations(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof.limits, "chosen")
         params = [p for p in actor.learned_parameters() if p.requires_grad]
-        opt = adamw(params, prof["sft"]["lr"], prof["optim"]["weight_decay"])
-        k = prof["sft"]["examples_per_update"]
+        opt = adamw(params, prof.sft.lr, prof.optim.weight_decay)
+        k = prof.sft.examples_per_update
         for u in range(updates):
             loss, _ = sft_loss(actor.model, train[u * k:(u + 1) * k], ctx.pad_id)
-            optimizer_step(opt, params, loss, prof["sft"]["lr"], 1.0, "rss sft")
+            optimizer_step(opt, params, loss, prof.sft.lr, 1.0, "rss sft")
         evaluate_loss(actor.model, valid, ctx.pad_id)
-    elif stage == "reward":
+    elif stage == "judge":
         from rlhf.judge import encode_pairs, evaluate_pairs, pair_scores
         from rlhf.optim import adamw, optimizer_step
         from rlhf.ppo_math import bradley_terry_loss
-        judge = ctx.role("reward")
-        train = encode_pairs(view.pairs("train"), ctx.tokenizer, ctx.eos_id, prof["limits"])
-        valid = encode_pairs(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof["limits"])
+        judge = ctx.role("judge")
+        train = encode_pairs(view.pairs("train"), ctx.tokenizer, ctx.eos_id, prof.limits)
+        valid = encode_pairs(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof.limits)
         params = [p for p in judge.learned_parameters() if p.requires_grad]
-        opt = adamw(params, prof["judge"]["lr"], prof["optim"]["weight_decay"])
-        k = prof["judge"]["pairs_per_update"]
+        opt = adamw(params, prof.judge.lr, prof.optim.weight_decay)
+        k = prof.judge.pairs_per_update
         for u in range(updates):
             c, r = pair_scores(judge, train[u * k:(u + 1) * k], ctx.pad_id)
-            optimizer_step(opt, params, bradley_terry_loss(c, r), prof["judge"]["lr"], 1.0, "rss judge")
+            optimizer_step(opt, params, bradley_terry_loss(c, r), prof.judge.lr, 1.0, "rss judge")
         evaluate_pairs(judge, valid, ctx.pad_id)
     elif stage == "ppo":
+        from rlhf.config import override
         from rlhf.ppo import train_ppo
-        prof = json.loads(json.dumps(prof))
-        prof["ppo"]["iterations"] = iterations
+        prof = override(prof, {("ppo", "iterations"): iterations})
         roles = lab.ppo_roles(ctx)
         train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, prof)
     elif stage != "import":
         raise ValueError(f"unknown stage {stage!r}")
     return {"stage": stage, "peak_rss_mib": peak_rss_mib(),
             "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),
-            "updates": updates if stage in ("sft", "reward") else None,
+            "updates": updates if stage in ("sft", "judge") else None,
             "iterations": iterations if stage == "ppo" else None}

@@ -57,6 +57,7 @@ import torch
 
 import bench_harness  # the measuring harness beside this file (tests_unit/ is on sys.path: prepend mode)
 from rlhf import flops
+from rlhf.config import override
 
 pytestmark = pytest.mark.benchmark
 
@@ -78,7 +79,7 @@ def _source_run() -> Path | None:
     for c in cands:
         c = Path(c)
         if all((c / p).is_file() for p in ("corpus/manifest.json", "base_model/config.json",
-                                            "sft/actor.safetensors.json", "reward/judge.safetensors.json")):
+                                            "sft/actor.safetensors.json", "judge/judge.safetensors.json")):
             return c
     return None
 
@@ -93,14 +94,14 @@ def bench_ctx(tmp_path_factory):
     if src is not None:
         shutil.copytree(src / "corpus", run / "corpus")
         shutil.copytree(src / "base_model", run / "base_model")
-        for f in ("sft/actor.safetensors", "reward/judge.safetensors"):
+        for f in ("sft/actor.safetensors", "judge/judge.safetensors"):
             (run / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / f, run / f)
             shutil.copy2(src / (f + ".json"), run / (f + ".json"))
     ctx = lab.open_context(run, "embedded")
     if src is None:  # untrained adapters, so that ppo_roles() finds its files
         save_role(ctx.role("actor"), run / "sft" / "actor.safetensors", ctx.identity(stage="sft"))
-        save_role(ctx.role("reward"), run / "reward" / "judge.safetensors", ctx.identity(stage="reward"))
+        save_role(ctx.role("judge"), run / "judge" / "judge.safetensors", ctx.identity(stage="judge"))
     ctx.bench_source = str(src) if src else "untrained adapters (no finished run found)"
     SUMMARY["source_run"] = ctx.bench_source
     assert torch.get_num_threads() == 1, "the embedded profile runs with 1 torch thread"
@@ -123,14 +124,14 @@ def shape(bench_ctx):
 
 @pytest.fixture(scope="module")
 def rank(bench_ctx):
-    return bench_ctx.profile["lora"]["rank"]
+    return bench_ctx.profile.lora.rank
 
 
 @pytest.fixture(scope="module")
 def prompts(bench_ctx):
     from rlhf.tokens import encode_prompt
     view = bench_ctx.corpus.learning_view()
-    return [encode_prompt(bench_ctx.tokenizer, r["prompt"], bench_ctx.profile["limits"], r["document_id"])
+    return [encode_prompt(bench_ctx.tokenizer, r["prompt"], bench_ctx.profile.limits, r["document_id"])
             for r in view.rollout_prompts()]
 
 
@@ -161,7 +162,7 @@ def fixed_rollout(bench_ctx, roles, prompts):
     from rlhf.ppo import rollout
     tm: dict = {}
     return rollout(roles, prompts[:4], bench_ctx.eos_id, bench_ctx.pad_id, bench_ctx.profile,
-                   torch.Generator().manual_seed(bench_ctx.profile["seeds"]["ppo_sampling"]), True, tm)
+                   torch.Generator().manual_seed(bench_ctx.profile.seeds.ppo_sampling), True, tm)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -519,12 +520,12 @@ def _ppo_trainer(bench_ctx, prompts):
     from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
     prof = bench_ctx.profile
-    cfg = prof["ppo"]
+    cfg = prof.ppo
     roles = lab.ppo_roles(bench_ctx)
     optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"],
-                           prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
-    sampler = PromptSampler(len(prompts), prof["seeds"]["data_order"])
-    gen = torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"])
+                           prof.optim.weight_decay) for k in ("actor", "critic")}
+    sampler = PromptSampler(len(prompts), prof.seeds.data_order)
+    gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
     updates = cfg["updates_per_iteration"]
     record: list = []
 
@@ -547,11 +548,11 @@ def _first_draws(bench_ctx, prompts, actor):
     from rlhf.generate import generate
     from rlhf.ppo import PromptSampler
     prof = bench_ctx.profile
-    ps = [prompts[i] for i in PromptSampler(len(prompts), prof["seeds"]["data_order"]).draw(
-        prof["ppo"]["prompts_per_iteration"])]
+    ps = [prompts[i] for i in PromptSampler(len(prompts), prof.seeds.data_order).draw(
+        prof.ppo.prompts_per_iteration)]
     return generate(actor.model, ps, eos_id=bench_ctx.eos_id, pad_id=bench_ctx.pad_id,
-                    max_new_tokens=prof["limits"]["response_tokens"], temperature=prof["ppo"]["temperature"],
-                    generator=torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"]))
+                    max_new_tokens=prof.limits.response_tokens, temperature=prof.ppo.temperature,
+                    generator=torch.Generator().manual_seed(prof.seeds.ppo_sampling))
 
 
 def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompts, previous):
@@ -642,20 +643,20 @@ def test_sft_update(benchmark, record_result, bench_ctx, peak, shape, rank):
     prof = bench_ctx.profile
     actor = bench_ctx.role("actor")
     demos = encode_demonstrations(bench_ctx.corpus.learning_view().demonstrations("train"), bench_ctx.tokenizer,
-                                  bench_ctx.eos_id, prof["limits"])[:prof["sft"]["examples_per_update"]]
+                                  bench_ctx.eos_id, prof.limits)[:prof.sft.examples_per_update]
     params = [p for p in actor.learned_parameters() if p.requires_grad]
-    opt = adamw(params, prof["sft"]["lr"], prof["optim"]["weight_decay"])
+    opt = adamw(params, prof.sft.lr, prof.optim.weight_decay)
     start = actor.learned_state()
     expected_loss, expected_tokens = sft_loss(actor.model, demos, bench_ctx.pad_id)  # untimed unit path, no step
 
     def once():
         loss, n = sft_loss(actor.model, demos, bench_ctx.pad_id)
-        grad_norm = optimizer_step(opt, params, loss, prof["sft"]["lr"], prof["optim"]["grad_clip_norm"], "bench sft")
+        grad_norm = optimizer_step(opt, params, loss, prof.sft.lr, prof.optim.grad_clip_norm, "bench sft")
         return loss, n, grad_norm
 
     log: list = []
     benchmark.pedantic(_timed(once, log), rounds=20, warmup_rounds=2, iterations=1)
-    assert len(demos) == prof["sft"]["examples_per_update"], len(demos)
+    assert len(demos) == prof.sft.examples_per_update, len(demos)
     for i, (_, (loss, n, grad_norm)) in enumerate(log):
         _check_shape(f"round {i} loss", loss, ())
         _check_finite(f"round {i}", loss, grad_norm)
@@ -677,11 +678,11 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
     from rlhf.ppo_math import bradley_terry_loss
     from rlhf.tokens import collate
     prof = bench_ctx.profile
-    judge = bench_ctx.role("reward")
+    judge = bench_ctx.role("judge")
     pairs = encode_pairs(bench_ctx.corpus.learning_view().pairs("train"), bench_ctx.tokenizer, bench_ctx.eos_id,
-                         prof["limits"])[:prof["judge"]["pairs_per_update"]]
+                         prof.limits)[:prof.judge.pairs_per_update]
     params = [p for p in judge.learned_parameters() if p.requires_grad]
-    opt = adamw(params, prof["judge"]["lr"], prof["optim"]["weight_decay"])
+    opt = adamw(params, prof.judge.lr, prof.optim.weight_decay)
     start = judge.learned_state()
     expected_c, expected_r = pair_scores(judge, pairs, bench_ctx.pad_id)  # untimed unit path, no step
     expected_loss = bradley_terry_loss(expected_c, expected_r)
@@ -689,13 +690,13 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
     def once():
         c, r = pair_scores(judge, pairs, bench_ctx.pad_id)
         loss = bradley_terry_loss(c, r)
-        grad_norm = optimizer_step(opt, params, loss, prof["judge"]["lr"], prof["optim"]["grad_clip_norm"],
+        grad_norm = optimizer_step(opt, params, loss, prof.judge.lr, prof.optim.grad_clip_norm,
                                    "bench judge")
         return c, r, loss, grad_norm
 
     log: list = []
     benchmark.pedantic(_timed(once, log), rounds=20, warmup_rounds=2, iterations=1)
-    n_pairs = prof["judge"]["pairs_per_update"]
+    n_pairs = prof.judge.pairs_per_update
     assert len(pairs) == n_pairs, len(pairs)
     for i, (_, (c, r, loss, grad_norm)) in enumerate(log):
         _check_shape(f"round {i} chosen", c, (n_pairs,))
@@ -722,17 +723,17 @@ def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fix
     from rlhf.roles import critic_values
     from rlhf.scoring import response_logprobs
     prof = bench_ctx.profile
-    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], prof["ppo"][f"{k}_lr"],
-                           prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
+    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], prof.ppo[f"{k}_lr"],
+                           prof.optim.weight_decay) for k in ("actor", "critic")}
     _check_rollout("fixed rollout", fixed_rollout)
     start = {k: roles[k].learned_state() for k in ("actor", "critic")}
     mask = fixed_rollout.batch.response_mask
     with torch.no_grad():  # untimed: the first update's losses by the unit path, on the same parameters
         expected_policy = ppo_math.clipped_policy_loss(response_logprobs(roles["actor"].model, fixed_rollout.batch),
                                                        fixed_rollout.logp_old, fixed_rollout.advantages, mask,
-                                                       clip=prof["ppo"]["clip"])
+                                                       clip=prof.ppo.clip)
         expected_value = ppo_math.value_loss(critic_values(roles["critic"], fixed_rollout.batch),
-                                             fixed_rollout.returns, mask, coef=prof["ppo"]["value_coef"])
+                                             fixed_rollout.returns, mask, coef=prof.ppo.value_coef)
     tm: dict = {}
     log: list = []
     benchmark.pedantic(_timed(lambda: ppo_update(roles, optimizers, fixed_rollout, prof, 20, 200, "bench", tm), log),
@@ -776,11 +777,11 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
     from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
     prof = bench_ctx.profile
-    cfg = prof["ppo"]
+    cfg = prof.ppo
     optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"],
-                           prof["optim"]["weight_decay"]) for k in ("actor", "critic")}
-    sampler = PromptSampler(len(prompts), prof["seeds"]["data_order"])
-    gen = torch.Generator().manual_seed(prof["seeds"]["ppo_sampling"])
+                           prof.optim.weight_decay) for k in ("actor", "critic")}
+    sampler = PromptSampler(len(prompts), prof.seeds.data_order)
+    gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
     phases: list[dict] = []
     lengths: list[float] = []
     done: list = []   # (rollout, [ppo_update results]) per round, checked after timing
@@ -849,10 +850,10 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
     from rlhf.scoring import response_logprobs
     from rlhf.tokens import collate
     prof = load_profile("qwen2.5-0.5b")
-    m = prof["model"]
-    config = Qwen2Config(hidden_size=m["hidden_size"], num_hidden_layers=m["num_hidden_layers"],
-                         num_attention_heads=m["num_attention_heads"], num_key_value_heads=m["num_key_value_heads"],
-                         intermediate_size=m["intermediate_size"], vocab_size=m["vocab_size"], tie_word_embeddings=True,
+    m = prof.model
+    config = Qwen2Config(hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers,
+                         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
+                         intermediate_size=m.intermediate_size, vocab_size=m.vocab_size, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
     torch.set_num_threads(ALL_CORES)
     try:
@@ -862,9 +863,9 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
             p.requires_grad_(False)
         rank = 0
         if with_lora:
-            rank = prof["lora"]["rank"]
-            inject_lora(model, rank=rank, alpha=prof["lora"]["alpha"], seed=prof["lora"]["seed"],
-                        targets=prof["lora"]["targets"])
+            rank = prof.lora.rank
+            inject_lora(model, rank=rank, alpha=prof.lora.alpha, seed=prof.seeds.lora,
+                        targets=prof.lora.targets)
             model.eval()
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, 151000, (4, 256), generator=g).tolist()
@@ -916,7 +917,7 @@ def test_peak_rss_per_stage(benchmark, record_result, bench_ctx):
     measured = {}
 
     def run_all():
-        for stage in ("import", "sft", "reward", "ppo"):
+        for stage in ("import", "sft", "judge", "ppo"):
             out = subprocess.run([sys.executable, "-c", code, stage, str(bench_ctx.run), harness_dir],
                                  capture_output=True, text=True, cwd=ROOT, timeout=600)
             assert out.returncode == 0, out.stderr[-3000:]
@@ -939,12 +940,12 @@ def test_peak_rss_per_stage(benchmark, record_result, bench_ctx):
     SUMMARY["notes"].append("peak RSS MiB per stage (own process): "
                             + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in measured.items())
                             + f"; qwen2.5-0.5b estimate {est['total_gib']:.2f} GiB")
-    assert set(measured) == {"import", "sft", "reward", "ppo"}, measured
+    assert set(measured) == {"import", "sft", "judge", "ppo"}, measured
     for k, v in measured.items():
         assert v["stage"] == k, v
         assert math.isfinite(v["peak_rss_mib"]) and v["peak_rss_mib"] > 0, v
     # a stage that loads and trains roles holds more than the bare imports
-    assert all(measured[k]["peak_rss_mib"] > measured["import"]["peak_rss_mib"] for k in ("sft", "reward", "ppo")), \
+    assert all(measured[k]["peak_rss_mib"] > measured["import"]["peak_rss_mib"] for k in ("sft", "judge", "ppo")), \
         measured
     for e in (est, result["embedded_estimate"]):
         _check_finite("memory estimate", e["total_gib"])
@@ -971,30 +972,30 @@ def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
     from trl.experimental.ppo import PPOConfig, PPOTrainer
     import copy
     prof = bench_ctx.profile
-    cfg = prof["ppo"]
+    cfg = prof.ppo
     tok = copy.deepcopy(bench_ctx.tokenizer)
     tok.padding_side = "left"
     assert tok.eos_token_id == bench_ctx.eos_id and tok.pad_token_id == bench_ctx.pad_id
     args = PPOConfig(
         output_dir=str(out_dir), report_to=[], save_strategy="no", eval_strategy="no", use_cpu=True,
-        bf16=False, fp16=False, seed=prof["seeds"]["torch"], disable_tqdm=True, dataloader_num_workers=0,
+        bf16=False, fp16=False, seed=prof.seeds.torch, disable_tqdm=True, dataloader_num_workers=0,
         per_device_train_batch_size=cfg["prompts_per_iteration"], gradient_accumulation_steps=1,
         num_mini_batches=1, num_ppo_epochs=cfg["updates_per_iteration"], total_episodes=episodes,
         local_rollout_forward_batch_size=cfg["prompts_per_iteration"], response_length=RESPONSE,
         stop_token="eos", temperature=cfg["temperature"], missing_eos_penalty=-cfg["truncation_penalty"],
         kl_coef=cfg["kl_coef"], kl_estimator="k1", cliprange=cfg["clip"], vf_coef=1.0, gamma=cfg["gamma"],
         lam=cfg["lam"], whiten_rewards=False, num_sample_generations=0, learning_rate=cfg["actor_lr"],
-        weight_decay=prof["optim"]["weight_decay"])
+        weight_decay=prof.optim.weight_decay)
     # Two learning rates as in ours (actor 1e-4, critic 1e-3), one AdamW (TRL steps one optimizer).
     actor_params = [p for p in roles["actor"].learned_parameters() if p.requires_grad]
     critic_params = [p for p in roles["critic"].learned_parameters() if p.requires_grad]
     opt = torch.optim.AdamW([{"params": actor_params, "lr": cfg["actor_lr"]},
                              {"params": critic_params, "lr": cfg["critic_lr"]}],
-                            weight_decay=prof["optim"]["weight_decay"], foreach=False)
+                            weight_decay=prof.optim.weight_decay, foreach=False)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     data = Dataset.from_dict({"input_ids": prompts})
     trainer = PPOTrainer(args=args, processing_class=tok, model=roles["actor"].model,
-                         ref_model=roles["reference"].model, reward_model=_ScoreModel(roles["reward"]),
+                         ref_model=roles["reference"].model, reward_model=_ScoreModel(roles["judge"]),
                          value_model=_ScoreModel(roles["critic"]), train_dataset=data,
                          eval_dataset=data.select(range(4)), optimizers=(opt, sched))
     for cb in (PrinterCallback, ProgressCallback):
@@ -1015,13 +1016,12 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     from rlhf import lab
     from rlhf.ppo import PHASES, train_ppo
     n = TRL_WARMUP + TRL_TIMED
-    prof = json.loads(json.dumps(bench_ctx.profile))
-    prof["ppo"]["iterations"] = n
+    prof = override(bench_ctx.profile, {("ppo", "iterations"): n})
     kept: dict = {}  # what each run leaves behind (states, TRL's logs), checked after timing
 
     def ours():
         roles = lab.ppo_roles(bench_ctx)
-        torch.manual_seed(prof["seeds"]["torch"])
+        torch.manual_seed(prof.seeds.torch)
         state, tm = train_ppo(roles, bench_ctx.corpus.learning_view(), bench_ctx.tokenizer, bench_ctx.eos_id,
                               bench_ctx.pad_id, prof)
         kept["ours"] = state
@@ -1046,7 +1046,7 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
 
     def theirs(no_gc: bool = False):
         roles = lab.ppo_roles(bench_ctx)
-        torch.manual_seed(prof["seeds"]["torch"])
+        torch.manual_seed(prof.seeds.torch)
         trainer = _trl_trainer(bench_ctx, roles, prompts, tmp_path / "trl", episodes=4 * n)
         clock = Clock()
         trainer.add_callback(clock)
@@ -1114,7 +1114,7 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     for i, rec in enumerate(its):
         _check_finite(f"ours iteration {i}", *rec["policy_loss"], *rec["value_loss"], *rec["actor_grad_norm"],
                       *rec["critic_grad_norm"], *rec["scores"])
-        assert len(rec["policy_loss"]) == len(rec["value_loss"]) == prof["ppo"]["updates_per_iteration"], rec
+        assert len(rec["policy_loss"]) == len(rec["value_loss"]) == prof.ppo.updates_per_iteration, rec
     for k in ("actor", "critic"):
         _check_moved(f"ours {k}", start[k], kept["ours"][k])
     for k in ("trl", "trl_without_gc_collect"):

@@ -113,10 +113,10 @@ def synthetic_policy_rows(ctx, seed: int, shift: float):
 
 def test_bootstrap_is_deterministic_and_holds_the_point_estimate(ctx):
     sft, ppo = synthetic_policy_rows(ctx, 1, 0.0), synthetic_policy_rows(ctx, 2, 0.2)
-    first = bootstrap_differences(sft, ppo, ctx, seed=349, resamples=2000)
-    again = bootstrap_differences(sft, ppo, ctx, seed=349, resamples=2000)
+    first = bootstrap_differences(sft, ppo, seed=349, resamples=2000)
+    again = bootstrap_differences(sft, ppo, seed=349, resamples=2000)
     assert first == again
-    other = bootstrap_differences(sft, ppo, ctx, seed=350, resamples=2000)
+    other = bootstrap_differences(sft, ppo, seed=350, resamples=2000)
     assert other["learned_reward"]["test"]["ci95"] != first["learned_reward"]["test"]["ci95"]
     units = {"test": 36, "probe_rows": 20, "probe_contexts": 20, "all_rows": 56, "all_unique_contexts": 56}
     for key in ("rubric_success", "learned_reward"):
@@ -132,17 +132,10 @@ def test_bootstrap_is_deterministic_and_holds_the_point_estimate(ctx):
         first["learned_reward"]["probe_contexts"]["ci95"])
 
 
-def test_bootstrap_seed_defaults_to_the_profile_evaluation_seed(ctx):
-    sft, ppo = synthetic_policy_rows(ctx, 3, 0.0), synthetic_policy_rows(ctx, 4, 0.1)
-    profiled = SimpleNamespace(corpus=ctx.corpus, profile={"seeds": {"evaluation": 349}})
-    assert bootstrap_differences(sft, ppo, profiled, resamples=300) == \
-        bootstrap_differences(sft, ppo, None, seed=349, resamples=300)
-
-
 def test_bootstrap_constant_difference_has_zero_width(ctx):
     sft = synthetic_policy_rows(ctx, 5, 0.0)
     ppo = [{**r, "learned_reward": r["learned_reward"] + 0.5} for r in sft]
-    out = bootstrap_differences(sft, ppo, None, seed=349, resamples=500)
+    out = bootstrap_differences(sft, ppo, seed=349, resamples=500)
     for pop in POPULATIONS:
         d = out["learned_reward"][pop]
         assert d["diff"] == pytest.approx(0.5)
@@ -153,7 +146,7 @@ def test_bootstrap_constant_difference_has_zero_width(ctx):
 def test_bootstrap_refuses_mismatched_documents(ctx):
     sft = synthetic_policy_rows(ctx, 6, 0.0)
     with pytest.raises(ValueError, match="same documents"):
-        bootstrap_differences(sft, sft[:-1], None, resamples=10)
+        bootstrap_differences(sft, sft[:-1], seed=349, resamples=10)
 
 
 def test_politeness_delta_arithmetic():

@@ -26,17 +26,17 @@ def test_qwen_parameter_counts():
     assert per_layer == 14_909_440
     assert flops.backbone_matmul_params(QWEN) == 24 * per_layer == 357_826_560
     assert flops.lm_head_params(QWEN) == 151936 * 896 == 136_134_656
-    assert flops.lora_params(QWEN, 8) == load_profile("qwen2.5-0.5b")["lora"]["expected_parameters"] == 4_399_104
+    assert flops.lora_params(QWEN, 8) == load_profile("qwen2.5-0.5b").lora.expected_parameters == 4_399_104
     assert flops.backbone_matmul_params(QWEN, lora_rank=8) == 357_826_560 + 4_399_104
 
 
 def test_embedded_counts_match_a_built_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
     profile = load_profile("embedded")
-    m = profile["model"]
-    config = Qwen2Config(hidden_size=m["hidden_size"], num_hidden_layers=m["num_hidden_layers"],
-                         num_attention_heads=m["num_attention_heads"], num_key_value_heads=m["num_key_value_heads"],
-                         intermediate_size=m["intermediate_size"], vocab_size=m["vocab_size"],
+    m = profile.model
+    config = Qwen2Config(hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers,
+                         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
+                         intermediate_size=m.intermediate_size, vocab_size=m.vocab_size,
                          tie_word_embeddings=True)
     model = Qwen2ForCausalLM(config)
     shape = flops.Shape.from_config(config)
@@ -44,7 +44,7 @@ def test_embedded_counts_match_a_built_model():
     linear = sum(mod.weight.numel() for name, mod in model.model.layers.named_modules()
                  if name.endswith("_proj"))
     assert flops.backbone_matmul_params(shape) == linear
-    assert flops.lora_params(shape, 8) == profile["lora"]["expected_parameters"] == 22528
+    assert flops.lora_params(shape, 8) == profile.lora.expected_parameters == 22528
 
 
 def test_forward_and_train_flops_formula():

@@ -34,6 +34,7 @@ TINY_CONFIG = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                    tie_word_embeddings=True)
 SPEC_ADAPTERS = 168            # SPEC §4
 SPEC_LORA_PARAMS = 4_399_104   # SPEC §4
+SPEC_LORA = {"rank": 8, "alpha": 16, "seed": 49}   # SPEC §4 (the profiles hold these; inject_lora has no defaults)
 RANK = 8
 
 
@@ -73,7 +74,7 @@ def kaiming_bound(in_features: int) -> float:
 def full():
     model = build_uninitialised(FULL_CONFIG, torch.bfloat16)
     base_params = {n: p for n, p in model.named_parameters()}
-    adapters = inject_lora(model)  # r=8, alpha=16, seed=49 by default
+    adapters = inject_lora(model, rank=8, alpha=16, seed=49)  # the profiles' SPEC values
     return dict(model=model, adapters=adapters, base_params=base_params)
 
 
@@ -163,15 +164,15 @@ def test_full_shape_projection_forward_is_base_at_B_zero_and_live_after(full):
 def test_full_shape_double_injection_refused(full):
     model = full["model"]
     with pytest.raises(ValueError, match="already has LoRA adapters"):
-        inject_lora(model)
+        inject_lora(model, rank=8, alpha=16, seed=49)
     assert count_lora_parameters(model) == SPEC_LORA_PARAMS
     assert len(lora_modules(model)) == SPEC_ADAPTERS
 
 
 def test_full_shape_same_seed_same_A_other_seed_other_A(full):
     ref = full["adapters"]  # seed 49
-    same = inject_lora(build_uninitialised(FULL_CONFIG, torch.bfloat16), seed=49)
-    other = inject_lora(build_uninitialised(FULL_CONFIG, torch.bfloat16), seed=50)
+    same = inject_lora(build_uninitialised(FULL_CONFIG, torch.bfloat16), rank=8, alpha=16, seed=49)
+    other = inject_lora(build_uninitialised(FULL_CONFIG, torch.bfloat16), rank=8, alpha=16, seed=50)
     assert list(same) == list(ref) == list(other)
     for name in ref:
         assert torch.equal(same[name].lora_A, ref[name].lora_A), name
@@ -204,7 +205,7 @@ def test_tiny_fp32_injection_is_exact_identity_at_init_and_formula_holds():
     ids = torch.arange(1, 9).unsqueeze(0)
     with torch.no_grad():
         before = model(ids).logits
-    adapters = inject_lora(model)
+    adapters = inject_lora(model, **SPEC_LORA)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)
         a = adapters["model.layers.1.mlp.down_proj"]
@@ -262,7 +263,7 @@ def test_tiny_bf16_model_logits_unchanged_at_init_and_only_B_gets_gradient():
     ids = torch.tensor([[5, 900, 17, 1023, 3, 64]])
     with torch.no_grad():
         before = model(ids).logits
-    adapters = inject_lora(model)
+    adapters = inject_lora(model, **SPEC_LORA)
     out = model(ids).logits
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, before)
@@ -277,7 +278,7 @@ def test_tiny_bf16_model_logits_unchanged_at_init_and_only_B_gets_gradient():
 
 def test_targets_subset_uses_canonical_order():
     model = build_tiny()
-    adapters = inject_lora(model, targets=("v_proj", "q_proj"))
+    adapters = inject_lora(model, **SPEC_LORA, targets=("v_proj", "q_proj"))
     assert list(adapters) == expected_names(2, ("q_proj", "v_proj"))
     assert isinstance(model.model.layers[0].self_attn.k_proj, nn.Linear)
     assert not isinstance(model.model.layers[0].self_attn.k_proj, LoRALinear)
@@ -314,16 +315,16 @@ def test_refusals_are_clear_and_leave_the_model_untouched(case, match):
     elif case == "not_a_causal_lm":
         model = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ValueError, match=match):
-        inject_lora(model, targets=targets)
+        inject_lora(model, **SPEC_LORA, targets=targets)
     assert lora_modules(model) == {}
     assert all(p.requires_grad for p in model.parameters())  # nothing was frozen either
 
 
 def test_tiny_double_injection_refused():
     model = build_tiny()
-    inject_lora(model)
+    inject_lora(model, **SPEC_LORA)
     with pytest.raises(ValueError, match="refusing to inject twice"):
-        inject_lora(model, seed=50)
+        inject_lora(model, rank=8, alpha=16, seed=50)
     assert count_lora_parameters(model) == 22528
 
 
@@ -344,7 +345,7 @@ def test_lora_linear_refuses_bad_arguments():
 
 def test_state_dict_round_trip_is_exact_and_shares_no_storage():
     src = build_tiny(seed=1)
-    inject_lora(src, seed=1)
+    inject_lora(src, rank=8, alpha=16, seed=1)
     with torch.no_grad():
         for p in lora_parameters(src):
             p.normal_(generator=torch.Generator().manual_seed(p.numel()))
@@ -355,7 +356,7 @@ def test_state_dict_round_trip_is_exact_and_shares_no_storage():
     assert all(t.dtype == torch.float32 for t in sd.values())
     dst = copy.deepcopy(src)
     dst_fresh = build_tiny(seed=1)
-    inject_lora(dst_fresh, seed=2)
+    inject_lora(dst_fresh, rank=8, alpha=16, seed=2)
     load_lora_state_dict(dst_fresh, sd)
     ids = torch.arange(3, 11).unsqueeze(0)
     with torch.no_grad():
@@ -377,7 +378,7 @@ def test_state_dict_round_trip_is_exact_and_shares_no_storage():
 ])
 def test_load_state_dict_is_strict(mutate, match):
     model = build_tiny()
-    inject_lora(model)
+    inject_lora(model, **SPEC_LORA)
     sd = lora_state_dict(model)
     if mutate == "drop":
         del sd["model.layers.1.mlp.up_proj.lora_B"]

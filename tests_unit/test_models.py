@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlhf import cli
-from rlhf.config import load_profile
+from rlhf.config import load_profile, override
 from rlhf.io import ArtifactExists
 from rlhf.models import ModelCheckError, fetch_model, load_base
 
@@ -60,8 +60,7 @@ def test_config_mismatch_is_refused(model_copy, embedded_profile, key, value, me
 
 
 def test_wrong_dtype_is_refused(model_copy, embedded_profile):
-    profile = copy.deepcopy(embedded_profile)
-    profile["model"]["dtype"] = "bfloat16"
+    profile = override(embedded_profile, {("model", "dtype"): "bfloat16"})
     with pytest.raises(ModelCheckError, match="checkpoint dtype is float32"):
         load_base(profile, model_copy)
     edit_config(model_copy, dtype="bfloat16")
@@ -70,19 +69,18 @@ def test_wrong_dtype_is_refused(model_copy, embedded_profile):
 
 
 def test_wrong_special_ids_are_refused(model_copy, embedded_profile):
-    profile = copy.deepcopy(embedded_profile)
-    profile["model"]["eos_token_id"] = 5
+    profile = override(embedded_profile, {("model", "eos_token_id"): 5})
     with pytest.raises(ModelCheckError, match="EOS id"):
         load_base(profile, model_copy)
 
 
 def test_qwen_profile_pins_every_spec_number():
-    m = load_profile("qwen2.5-0.5b")["model"]
-    assert (m["hidden_size"], m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"],
-            m["intermediate_size"], m["vocab_size"]) == (896, 24, 14, 2, 4864, 151936)
-    assert m["tie_word_embeddings"] and m["dtype"] == "bfloat16"
-    assert (m["eos_token_id"], m["pad_token_id"]) == (151645, 151643)
-    assert m["revision"] == "7ae557604adf67be50417f59c2c2f167def9a775"
+    m = load_profile("qwen2.5-0.5b").model
+    assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads,
+            m.intermediate_size, m.vocab_size) == (896, 24, 14, 2, 4864, 151936)
+    assert m.tie_word_embeddings and m.dtype == "bfloat16"
+    assert (m.eos_token_id, m.pad_token_id) == (151645, 151643)
+    assert m.revision == "7ae557604adf67be50417f59c2c2f167def9a775"
 
 
 def test_fetch_model_downloads_the_pinned_revision(tmp_path):
@@ -116,7 +114,7 @@ def test_fetch_model_command_line(monkeypatch, tmp_path, capsys):
     seen = {}
     monkeypatch.setattr("rlhf.models.fetch_model", lambda profile, out: seen.update(p=profile, out=out) or out)
     assert cli.main(["fetch-model", "--out", str(tmp_path / "q")]) == 0
-    assert seen["p"]["name"] == "qwen2.5-0.5b" and str(seen["out"]) == str(tmp_path / "q")
+    assert seen["p"].name == "qwen2.5-0.5b" and str(seen["out"]) == str(tmp_path / "q")
     with pytest.raises(SystemExit):
         cli.main(["fetch-model"])  # --out is required
     with pytest.raises(SystemExit):
@@ -138,10 +136,10 @@ def qwen_shape_dir(tmp_path_factory):
 
 
 def test_real_loader_on_the_full_qwen_shape_with_random_weights(qwen_shape_dir):
-    profile = copy.deepcopy(load_profile("qwen2.5-0.5b"))
+    profile = load_profile("qwen2.5-0.5b")
     with pytest.raises(ModelCheckError, match="RANDOM weights"):
         load_base(profile, qwen_shape_dir)  # never mistaken for the pinned revision
-    profile["model"]["allow_random_weights"] = True
+    profile = override(profile, {("model", "allow_random_weights"): True})
     base = load_base(profile, qwen_shape_dir)
     cfg = base.model.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,

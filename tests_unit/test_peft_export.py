@@ -33,7 +33,7 @@ def injected_tiny(dtype):
         torch.manual_seed(0)
         base = Qwen2ForCausalLM(Qwen2Config(**TINY)).to(dtype).eval()
     twin = copy.deepcopy(base)
-    adapters = inject_lora(base, seed=49)
+    adapters = inject_lora(base, rank=8, alpha=16, seed=49)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for a in adapters.values():

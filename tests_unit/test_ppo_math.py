@@ -8,9 +8,19 @@ import pytest
 import torch
 
 from rlhf import ppo_math
+from rlhf.config import load_profile
 from rlhf.ppo_math import (bradley_terry_loss, clip_fraction, clipped_policy_loss, gae,
                            log_ratio_penalty, learning_rate, mean_sampled_log_ratio, policy_ratio,
                            sampled_log_ratio, token_rewards, value_loss, warmup_steps)
+
+# SPEC §5-§6 numbers, passed explicitly (ppo_math has no defaults; the profiles own these values,
+# and test_the_constants_these_tests_pass_are_both_profiles_values in tests_unit/test_ppo_math.py checks that both profiles agree).
+REWARD = {"kl_coef": 0.02, "truncation_penalty": -1.0}
+GAE = {"gamma": 1.0, "lam": 0.95}
+CLIP = {"clip": 0.2}
+VALUE = {"coef": 0.5}
+WARMUP_RATIO, MIN_LR_RATIO = 0.1, 0.1
+
 
 pytestmark = pytest.mark.unit
 
@@ -138,7 +148,7 @@ def test_gae_matches_every_hand_episode():
 @pytest.mark.parametrize("name", sorted(HAND_EPISODES))
 def test_gae_each_hand_episode(name):
     ep = HAND_EPISODES[name]
-    adv, ret = gae(t64(ep["rewards"]), t64(ep["values"]), torch.tensor(ep["dones"], dtype=torch.bool))
+    adv, ret = gae(t64(ep["rewards"]), t64(ep["values"]), torch.tensor(ep["dones"], dtype=torch.bool), **GAE)
     assert_close(adv, ep["advantages"])
     assert_close(ret, ep["returns"])
 
@@ -157,20 +167,20 @@ def test_regression_9_4_check_rejects_gae_that_bootstraps_past_terminal():
 
 def test_token_rewards_eos_by_hand():
     r = token_rewards(t64([LOGP_OLD]), t64([LOGP_REF]), t64([SCORE]),
-                      torch.ones(1, 3, dtype=torch.bool), torch.tensor([False]))
+                      torch.ones(1, 3, dtype=torch.bool), torch.tensor([False]), **REWARD)
     assert_close(r, [HAND_EPISODES["a_eos"]["rewards"]])
 
 
 def test_token_rewards_truncated_by_hand():
     r = token_rewards(t64([LOGP_OLD]), t64([LOGP_REF]), t64([SCORE]),
-                      torch.ones(1, 3, dtype=torch.bool), torch.tensor([True]))
+                      torch.ones(1, 3, dtype=torch.bool), torch.tensor([True]), **REWARD)
     assert_close(r, [HAND_EPISODES["b_truncated"]["rewards"]])
 
 
 def test_token_rewards_padding_by_hand():
     mask = torch.tensor([[1, 1, 1, 0, 0]], dtype=torch.bool)
     r = token_rewards(t64([LOGP_OLD + [-3.0, -4.0]]), t64([LOGP_REF + [-7.0, 0.0]]), t64([SCORE]),
-                      mask, torch.tensor([False]))
+                      mask, torch.tensor([False]), **REWARD)
     assert_close(r, [HAND_EPISODES["c_padding"]["rewards"]])
 
 
@@ -181,11 +191,11 @@ def test_full_chain_rewards_to_gae_by_hand_batched():
     logp_ref = t64([LOGP_REF + pad_ref] * 3)
     mask = torch.tensor([[1, 1, 1, 0, 0]] * 3, dtype=torch.bool)
     truncated = torch.tensor([False, True, False])
-    rewards = token_rewards(logp_old, logp_ref, t64([SCORE] * 3), mask, truncated)
+    rewards = token_rewards(logp_old, logp_ref, t64([SCORE] * 3), mask, truncated, **REWARD)
     dones = torch.zeros(3, 5, dtype=torch.bool)
     dones[:, 2] = True
     values = t64([VALUES + [9.0, -4.0]] * 3)
-    adv, ret = gae(rewards, values, dones)
+    adv, ret = gae(rewards, values, dones, **GAE)
     assert_close(adv, [[0.38475, 0.205, 0.3, 0.0, 0.0],
                        [-0.51775, -0.745, -0.7, 0.0, 0.0],
                        [0.38475, 0.205, 0.3, 0.0, 0.0]])
@@ -206,7 +216,7 @@ def test_terminal_score_placed_exactly_once_whatever_padding_side():
     logp = torch.full((4, 4), -2.0, dtype=F64)
     score = t64([0.5, -1.5, 2.0, 3.0])
     truncated = torch.tensor([True, False, False, True])
-    r = token_rewards(logp, logp.clone(), score, mask, truncated)
+    r = token_rewards(logp, logp.clone(), score, mask, truncated, **REWARD)
     expected = torch.zeros(4, 4, dtype=F64)
     expected[0, 3] = 0.5 - 1.0
     expected[1, 1] = -1.5
@@ -229,17 +239,17 @@ def test_token_rewards_kl_part_and_padding_zero_and_coefficients():
 def test_token_rewards_are_detached():
     logp_old = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     score = torch.tensor([1.0], requires_grad=True)
-    r = token_rewards(logp_old, torch.zeros(1, 2), score, torch.ones(1, 2), torch.tensor([False]))
+    r = token_rewards(logp_old, torch.zeros(1, 2), score, torch.ones(1, 2), torch.tensor([False]), **REWARD)
     assert not r.requires_grad
 
 
 def test_token_rewards_shape_errors():
     with pytest.raises(ValueError):
         token_rewards(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3),
-                      torch.tensor([False, False]))
+                      torch.tensor([False, False]), **REWARD)
     with pytest.raises(ValueError):
         token_rewards(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3),
-                      torch.tensor([False, False]))
+                      torch.tensor([False, False]), **REWARD)
 
 
 def test_sampled_log_ratio_can_be_negative_and_is_masked():
@@ -267,22 +277,40 @@ def test_nothing_is_named_kl_except_the_coefficient():
         fn = getattr(ppo_math, name)
         params = [p for p in inspect.signature(fn).parameters if "kl" in p.lower()]
         assert params in ([], ["kl_coef"]), (name, params)
-    assert inspect.signature(token_rewards).parameters["kl_coef"].default == 0.02
-    assert inspect.signature(token_rewards).parameters["truncation_penalty"].default == -1.0
+
+
+# Every number the profile owns, by the ppo_math function that takes it: no defaults, so a caller
+# cannot silently run on a value that repeats (or contradicts) the profile (issue 17).
+PROFILE_OWNED = {"token_rewards": ("kl_coef", "truncation_penalty"), "log_ratio_penalty": ("kl_coef",),
+                 "gae": ("gamma", "lam"), "clipped_policy_loss": ("clip",), "clip_fraction": ("clip",),
+                 "value_loss": ("coef",), "warmup_steps": ("warmup_ratio",),
+                 "learning_rate": ("warmup_ratio", "min_ratio")}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILE_OWNED))
+def test_profile_owned_numbers_have_no_defaults(name):
+    params = inspect.signature(getattr(ppo_math, name)).parameters
+    for arg in PROFILE_OWNED[name]:
+        assert params[arg].default is inspect.Parameter.empty, (name, arg)
+
+
+def test_the_constants_these_tests_pass_are_both_profiles_values():
+    """The SPEC numbers used by hand here are the ones the profiles give the lab."""
+    for name in ("embedded", "qwen2.5-0.5b"):
+        p = load_profile(name)
+        assert {"kl_coef": p.ppo.kl_coef, "truncation_penalty": p.ppo.truncation_penalty} == REWARD
+        assert {"gamma": p.ppo.gamma, "lam": p.ppo.lam} == GAE
+        assert {"clip": p.ppo.clip} == CLIP and {"coef": p.ppo.value_coef} == VALUE
+        assert (p.optim.warmup_ratio, p.optim.min_lr_ratio) == (WARMUP_RATIO, MIN_LR_RATIO)
 
 
 # ============================================================ GAE details
-
-def test_gae_defaults_are_spec_values():
-    params = inspect.signature(gae).parameters
-    assert params["gamma"].default == 1.0
-    assert params["lam"].default == 0.95
 
 
 def test_gae_outputs_detached_and_inputs_untouched():
     rewards = torch.tensor([0.0, 1.0], requires_grad=True)
     values = torch.tensor([0.5, 0.25], requires_grad=True)
-    adv, ret = gae(rewards, values, torch.tensor([False, True]))
+    adv, ret = gae(rewards, values, torch.tensor([False, True]), **GAE)
     assert not adv.requires_grad and not ret.requires_grad
     # delta_1 = 1 - 0.25 = 0.75 ; delta_0 = 0 + 0.25 - 0.5 = -0.25 ; A_0 = -0.25 + 0.95*0.75
     assert torch.allclose(adv, torch.tensor([-0.25 + 0.7125, 0.75]))
@@ -305,16 +333,16 @@ def test_gae_gamma_discounts_bootstrap():
 
 
 def test_gae_nan_values_in_padding_do_not_leak():
-    adv, ret = gae(t64([[1.0, 0.0]]), t64([[0.25, math.nan]]), torch.tensor([[1, 0]]))
+    adv, ret = gae(t64([[1.0, 0.0]]), t64([[0.25, math.nan]]), torch.tensor([[1, 0]]), **GAE)
     assert adv[0, 0].item() == 0.75 and adv[0, 1].item() == 0.0
     assert ret[0, 0].item() == 1.0
 
 
 def test_gae_shape_errors():
     with pytest.raises(ValueError):
-        gae(torch.zeros(3), torch.zeros(4), torch.zeros(3))
+        gae(torch.zeros(3), torch.zeros(4), torch.zeros(3), **GAE)
     with pytest.raises(ValueError):
-        gae(torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3))
+        gae(torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), **GAE)
 
 
 # ============================================================ actor loss and clipping
@@ -330,7 +358,7 @@ def _actor_grad(advantage: float):
                             requires_grad=True)
     adv = torch.full((7,), advantage, dtype=F64)
     mask = torch.tensor([1] * 6 + [0], dtype=torch.bool)
-    loss = clipped_policy_loss(logp_cur, logp_old, adv, mask)
+    loss = clipped_policy_loss(logp_cur, logp_old, adv, mask, **CLIP)
     loss.backward()
     return loss.detach(), logp_cur.grad
 
@@ -365,7 +393,7 @@ def test_clipped_policy_loss_two_tokens_by_hand_and_clip_argument():
     logp_old = t64([0.0, 0.0])
     adv = t64([2.0, 2.0])
     mask = torch.tensor([True, True])
-    assert clipped_policy_loss(logp_cur, logp_old, adv, mask).item() == pytest.approx(-1.7, abs=1e-12)
+    assert clipped_policy_loss(logp_cur, logp_old, adv, mask, **CLIP).item() == pytest.approx(-1.7, abs=1e-12)
     assert clipped_policy_loss(logp_cur, logp_old, adv, mask, clip=0.5).item() == pytest.approx(
         -1.8, abs=1e-12)
 
@@ -374,7 +402,7 @@ def test_clipped_policy_loss_does_not_train_through_old_or_advantages():
     logp_cur = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     logp_old = torch.tensor([[-1.1, -0.9]], requires_grad=True)
     adv = torch.tensor([[1.0, -1.0]], requires_grad=True)
-    clipped_policy_loss(logp_cur, logp_old, adv, torch.ones(1, 2)).backward()
+    clipped_policy_loss(logp_cur, logp_old, adv, torch.ones(1, 2), **CLIP).backward()
     assert logp_cur.grad is not None
     assert logp_old.grad is None and adv.grad is None
 
@@ -384,13 +412,13 @@ def test_clip_fraction_by_hand():
     logp_old = torch.zeros(6, dtype=F64)
     mask = torch.ones(6, dtype=torch.bool)
     # A > 0: clipped where rho > 1.2 -> rho 1.3, 2.0 -> 2/6
-    assert clip_fraction(logp_cur, logp_old, torch.full((6,), 2.0, dtype=F64), mask).item() == \
+    assert clip_fraction(logp_cur, logp_old, torch.full((6,), 2.0, dtype=F64), mask, **CLIP).item() == \
         pytest.approx(2 / 6)
     # A < 0: clipped where rho < 0.8 -> rho 0.5 -> 1/6
-    assert clip_fraction(logp_cur, logp_old, torch.full((6,), -2.0, dtype=F64), mask).item() == \
+    assert clip_fraction(logp_cur, logp_old, torch.full((6,), -2.0, dtype=F64), mask, **CLIP).item() == \
         pytest.approx(1 / 6)
     # A = 0: nothing is clipped
-    assert clip_fraction(logp_cur, logp_old, torch.zeros(6, dtype=F64), mask).item() == 0.0
+    assert clip_fraction(logp_cur, logp_old, torch.zeros(6, dtype=F64), mask, **CLIP).item() == 0.0
 
 
 def test_clip_fraction_response_weighted():
@@ -398,19 +426,13 @@ def test_clip_fraction_response_weighted():
     # Response mean: (1.0 + 0.0) / 2 = 0.5  (a flat token mean would give 1/5)
     logp_cur = t64([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
-    out = clip_fraction(logp_cur, torch.zeros(2, 4, dtype=F64), torch.ones(2, 4, dtype=F64), mask)
+    out = clip_fraction(logp_cur, torch.zeros(2, 4, dtype=F64), torch.ones(2, 4, dtype=F64), mask, **CLIP)
     assert out.item() == 0.5
 
 
 def test_policy_ratio():
     assert_close(policy_ratio(t64([0.0, math.log(2.0)]), t64([0.0, 0.0])), [1.0, 2.0])
     assert_close(policy_ratio(t64([-3.0]), t64([-1.0])), [math.exp(-2.0)])
-
-
-def test_clip_default_is_spec_value():
-    assert inspect.signature(clipped_policy_loss).parameters["clip"].default == 0.2
-    assert inspect.signature(clip_fraction).parameters["clip"].default == 0.2
-    assert inspect.signature(value_loss).parameters["coef"].default == 0.5
 
 
 # ============================================================ critic loss
@@ -422,7 +444,7 @@ def test_value_loss_and_gradient_single_response():
     values = t64([1.0, 2.0, -1.0, 5.0]).requires_grad_(True)
     returns = t64([0.0, 2.5, 1.0, -3.0])
     mask = torch.tensor([1, 1, 1, 0], dtype=torch.bool)
-    loss = value_loss(values, returns, mask)
+    loss = value_loss(values, returns, mask, **VALUE)
     assert loss.item() == pytest.approx(0.875, abs=1e-12)
     loss.backward()
     assert_close(values.grad, [1 / 3, -1 / 6, -2 / 3, 0.0])
@@ -445,7 +467,7 @@ def test_value_loss_gradient_batched_responses():
     values = t64([[1.0, 1.0], [4.0, 0.0]]).requires_grad_(True)
     returns = t64([[0.0, 3.0], [2.0, 0.0]])
     mask = torch.tensor([[1, 1], [1, 0]], dtype=torch.bool)
-    value_loss(values, returns, mask).backward()
+    value_loss(values, returns, mask, **VALUE).backward()
     # row 0: (V-R) = [1, -2] / (2*2) -> [0.25, -0.5] ; row 1: (4-2)/(2*1) = 1.0 ; pad 0
     assert_close(values.grad, [[0.25, -0.5], [1.0, 0.0]])
 
@@ -498,8 +520,8 @@ def test_bradley_terry_rejects_mismatch_and_empty():
 def test_schedule_first_last_and_warm(total, warm):
     # SFT 63 updates, judge 210, PPO 200 (SPEC §5-§6), embedded SFT 420
     peak = 2e-5
-    assert warmup_steps(total) == warm
-    lrs = [learning_rate(s, total, peak) for s in range(total)]
+    assert warmup_steps(total, WARMUP_RATIO) == warm
+    lrs = [learning_rate(s, total, peak, WARMUP_RATIO, MIN_LR_RATIO) for s in range(total)]
     assert lrs[0] == pytest.approx(peak / warm, rel=1e-12)
     assert lrs[warm - 2] < peak
     assert lrs[warm - 1] == peak                 # warm-up ends exactly at peak
@@ -522,48 +544,48 @@ def test_schedule_by_hand_63():
     # 1.968e-5 here) ; step 7 -> 2e-5 * (1 - 1/56 * 0.9) ; step 34 -> 2e-5 * (1 - 28/56 * 0.9)
     # = 1.1e-5 ; step 62 (last) -> 2e-5 * (1 - 0.9) = 2e-6.
     peak = 2e-5
-    assert learning_rate(0, 63, peak) == pytest.approx(3.3333333333e-6, rel=1e-9)
-    assert learning_rate(2, 63, peak) == pytest.approx(1e-5, rel=1e-12)
-    assert learning_rate(5, 63, peak) == 2e-5
-    assert learning_rate(6, 63, peak) == 2e-5
-    assert learning_rate(7, 63, peak) == pytest.approx(1.9678571428571e-5, rel=1e-11)
-    assert learning_rate(34, 63, peak) == pytest.approx(1.1e-5, rel=1e-12)
-    assert learning_rate(62, 63, peak) == pytest.approx(2e-6, rel=1e-12)
+    assert learning_rate(0, 63, peak, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(3.3333333333e-6, rel=1e-9)
+    assert learning_rate(2, 63, peak, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(1e-5, rel=1e-12)
+    assert learning_rate(5, 63, peak, WARMUP_RATIO, MIN_LR_RATIO) == 2e-5
+    assert learning_rate(6, 63, peak, WARMUP_RATIO, MIN_LR_RATIO) == 2e-5
+    assert learning_rate(7, 63, peak, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(1.9678571428571e-5, rel=1e-11)
+    assert learning_rate(34, 63, peak, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(1.1e-5, rel=1e-12)
+    assert learning_rate(62, 63, peak, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(2e-6, rel=1e-12)
 
 
 def test_schedule_by_hand_judge_and_ppo():
     # Judge 210 updates (warm 21): step 20 and 21 at the peak, step 209 at 10%, step 115 half-way
     # down the decay: (115 - 21) / 188 = 0.5 -> peak * (1 - 0.45) = 0.55 peak.
-    assert learning_rate(20, 210, 1.0) == 1.0 and learning_rate(21, 210, 1.0) == 1.0
-    assert learning_rate(115, 210, 1.0) == pytest.approx(0.55, rel=1e-12)
-    assert learning_rate(209, 210, 1.0) == pytest.approx(0.1, rel=1e-12)
+    assert learning_rate(20, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0 and learning_rate(21, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+    assert learning_rate(115, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(0.55, rel=1e-12)
+    assert learning_rate(209, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(0.1, rel=1e-12)
     # PPO actor 200 updates at 5e-6 (warm 20): step 19 and 20 at 5e-6, step 199 at 5e-7.
-    assert learning_rate(19, 200, 5e-6) == 5e-6 and learning_rate(20, 200, 5e-6) == 5e-6
-    assert learning_rate(199, 200, 5e-6) == pytest.approx(5e-7, rel=1e-12)
+    assert learning_rate(19, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == 5e-6 and learning_rate(20, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == 5e-6
+    assert learning_rate(199, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(5e-7, rel=1e-12)
 
 
 def test_schedule_tiny_totals():
     # total 1: warm = 1, the only update is the end of warm-up -> peak.
-    assert learning_rate(0, 1, 3.0) == 3.0
+    assert learning_rate(0, 1, 3.0, WARMUP_RATIO, MIN_LR_RATIO) == 3.0
     # total 2: warm = 1; update 1 is update `warm` -> still the peak (max(1, 2 - 1 - 1) = 1, 0 / 1 = 0)
-    assert [learning_rate(s, 2, 3.0) for s in range(2)] == [3.0, 3.0]
+    assert [learning_rate(s, 2, 3.0, WARMUP_RATIO, MIN_LR_RATIO) for s in range(2)] == [3.0, 3.0]
     # total 3: warm = 1 -> [peak, peak, peak * (1 - 1/1 * 0.9)]
-    lrs = [learning_rate(s, 3, 3.0) for s in range(3)]
+    lrs = [learning_rate(s, 3, 3.0, WARMUP_RATIO, MIN_LR_RATIO) for s in range(3)]
     assert lrs[:2] == [3.0, 3.0] and lrs[2] == pytest.approx(0.3, rel=1e-12)
     # total 15: warm = max(1, int(1.5)) = 1 -> step 1 at peak, step 14 at 10%
-    assert warmup_steps(15) == 1
-    assert learning_rate(0, 15, 1.0) == 1.0 and learning_rate(1, 15, 1.0) == 1.0
-    assert learning_rate(14, 15, 1.0) == pytest.approx(0.1, rel=1e-12)
+    assert warmup_steps(15, WARMUP_RATIO) == 1
+    assert learning_rate(0, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0 and learning_rate(1, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+    assert learning_rate(14, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(0.1, rel=1e-12)
 
 
 def test_schedule_rejects_out_of_range():
     for step, total in [(-1, 10), (10, 10), (0, 0), (11, 10)]:
         with pytest.raises(ValueError):
-            learning_rate(step, total, 1.0)
+            learning_rate(step, total, 1.0, WARMUP_RATIO, MIN_LR_RATIO)
     with pytest.raises(ValueError):
-        learning_rate(0, 10, 1.0, warmup_ratio=1.0)
+        learning_rate(0, 10, 1.0, warmup_ratio=1.0, min_ratio=MIN_LR_RATIO)
     with pytest.raises(ValueError):
-        learning_rate(0, 10, 1.0, min_ratio=1.5)
+        learning_rate(0, 10, 1.0, min_ratio=1.5, warmup_ratio=WARMUP_RATIO)
 
 
 # ============================================================ no whitening anywhere
@@ -575,7 +597,7 @@ def test_no_whitening_constant_advantage_gives_minus_a():
     logp = t64([[-1.0, -2.0, -3.0], [-0.5, -0.25, -4.0]])
     adv = torch.full((2, 3), A, dtype=F64)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    loss = clipped_policy_loss(logp, logp.clone(), adv, mask)
+    loss = clipped_policy_loss(logp, logp.clone(), adv, mask, **CLIP)
     assert loss.item() == -A
 
 
@@ -586,10 +608,10 @@ def test_no_whitening_constant_score_batch_keeps_raw_advantages():
     logp = torch.full((3, 4), -1.0, dtype=F64)
     mask = torch.ones(3, 4, dtype=torch.bool)
     rewards = token_rewards(logp, logp.clone(), t64([1.0, 1.0, 1.0]), mask,
-                            torch.tensor([False] * 3))
+                            torch.tensor([False] * 3), **REWARD)
     dones = torch.zeros(3, 4, dtype=torch.bool)
     dones[:, -1] = True
-    adv, ret = gae(rewards, torch.zeros(3, 4, dtype=F64), dones)
+    adv, ret = gae(rewards, torch.zeros(3, 4, dtype=F64), dones, **GAE)
     assert_close(adv, [[0.857375, 0.9025, 0.95, 1.0]] * 3)
     assert_close(ret, adv)
     assert adv.mean().item() == pytest.approx((0.857375 + 0.9025 + 0.95 + 1.0) / 4)
@@ -605,5 +627,5 @@ def test_kl_penalty_by_hand_and_zero_on_padding():
     assert got.tolist() == [[-0.25, 0.5, 0.0], [-0.5, 0.0, 0.0]]
     assert not torch.signbit(got[~mask]).any()
     # token_rewards' KL part is this function (the terminal score only adds at the last token)
-    r = token_rewards(logp_old, logp_ref, torch.zeros(2), mask, torch.zeros(2, dtype=torch.bool), kl_coef=0.5)
+    r = token_rewards(logp_old, logp_ref, torch.zeros(2), mask, torch.zeros(2, dtype=torch.bool), kl_coef=0.5, truncation_penalty=REWARD['truncation_penalty'])
     assert torch.equal(r, got)

@@ -23,7 +23,7 @@ def test_one_hundred_iterations_400_responses_200_updates_each(lab_run, record_r
     record_result("ppo_mean_response_length", sum(i["response_length"] for i in its) / 100)
 
 
-@pytest.mark.parametrize("stage,key,peak_key", [("sft", "lr", ("sft", "lr")), ("reward", "lr", ("judge", "lr")),
+@pytest.mark.parametrize("stage,key,peak_key", [("sft", "lr", ("sft", "lr")), ("judge", "lr", ("judge", "lr")),
                                                  ("ppo", "actor_lr", ("ppo", "actor_lr")),
                                                  ("ppo", "critic_lr", ("ppo", "critic_lr"))])
 def test_every_stage_ran_the_seeds_schedule(lab_run, stage, key, peak_key):
@@ -34,10 +34,10 @@ def test_every_stage_ran_the_seeds_schedule(lab_run, stage, key, peak_key):
         lrs = [lr for i in h["iterations"] for lr in i[key]]
     else:
         lrs = [u[key] for u in h["updates"]]
-    peak = lab_run.profile[peak_key[0]][peak_key[1]]
+    peak = getattr(getattr(lab_run.profile, peak_key[0]), peak_key[1])
     total = len(lrs)
     warm = max(1, int(0.1 * total))
-    assert total == {"sft": 420, "reward": 210, "ppo": 200}[stage]
+    assert total == {"sft": 420, "judge": 210, "ppo": 200}[stage]
     assert lrs[0] == pytest.approx(peak / warm, rel=1e-12)
     assert lrs[warm - 1] == peak and lrs[warm] == peak and lrs[warm + 1] < peak
     assert lrs[-1] == pytest.approx(0.1 * peak, rel=1e-12)
@@ -47,7 +47,7 @@ def test_every_stage_ran_the_seeds_schedule(lab_run, stage, key, peak_key):
 def test_reference_and_judge_frozen_actor_and_critic_changed(lab_run):
     fp = read_json(lab_run.run / "ppo" / "fingerprints.json")
     before, after = fp["before"], fp["after"]
-    for kind in ("reference", "reward"):
+    for kind in ("reference", "judge"):
         assert before[kind] == after[kind]
     for kind in ("actor", "critic"):
         assert before[kind]["learned_sha256"] != after[kind]["learned_sha256"]

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from rlhf import ppo, ppo_math
+from rlhf.config import override
 from rlhf.generate import generate
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw
@@ -38,9 +39,7 @@ PROMPT_LENGTHS = (5, 9, 3, 7)
 
 @pytest.fixture(scope="module")
 def profile(embedded_profile):
-    p = copy.deepcopy(embedded_profile)
-    p["limits"]["response_tokens"] = RESPONSE_TOKENS
-    return p
+    return override(embedded_profile, {("limits", "response_tokens"): RESPONSE_TOKENS})
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +50,11 @@ def prompts():
 
 @pytest.fixture
 def make_roles(embedded_dir, embedded_base, move_adapters):
-    """make_roles(profile) -> fresh actor, reference, critic and reward (a new set each call)."""
+    """make_roles(profile) -> fresh actor, reference, critic and judge (a new set each call)."""
     eos_id = embedded_base.eos_id
 
     def make(profile):
-        roles = {kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "reward")}
+        roles = {kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
         for i, role in enumerate(roles.values()):
             g = move_adapters(role.model, 100 + i)
             if role.head is not None:
@@ -81,7 +80,7 @@ def run_rollout(roles, prompts, profile, base):
 
 def optimizers_of(roles, profile):
     return {kind: adamw([p for p in roles[kind].learned_parameters() if p.requires_grad],
-                        profile["ppo"][f"{kind}_lr"], profile["optim"]["weight_decay"])
+                        getattr(profile.ppo, f"{kind}_lr"), profile.optim.weight_decay)
             for kind in ("actor", "critic")}
 
 
@@ -172,8 +171,8 @@ def test_ratios_far_outside_the_clip_range_give_the_by_hand_loss_and_clip_fracti
 
     stats = ppo.ppo_update(roles, optimizers_of(roles, profile), ro, profile, 0, 2, "test", {})
 
-    want_loss, want_fraction = by_hand_clipped_loss(advantage, delta, lengths, clip=profile["ppo"]["clip"])
-    assert profile["ppo"]["clip"] == 0.2
+    want_loss, want_fraction = by_hand_clipped_loss(advantage, delta, lengths, clip=profile.ppo.clip)
+    assert profile.ppo.clip == 0.2
     assert lengths == [1, 8, 2, 8]
     # (1, 8, 2, 8 tokens) -> clipped shares 1, 4/8, 1/2, 4/8
     assert want_fraction == pytest.approx((1 + 0.5 + 0.5 + 0.5) / 4)
@@ -186,8 +185,7 @@ def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(
         make_roles, profile, prompts, embedded_base):
     """Catches a sign error between the advantages and the actor's step (gradient ascent on the
     loss, advantages negated, the loss minimised for the critic's parameters only)."""
-    p = copy.deepcopy(profile)
-    p["ppo"]["actor_lr"] = 1e-3
+    p = override(profile, {("ppo", "actor_lr"): 1e-3})
     roles = make_roles(p)
     ro = run_rollout(roles, prompts, p, embedded_base)
     mask = ro.batch.response_mask
@@ -286,7 +284,7 @@ def test_rollout_values_and_score_come_from_the_critic_and_the_judge(rolled):
     ro, _, roles = rolled
     with torch.no_grad():
         assert torch.equal(ro.values, critic_values(roles["critic"], ro.batch))
-        assert torch.equal(ro.score, reward_scores(roles["reward"], ro.batch))
+        assert torch.equal(ro.score, reward_scores(roles["judge"], ro.batch))
     assert float(ro.values[ro.batch.response_mask].abs().min()) > 0  # a drawn head, not zeros
 
 
@@ -296,7 +294,7 @@ def test_rollout_pays_the_score_once_at_the_last_active_token_minus_1_when_cut(r
     answers that ended with EOS."""
     ro, _, _ = rolled
     mask = ro.batch.response_mask
-    kl_coef = profile["ppo"]["kl_coef"]
+    kl_coef = profile.ppo.kl_coef
     kl_part = torch.where(mask, -kl_coef * (ro.logp_old - ro.logp_ref), torch.zeros(()))
     terminal = ro.rewards - kl_part
     for b, n in enumerate(mask.sum(-1).tolist()):
@@ -316,7 +314,7 @@ def test_rollout_dones_sit_at_the_last_active_token_and_gae_uses_them(rolled, pr
         want[b, n - 1] = True
     assert torch.equal(dones.bool(), want)
     assert torch.equal(last_active_index(mask), torch.tensor([0, 7, 1, 7]))
-    adv, ret = ppo_math.gae(ro.rewards, ro.values, want, gamma=profile["ppo"]["gamma"],
-                            lam=profile["ppo"]["lam"])
+    adv, ret = ppo_math.gae(ro.rewards, ro.values, want, gamma=profile.ppo.gamma,
+                            lam=profile.ppo.lam)
     assert torch.equal(ro.advantages, adv)
     assert torch.equal(ro.returns, ret)

@@ -64,14 +64,14 @@ def _synthetic_evaluation(seed: int = 7) -> dict:
                          "wrong_polite_outranks_correct_plain": s["s_FT"] > s["s_TF"]})
     return {
         "policies": policies,
-        "reward_test": {"accuracy": 0.95, "by_variant": {str(v): 1.0 - 0.05 * v for v in range(5)},
+        "judge_test": {"accuracy": 0.95, "by_variant": {str(v): 1.0 - 0.05 * v for v in range(5)},
                         "ties": 0, "pairs": 180},
         "differences": diffs,
         "politeness": {"contexts": contexts,
                        "counts": {"contexts": 3, "correct_politeness_delta_positive": 3,
                                   "incorrect_politeness_delta_positive": 3, "wrong_polite_outranks_correct_plain": 2},
-                       "hashes_before": {"reward/judge.safetensors": "ab" * 32},
-                       "hashes_after": {"reward/judge.safetensors": "ab" * 32}, "unchanged": True},
+                       "hashes_before": {"judge/judge.safetensors": "ab" * 32},
+                       "hashes_after": {"judge/judge.safetensors": "ab" * 32}, "unchanged": True},
         "populations_note": "80 probe rows are 20 contexts; 260 rows per policy over 200 distinct prompts.",
         "seconds": {"generation": 12.5, "politeness": 0.4},
     }
@@ -89,7 +89,7 @@ def make_synthetic_run(root, *, evaluation: bool = True):
         "updates": [{"step": s, "epoch": s // 4, "loss": 20.0 / (s + 1), "lr": 1e-4, "tokens": 200 + s,
                      "grad_norm": 3.0} for s in range(12)],
         "epochs": [{"epoch": e, "train_loss": 5.0 / (e + 1), "validation_loss": 4.0 / (e + 1)} for e in range(3)]})
-    write_json(root / "reward/history.json", {
+    write_json(root / "judge/history.json", {
         "total_updates": 10,
         "updates": [{"step": s, "epoch": s // 5, "loss": 0.7 / (s + 1), "accuracy": min(1.0, 0.5 + 0.06 * s),
                      "lr": 2e-4, "grad_norm": 1.0} for s in range(10)],
@@ -116,14 +116,14 @@ def make_synthetic_run(root, *, evaluation: bool = True):
         "scoring_check": {"iteration": 0, "max_abs_diff": 1e-6, "mean_abs_diff": 3e-8, "tokens": 80, "use_cache": True}})
     phases = {"generation": 3.0, "reference": 0.2, "judge": 0.2, "critic_values": 0.2, "actor_update": 1.0,
               "critic_update": 1.0, "iteration": 5.8}
-    for stage, boundary in (("sft", 1), ("reward", 1), ("ppo", 40)):
+    for stage, boundary in (("sft", 1), ("judge", 1), ("ppo", 40)):
         check = {"stage": stage, "boundary": boundary, "identical": True, "tensors_compared": 100,
                  "sha256_boundary": "1" * 64, "sha256_resumed": "2" * 64, "sha256_continuous": "3" * 64,
                  "interrupted_and_resumed_s": 10.0, "continuous_s": 9.0}
         write_json(root / stage / "resume_check.json", check)
         extra = {"total": phases, "per_iteration": [phases] * 6, "memory": {"peak_rss_mib": 400.0}} if stage == "ppo" else {}
         write_json(root / stage / "timings.json", {"seconds": 9.0, **check, **extra})
-    fp = {r: {"learned_sha256": r[0] * 64, "frozen_sha256": "f" * 64} for r in ("actor", "critic", "reference", "reward")}
+    fp = {r: {"learned_sha256": r[0] * 64, "frozen_sha256": "f" * 64} for r in ("actor", "critic", "reference", "judge")}
     after = {r: dict(v) for r, v in fp.items()}
     after["actor"]["learned_sha256"] = "9" * 64
     after["critic"]["learned_sha256"] = "8" * 64
@@ -142,8 +142,8 @@ def test_write_reports_produces_three_files_with_every_number(tmp_path):
     for p in paths.values():
         assert p.is_file() and p.parent == run and p.stat().st_size > 0
     res = json.loads(paths["results.json"].read_text())
-    assert res["reward_test"]["accuracy"] == 0.95
-    assert res["reward_test"]["by_variant"] == {str(v): 1.0 - 0.05 * v for v in range(5)}
+    assert res["judge_test"]["accuracy"] == 0.95
+    assert res["judge_test"]["by_variant"] == {str(v): 1.0 - 0.05 * v for v in range(5)}
     assert res["evaluation"]["status"] == "run"
     assert res["evaluation"]["differences"]["rubric_success"]["test"]["ci95"]
     assert res["ppo"]["summary"]["iterations"] == 6
@@ -191,7 +191,7 @@ def test_missing_evaluation_is_reported_as_not_run(tmp_path):
     paths = report.write_reports(run)
     res = json.loads(paths["results.json"].read_text())
     assert res["evaluation"]["status"] == "not run"
-    assert res["reward_test"]["accuracy"] is None and res["reward_test"]["status"] == "not run"
+    assert res["judge_test"]["accuracy"] is None and res["judge_test"]["status"] == "not run"
     for name in ("report.md", "report.html"):
         assert "Evaluation not run" in paths[name].read_text()
     assert "evaluation: not run" in report.print_summary(res)

@@ -85,7 +85,7 @@ def test_round_trip_restores_learned_tensors_exactly(saved, make):
 
 
 def test_round_trip_of_an_actor_and_a_judge(make, tmp_path):
-    for kind in ("actor", "reward"):
+    for kind in ("actor", "judge"):
         role = make(kind, seed=4)
         save_role(role, tmp_path / f"{kind}.safetensors")
         fresh = make(kind)
@@ -188,8 +188,8 @@ def test_role_kind_mismatch(saved, make):
     with pytest.raises(RoleStateError, match="role kind mismatch: .* holds a critic state, not actor"):
         load_role(make("actor"), path)
     # the same tensor names (a judge also has a head): the kind alone refuses it
-    with pytest.raises(RoleStateError, match="holds a critic state, not reward"):
-        load_role(make("reward"), path)
+    with pytest.raises(RoleStateError, match="holds a critic state, not judge"):
+        load_role(make("judge"), path)
 
 
 def test_base_fingerprint_mismatch(saved, embedded_profile, tmp_path):

@@ -42,7 +42,7 @@ def storages(role: Role) -> set[int]:
 
 def test_full_shape_heads_have_897_parameters_and_the_spec_init():
     profile = load_profile("qwen2.5-0.5b")
-    reward = new_head(QWEN_HIDDEN, "reward", profile)
+    reward = new_head(QWEN_HIDDEN, "judge", profile)
     critic = new_head(QWEN_HIDDEN, "critic", profile)
     for head in (reward, critic):
         assert sum(p.numel() for p in head.parameters()) == QWEN_HEAD_PARAMS
@@ -58,11 +58,11 @@ def test_full_shape_heads_have_897_parameters_and_the_spec_init():
     assert torch.equal(critic.bias.detach(), torch.zeros(1))
     # the draw does not depend on torch's global RNG state
     torch.manual_seed(12345)
-    assert torch.equal(new_head(QWEN_HIDDEN, "reward", profile).weight.detach(), want)
+    assert torch.equal(new_head(QWEN_HIDDEN, "judge", profile).weight.detach(), want)
 
 
 def test_embedded_role_heads(roles, embedded_profile):
-    hidden = embedded_profile["model"]["hidden_size"]
+    hidden = embedded_profile.model.hidden_size
     assert roles["actor"].head is None and roles["reference"].head is None
     for kind in HEAD_KINDS:
         head = roles[kind].head
@@ -70,31 +70,31 @@ def test_embedded_role_heads(roles, embedded_profile):
         assert head.weight.dtype == torch.float32
     g = torch.Generator().manual_seed(JUDGE_HEAD_SEED)
     want = torch.randn((1, hidden), generator=g) * HEAD_STD
-    assert torch.equal(roles["reward"].head.weight.detach(), want)
-    assert not roles["reward"].head.bias.any()
+    assert torch.equal(roles["judge"].head.weight.detach(), want)
+    assert not roles["judge"].head.bias.any()
     assert not roles["critic"].head.weight.any() and not roles["critic"].head.bias.any()
 
 
 # ------------------------------------------------------------------------ adapters, freezing
 
 def test_adapters_seeded_49_except_the_judge_50(roles, embedded_profile, embedded_dir):
-    lora = embedded_profile["lora"]
+    lora = embedded_profile.lora
     expected = {}
     for seed in (LORA_SEED, JUDGE_LORA_SEED):
         fresh = load_base(embedded_profile, embedded_dir).model
         expected[seed] = {n: m.lora_A.detach() for n, m in
-                          inject_lora(fresh, rank=8, alpha=16, seed=seed, targets=lora["targets"]).items()}
-    assert len(expected[LORA_SEED]) == embedded_profile["lora"]["expected_adapters"] == 14
+                          inject_lora(fresh, rank=8, alpha=16, seed=seed, targets=lora.targets).items()}
+    assert len(expected[LORA_SEED]) == embedded_profile.lora.expected_adapters == 14
     for kind, role in roles.items():
         mods = lora_modules(role.model)
-        want = expected[JUDGE_LORA_SEED if kind == "reward" else LORA_SEED]
+        want = expected[JUDGE_LORA_SEED if kind == "judge" else LORA_SEED]
         assert list(mods) == list(want), kind
         for name, m in mods.items():
             assert torch.equal(m.lora_A.detach(), want[name]), (kind, name)
             assert not m.lora_B.any(), (kind, name)  # B starts at zero
             assert (m.rank, m.alpha, m.scaling) == (8, 16, 2.0)
     a_actor = lora_modules(roles["actor"].model)["model.layers.0.self_attn.q_proj"].lora_A
-    a_judge = lora_modules(roles["reward"].model)["model.layers.0.self_attn.q_proj"].lora_A
+    a_judge = lora_modules(roles["judge"].model)["model.layers.0.self_attn.q_proj"].lora_A
     assert not torch.equal(a_actor, a_judge)
 
 
@@ -114,13 +114,13 @@ def test_base_frozen_learned_fp32_all_eval(roles):
             assert not role.head.training
     # reference fully frozen at creation; judge frozen only by freeze() (after Bradley-Terry)
     assert not any(p.requires_grad for p in roles["reference"].all_parameters())
-    assert any(p.requires_grad for p in roles["reward"].all_parameters())
-    roles["reward"].freeze()
-    assert not any(p.requires_grad or p.grad is not None for p in roles["reward"].all_parameters())
+    assert any(p.requires_grad for p in roles["judge"].all_parameters())
+    roles["judge"].freeze()
+    assert not any(p.requires_grad or p.grad is not None for p in roles["judge"].all_parameters())
 
 
 def test_freeze_drops_existing_gradients(embedded_profile, embedded_dir):
-    judge = new_role("reward", embedded_profile, embedded_dir)
+    judge = new_role("judge", embedded_profile, embedded_dir)
     ids = torch.tensor([[3, 4, 5, 6]])
     out = judge.head(judge.model.model(input_ids=ids).last_hidden_state[:, -1]).sum()
     out.backward()
@@ -136,7 +136,7 @@ def test_every_role_owns_its_backbone(roles):
         for b in kinds[i + 1:]:
             assert storages(roles[a]).isdisjoint(storages(roles[b])), (a, b)
             assert roles[a].model is not roles[b].model
-    roles["reward"].freeze()
+    roles["judge"].freeze()
     assert_role_isolation(roles)  # passes on the four freshly built roles
     # the reference as an independent *copy* of the actor's (SFT) adapter: values equal, storage not
     roles["reference"].load_learned_state(roles["actor"].learned_state())
@@ -193,7 +193,7 @@ def test_fingerprints_reproducible_across_loads(embedded_profile, embedded_dir):
     a = fingerprint(new_role("critic", embedded_profile, embedded_dir))
     b = fingerprint(new_role("critic", embedded_profile, embedded_dir))
     assert a == b
-    c = fingerprint(new_role("reward", embedded_profile, embedded_dir))
+    c = fingerprint(new_role("judge", embedded_profile, embedded_dir))
     assert c["frozen_sha256"] == a["frozen_sha256"]       # same base
     assert c["learned_sha256"] != a["learned_sha256"]     # seed-50 adapters, N(0, 0.02) head
 
@@ -203,28 +203,28 @@ def test_fingerprints_reproducible_across_loads(embedded_profile, embedded_dir):
 def test_regression_9_2_critic_and_judge_over_one_backbone_raise(roles, embedded_profile):
     """SPEC §9.2: a judge built over the critic's backbone object is refused."""
     critic = roles["critic"]
-    judge = Role(kind="reward", model=critic.model,
-                 head=new_head(embedded_profile["model"]["hidden_size"], "reward", embedded_profile))
+    judge = Role(kind="judge", model=critic.model,
+                 head=new_head(embedded_profile.model.hidden_size, "judge", embedded_profile))
     judge.head.eval()
     judge.freeze()  # freezes the shared backbone's adapters too: exactly the silent hazard
-    critic_learning = {k: v for k, v in roles.items() if k != "reward"}
+    critic_learning = {k: v for k, v in roles.items() if k != "judge"}
     with pytest.raises(RoleIsolationError, match="share tensor storage"):
-        assert_role_isolation({**critic_learning, "reward": judge})
+        assert_role_isolation({**critic_learning, "judge": judge})
 
 
 def test_regression_9_2_one_shared_layer_tensor_raises(roles):
     """Sharing a single tensor (not the whole model) is enough to be refused."""
-    roles["reward"].freeze()
+    roles["judge"].freeze()
     assert_role_isolation(roles)
     critic_q = lora_modules(roles["critic"].model)["model.layers.1.self_attn.v_proj"].base
-    judge_q = lora_modules(roles["reward"].model)["model.layers.1.self_attn.v_proj"].base
+    judge_q = lora_modules(roles["judge"].model)["model.layers.1.self_attn.v_proj"].base
     judge_q.weight = nn.Parameter(critic_q.weight.detach(), requires_grad=False)  # same storage
-    with pytest.raises(RoleIsolationError, match=r"roles (critic and reward|reward and critic) share tensor storage"):
+    with pytest.raises(RoleIsolationError, match=r"roles (critic and judge|judge and critic) share tensor storage"):
         assert_role_isolation(roles)
 
 
 def test_shared_view_of_a_storage_raises(roles):
-    roles["reward"].freeze()
+    roles["judge"].freeze()
     emb = roles["actor"].model.model.embed_tokens.weight
     norm = roles["reference"].model.model.layers[0].input_layernorm
     norm.weight = nn.Parameter(emb.detach()[5, :].clone().view(-1), requires_grad=False)
@@ -235,8 +235,8 @@ def test_shared_view_of_a_storage_raises(roles):
 
 
 def test_shared_head_raises(roles):
-    roles["reward"].freeze()
-    roles["reward"].head = roles["critic"].head
+    roles["judge"].freeze()
+    roles["judge"].head = roles["critic"].head
     with pytest.raises(RoleIsolationError, match="head.weight"):
         assert_role_isolation(roles)
 
@@ -250,7 +250,7 @@ def test_two_roles_of_the_same_kind_sharing_storage_raise(embedded_profile, embe
 
 @pytest.mark.parametrize("kind", FROZEN_KINDS)
 def test_frozen_role_requiring_or_holding_a_gradient_raises(roles, kind):
-    roles["reward"].freeze()
+    roles["judge"].freeze()
     assert_role_isolation(roles)
     a = lora_modules(roles[kind].model)["model.layers.0.mlp.up_proj"].lora_A
     a.requires_grad_(True)
@@ -262,19 +262,19 @@ def test_frozen_role_requiring_or_holding_a_gradient_raises(roles, kind):
         assert_role_isolation(roles)
     a.grad = None
     assert_role_isolation(roles)
-    if kind == "reward":
+    if kind == "judge":
         roles[kind].head.bias.requires_grad_(True)
         with pytest.raises(RoleIsolationError, match="head.bias can receive gradients"):
             assert_role_isolation(roles)
 
 
 def test_judge_not_yet_frozen_is_refused(roles):
-    with pytest.raises(RoleIsolationError, match="frozen role reward"):
+    with pytest.raises(RoleIsolationError, match="frozen role judge"):
         assert_role_isolation(roles)
 
 
 def test_learning_roles_may_require_grad_but_not_train_mode(roles):
-    roles["reward"].freeze()
+    roles["judge"].freeze()
     assert all(p.requires_grad for p in roles["actor"].learned_parameters())
     assert_role_isolation(roles)
     roles["critic"].model.train()

@@ -114,7 +114,7 @@ def _untrained_run(tmp_path, revision):
     from rlhf.lab import open_context
     from rlhf.roles import save_role
     ctx = open_context(tmp_path / revision, "embedded", revision=revision)
-    save_role(ctx.role("reward"), ctx.run / "reward" / "judge.safetensors", ctx.identity(stage="reward"))
+    save_role(ctx.role("judge"), ctx.run / "judge" / "judge.safetensors", ctx.identity(stage="judge"))
     return ctx
 
 
@@ -173,8 +173,8 @@ def test_shortcut_audit_of_the_lab_judge(lab_run, tmp_path, record_result):
     # the baseline is the published judge test accuracy (same pairs, same scoring)
     from rlhf.evaluate import judge_test_accuracy
     from rlhf.roles import load_role
-    judge = lab_run.role("reward")
-    load_role(judge, lab_run.run / "reward" / "judge.safetensors")
+    judge = lab_run.role("judge")
+    load_role(judge, lab_run.run / "judge" / "judge.safetensors")
     judge.freeze()
     published = judge_test_accuracy(judge, lab_run)
     assert out["counterfactuals"][base]["accuracy"] == pytest.approx(published["accuracy"])

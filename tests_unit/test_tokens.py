@@ -6,15 +6,18 @@ The tokenizer is the embedded base's (958 tokens; the embedding has 1024 rows, s
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from rlhf.config import Limits
 from rlhf.tokens import (IM_END, IM_START, OverLimitError, chat_prompt, collate, decode_response,
                          encode_example, encode_prompt, encode_response)
 
 pytestmark = pytest.mark.unit
 
-LIMITS = {"prompt_tokens": 256, "response_tokens": 64, "context_tokens": 320}   # SPEC §6
+LIMITS = Limits(prompt_tokens=256, response_tokens=64, context_tokens=320)   # SPEC §6
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,8 @@ def test_over_limit_examples_are_rejected_with_the_document_id(tok, which):
         args, limits = ("ok.", words(100)), LIMITS
         match = rf"{doc}: response has \d+ tokens with EOS, limit 64"
     else:  # each part fits its own limit, the sum does not
-        args, limits = (words(30), words(30)), {"prompt_tokens": 256, "response_tokens": 64,
-                                                 "context_tokens": 50}
+        args, limits = (words(30), words(30)), Limits(prompt_tokens=256, response_tokens=64,
+                                                      context_tokens=50)
         match = rf"{doc}: \d+ tokens, context limit 50"
     with pytest.raises(OverLimitError, match=match):
         encode_example(tokenizer, *args, eos_id, limits, document_id=doc)
@@ -75,10 +78,10 @@ def test_limits_are_inclusive_and_never_truncate(tok):
         encode_response(tokenizer, over, eos_id, LIMITS, "OH000-SFT")
     # the prompt limit counts the whole ChatML rendering
     p_ids = tokenizer(chat_prompt(words(10)), add_special_tokens=False)["input_ids"]
-    exact = dict(LIMITS, prompt_tokens=len(p_ids))
+    exact = dataclasses.replace(LIMITS, prompt_tokens=len(p_ids))
     assert encode_prompt(tokenizer, words(10), exact, "OH000-RL0") == p_ids
     with pytest.raises(OverLimitError, match="OH000-RL0"):
-        encode_prompt(tokenizer, words(10), dict(LIMITS, prompt_tokens=len(p_ids) - 1), "OH000-RL0")
+        encode_prompt(tokenizer, words(10), dataclasses.replace(LIMITS, prompt_tokens=len(p_ids) - 1), "OH000-RL0")
 
 
 # ---------------------------------------------------------------------------------- collate

@@ -20,16 +20,16 @@ def test_spec_budgets_for_qwen_and_the_embedded_profile(embedded_profile):
     q = load_profile("qwen2.5-0.5b")
     assert sft_budget(q, 168) == (21, 63)
     assert judge_budget(q, 840) == (105, 210)
-    assert q["ppo"]["iterations"] * q["ppo"]["prompts_per_iteration"] == 400
-    assert q["ppo"]["iterations"] * q["ppo"]["updates_per_iteration"] == 200
+    assert q.ppo.iterations * q.ppo.prompts_per_iteration == 400
+    assert q.ppo.iterations * q.ppo.updates_per_iteration == 200
     for p in (q, embedded_profile):
-        assert sft_budget(p, 168)[1] == p["sft"]["expected_updates"]
-        assert judge_budget(p, 840)[1] == p["judge"]["expected_updates"]
-        assert (p["ppo"]["kl_coef"], p["ppo"]["truncation_penalty"], p["ppo"]["gamma"], p["ppo"]["lam"],
-                p["ppo"]["clip"], p["ppo"]["iterations"], p["ppo"]["resume_stop_iteration"]) == \
+        assert sft_budget(p, 168)[1] == p.sft.expected_updates
+        assert judge_budget(p, 840)[1] == p.judge.expected_updates
+        assert (p.ppo.kl_coef, p.ppo.truncation_penalty, p.ppo.gamma, p.ppo.lam,
+                p.ppo.clip, p.ppo.iterations, p.ppo.resume_stop_iteration) == \
             (0.02, -1.0, 1.0, 0.95, 0.2, 100, 40)
-        assert (p["limits"]["prompt_tokens"], p["limits"]["response_tokens"], p["limits"]["context_tokens"]) == (256, 64, 320)
-    assert (q["sft"]["lr"], q["judge"]["lr"], q["ppo"]["actor_lr"], q["ppo"]["critic_lr"]) == (2e-5, 2e-5, 5e-6, 1e-5)
+        assert (p.limits.prompt_tokens, p.limits.response_tokens, p.limits.context_tokens) == (256, 64, 320)
+    assert (q.sft.lr, q.judge.lr, q.ppo.actor_lr, q.ppo.critic_lr) == (2e-5, 2e-5, 5e-6, 1e-5)
 
 
 def test_embedded_adapter_count_matches_its_profile(embedded_profile, embedded_dir):
@@ -41,14 +41,14 @@ def test_embedded_adapter_count_matches_its_profile(embedded_profile, embedded_d
                     [(cfg.hidden_size, cfg.intermediate_size)] * 2 + [(cfg.intermediate_size, cfg.hidden_size)])
     # q and o are hidden->heads*hd and back; k and v hidden->kv*hd (listed above as pairs).
     expected = 8 * cfg.num_hidden_layers * per_layer
-    assert count_lora_parameters(actor.model) == expected == embedded_profile["lora"]["expected_parameters"]
+    assert count_lora_parameters(actor.model) == expected == embedded_profile.lora.expected_parameters
 
 
 def test_sft_loss_is_token_weighted_not_a_mean_of_means(embedded_profile, embedded_dir, embedded_base):
     from rlhf.corpus import Corpus
     actor = new_role("actor", embedded_profile, embedded_dir)
     demos = Corpus.build().learning_view().demonstrations()[:8]
-    ex = encode_demonstrations(demos, embedded_base.tokenizer, embedded_base.eos_id, embedded_profile["limits"])
+    ex = encode_demonstrations(demos, embedded_base.tokenizer, embedded_base.eos_id, embedded_profile.limits)
     ex[0] = (ex[0][0], ex[0][1], ex[0][2] + ex[0][2][:-1][:20] + [embedded_base.eos_id])  # unequal lengths
     loss, n = sft_loss(actor.model, ex, embedded_base.pad_id)
     per_example, sums, counts = [], 0.0, 0
@@ -65,13 +65,13 @@ def test_sft_loss_is_token_weighted_not_a_mean_of_means(embedded_profile, embedd
 def test_over_limit_examples_are_rejected_with_their_id(embedded_profile, embedded_base):
     rec = {"document_id": "OH007-SFT", "prompt": "x", "response": "word " * 200}
     with pytest.raises(OverLimitError, match="OH007-SFT"):
-        encode_demonstrations([rec], embedded_base.tokenizer, embedded_base.eos_id, embedded_profile["limits"])
+        encode_demonstrations([rec], embedded_base.tokenizer, embedded_base.eos_id, embedded_profile.limits)
 
 
 def _prompts(base, profile, n=4):
     from rlhf.corpus import Corpus
     recs = Corpus.build().learning_view().rollout_prompts()[:n]
-    return [encode_prompt(base.tokenizer, r["prompt"], profile["limits"]) for r in recs]
+    return [encode_prompt(base.tokenizer, r["prompt"], profile.limits) for r in recs]
 
 
 def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(embedded_profile, embedded_dir, embedded_base, record_result):
@@ -155,5 +155,5 @@ def test_stage_commands_stop_and_resume(tmp_path, capsys, small_profile_file):
     assert cli.main(["sft", "--run", str(run), *profile, "--resume"]) == 0
     out = capsys.readouterr().out
     assert "sft epoch 2:" in out and (run / "sft" / "state-resumed.pt.gz").is_file()
-    assert cli.main(["reward", "--run", str(run), *profile, "--resume"]) == 2  # nothing to resume: clear error
+    assert cli.main(["judge", "--run", str(run), *profile, "--resume"]) == 2  # nothing to resume: clear error
     assert "nothing to resume" in capsys.readouterr().err

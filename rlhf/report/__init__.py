@@ -8,7 +8,7 @@ written):
 ``results.json``  every number, machine-readable: corpus audit, SFT / judge / PPO histories
                   (summaries and full curves), timings, resume checks with their SHA-256,
                   role fingerprints, the scoring check, the per-token views, the evaluation
-                  results, and ``reward_test`` (judge test accuracy, ``accuracy`` and
+                  results, and ``judge_test`` (judge test accuracy, ``accuracy`` and
                   ``by_variant``) at the top level.
 ``report.md``     the same story as text tables.
 ``report.html``   one file with no external resource: inline CSS, learning curves drawn with

@@ -46,5 +46,5 @@ PHASE_LABELS = {
     "critic_values": "critic values", "actor_update": "actor optimisation", "critic_update": "critic optimisation",
     "iteration": "whole loop (all phases)",
 }
-STAGES = ("sft", "reward", "ppo")
-STAGE_LABELS = {"sft": "SFT", "reward": "judge (reward model)", "ppo": "PPO"}
+STAGES = ("sft", "judge", "ppo")
+STAGE_LABELS = {"sft": "SFT", "judge": "judge (reward model)", "ppo": "PPO"}

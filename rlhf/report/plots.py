@@ -95,7 +95,7 @@ def sft_plot(res: dict) -> bytes:
 
 
 def judge_plot(res: dict) -> bytes:
-    c = res["reward"]["curves"]
+    c = res["judge"]["curves"]
     fig = _figure((12, 3.6))
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     _per_update_and_smoothed(ax1, c.get("step", []), c.get("loss", []))
@@ -103,7 +103,7 @@ def judge_plot(res: dict) -> bytes:
     ax1.legend()
     ax2.plot(c.get("step", []), c.get("accuracy", []), lw=0.6, color="#4c72b0", alpha=0.6, label="per update (8 pairs)")
     ax2.plot(c.get("step", []), _smooth(c.get("accuracy", [])), lw=2, color="#c44e52", label="mean of last 10")
-    ep = res["reward"]["epochs"]
+    ep = res["judge"]["epochs"]
     per_epoch = max(1, len(c.get("step", [])) // max(1, len(ep)))
     ax2.plot([(e.get("epoch", i) + 1) * per_epoch - 1 for i, e in enumerate(ep)],
              [e.get("validation_accuracy") for e in ep], "D", color="#55a868", ms=8, label="validation, end of epoch")

@@ -13,7 +13,7 @@ from rlhf.report import wording
 from rlhf.report.formatting import mean
 from rlhf.report.labels import STAGES
 
-REQUIRED_INPUTS = ("corpus/manifest.json", "sft/history.json", "reward/history.json", "ppo/history.json")
+REQUIRED_INPUTS = ("corpus/manifest.json", "sft/history.json", "judge/history.json", "ppo/history.json")
 
 
 def _read_optional(path: Path):
@@ -112,7 +112,7 @@ def _resume_checks(run: Path) -> dict:
 
 def _artifacts(run: Path) -> dict:
     artifacts = {}
-    for rel in ("sft/actor.safetensors", "reward/judge.safetensors", "ppo/actor.safetensors",
+    for rel in ("sft/actor.safetensors", "judge/judge.safetensors", "ppo/actor.safetensors",
                 "ppo/critic.safetensors"):
         side = _read_optional(run / (rel + ".json"))
         if side:
@@ -135,8 +135,8 @@ def _timings(run: Path, evaluation: dict) -> dict:
     }
 
 
-def _reward_test(evaluation: dict) -> dict:
-    rt = evaluation.get("reward_test") if evaluation["status"] == "run" else None
+def _judge_test(evaluation: dict) -> dict:
+    rt = evaluation.get("judge_test") if evaluation["status"] == "run" else None
     # Without the 180 per-pair scores (evaluation/results.json keeps them).
     return ({k: v for k, v in rt.items() if k != "rows"} if isinstance(rt, dict)
             else {"status": "not run", "accuracy": None, "by_variant": {}})
@@ -151,7 +151,7 @@ def collect_results(run_dir) -> dict:
                                 f"(run the lab stages first)")
     manifest = read_json(run / "corpus/manifest.json")
     sft_h = read_json(run / "sft/history.json")
-    judge_h = read_json(run / "reward/history.json")
+    judge_h = read_json(run / "judge/history.json")
     ppo_h = read_json(run / "ppo/history.json")
     fingerprints = _read_optional(run / "ppo/fingerprints.json")
     base = _read_optional(run / "base_model/manifest.json")
@@ -168,7 +168,7 @@ def collect_results(run_dir) -> dict:
                                                  "seed", "files")} if base else None),
         "sft": {"summary": _sft_summary(sft_h), "epochs": sft_h.get("epochs", []),
                 "curves": _curves(sft_h.get("updates", []))},
-        "reward": {"summary": _judge_summary(judge_h), "epochs": judge_h.get("epochs", []),
+        "judge": {"summary": _judge_summary(judge_h), "epochs": judge_h.get("epochs", []),
                    "curves": _curves(judge_h.get("updates", []))},
         "ppo": {"summary": _ppo_summary(ppo_h), "curves": _curves(ppo_h.get("iterations", [])),
                 "scoring_check": ppo_h.get("scoring_check"), "token_views": ppo_h.get("token_views", []),
@@ -179,7 +179,7 @@ def collect_results(run_dir) -> dict:
         "fingerprint_checks": _fingerprint_checks(fingerprints),
         "artifacts": _artifacts(run),
         "evaluation": evaluation,
-        "reward_test": _reward_test(evaluation),
+        "judge_test": _judge_test(evaluation),
         "shortcut_audit": _read_optional(run / "shortcut_audit" / "results.json"),
         # What the run is and the CPU arithmetic it ran (rlhf.pin): pinned hashes compare across machines.
         "run": _read_optional(run / "run.json"),

@@ -11,7 +11,7 @@ from rlhf.report import wording
 from rlhf.report.formatting import fmt, is_num
 from rlhf.report.tables import (artifacts_table, comparison_table, fingerprint_table, frequent_outputs_table,
                                 judge_epochs_table, key_results_table, kv_table, politeness_table,
-                                probe_outputs_table, resume_tables, reward_test_table, sft_epochs_table,
+                                probe_outputs_table, resume_tables, judge_test_table, sft_epochs_table,
                                 shortcut_audit_table, stage_time_table, timings_table, token_view_table)
 
 
@@ -37,7 +37,7 @@ def glance_section(res: dict) -> tuple[str, str, list]:
     glance = []
     if ev["status"] == "run":
         glance.append(("table", key_results_table(ev)))
-        rt = res["reward_test"]
+        rt = res["judge_test"]
         glance.append(("p", f"Judge accuracy on the 180 test pairs: {fmt(rt.get('accuracy'))} "
                             f"({fmt(rt.get('pairs'))} pairs, {fmt(rt.get('ties'))} ties)."))
         counts = (ev.get("politeness") or {}).get("counts")
@@ -79,7 +79,7 @@ def judge_test_section(res: dict) -> tuple[str, str, list]:
             [("p", "Accuracy of the frozen judge on the 180 test pairs, published separately from the "
                    "actor's generations. See the give-away note above: r001 test pairs can be won "
                    "without reading the situation."),
-             ("table", reward_test_table(res["reward_test"]))])
+             ("table", judge_test_table(res["judge_test"]))])
 
 
 def shortcut_audit_section(sa: dict) -> tuple[str, str, list]:
@@ -113,7 +113,7 @@ def probe_outputs_section(ev: dict, quote) -> tuple[str, str, list]:
 
 
 def curves_section(res: dict) -> tuple[str, str, list]:
-    ss, sj = res["sft"]["summary"], res["reward"]["summary"]
+    ss, sj = res["sft"]["summary"], res["judge"]["summary"]
     return ("curves", "Learning curves", [
         ("p", f"SFT: {ss['updates']} updates over {ss['epochs']} epochs; loss per update is the sum of token "
               f"log-losses over the active response tokens of the batch divided by their number. Final train "
@@ -132,8 +132,8 @@ def curves_section(res: dict) -> tuple[str, str, list]:
 def summaries_section(res: dict) -> tuple[str, str, list]:
     return ("summaries", "Stage summaries", [("group", [
         ("table", kv_table(res["sft"]["summary"], "SFT")), ("table", sft_epochs_table(res["sft"]["epochs"])),
-        ("table", kv_table(res["reward"]["summary"], "Judge")),
-        ("table", judge_epochs_table(res["reward"]["epochs"])),
+        ("table", kv_table(res["judge"]["summary"], "Judge")),
+        ("table", judge_epochs_table(res["judge"]["epochs"])),
         ("table", kv_table(res["ppo"]["summary"], "PPO")),
     ])])
 

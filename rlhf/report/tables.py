@@ -102,7 +102,7 @@ def comparison_table(ev: dict) -> Table:
                  "SFT vs PPO, greedy generations, per population", cls="compare")
 
 
-def reward_test_table(rt: dict) -> Table:
+def judge_test_table(rt: dict) -> Table:
     rows = []
     by = rt.get("by_variant") or {}
     for v in sorted(by, key=lambda x: (len(str(x)), str(x))):

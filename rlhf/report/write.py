@@ -75,7 +75,7 @@ def print_summary(results: dict) -> str:
             for pop in ("test", "probe_rows", "probe_contexts"):
                 va, vb, diff, d = sft_vs_ppo(ev, pop, key, dkey)
                 lines.append(f"{name + ', ' + pop:<44}{fmt(va):>9}{fmt(vb):>9}{fmt_signed(diff):>9}  {fmt_ci(d)}")
-        rt = results.get("reward_test") or {}
+        rt = results.get("judge_test") or {}
         lines.append(f"judge test accuracy: {fmt(rt.get('accuracy'))} ({fmt(rt.get('pairs'))} pairs, "
                      f"{fmt(rt.get('ties'))} ties); by variant: {fmt(rt.get('by_variant'))}")
         counts = (ev.get("politeness") or {}).get("counts")
