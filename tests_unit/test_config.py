@@ -66,27 +66,15 @@ def write_variant(tmp_path, edit) -> Path:
     return path
 
 
-def test_unknown_key_names_file_table_and_key(tmp_path):
-    path = write_variant(tmp_path, lambda t: t.replace("[ppo]\n", "[ppo]\nkl_coeff = 0.1\n"))
-    with pytest.raises(ProfileError, match=rf"{re.escape(str(path))}: table \[ppo\]: unknown key kl_coeff"):
-        load_profile(path)
-
-
-def test_a_removed_dead_key_is_refused_as_unknown(tmp_path):
-    path = write_variant(tmp_path, lambda t: t.replace("[lora]\n", "[lora]\ndropout = 0.0\n"))
-    with pytest.raises(ProfileError, match=r"table \[lora\]: unknown key dropout"):
-        load_profile(path)
-
-
-def test_missing_key_names_file_table_and_key(tmp_path):
-    path = write_variant(tmp_path, lambda t: re.sub(r"^lam = .*\n", "", t, flags=re.M))
-    with pytest.raises(ProfileError, match=rf"{re.escape(str(path))}: table \[ppo\]: missing key 'lam'"):
-        load_profile(path)
-
-
-def test_missing_table_is_named(tmp_path):
-    path = write_variant(tmp_path, lambda t: t.replace("[runtime]\n", "[runtime_]\n"))
-    with pytest.raises(ProfileError, match=r"unknown table or key runtime_"):
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace("[ppo]\n", "[ppo]\nkl_coeff = 0.1\n"), r"table \[ppo\]: unknown key kl_coeff"),
+    (lambda t: t.replace("[lora]\n", "[lora]\ndropout = 0.0\n"), r"table \[lora\]: unknown key dropout"),  # dead key
+    (lambda t: re.sub(r"^lam = .*\n", "", t, flags=re.M), r"table \[ppo\]: missing key 'lam'"),
+    (lambda t: t.replace("[runtime]\n", "[runtime_]\n"), r"unknown table or key runtime_"),
+], ids=["unknown-key", "removed-dead-key", "missing-key", "misspelt-table"])
+def test_unknown_or_missing_keys_name_file_table_and_key(tmp_path, edit, message):
+    path = write_variant(tmp_path, edit)
+    with pytest.raises(ProfileError, match=rf"profile {re.escape(str(path))}: {message}"):
         load_profile(path)
 
 
