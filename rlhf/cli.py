@@ -7,6 +7,8 @@
     rlhf evaluate --run DIR / rlhf report --run DIR
     rlhf lab --out DIR [--profile embedded]      the whole lab in one run
     rlhf base-study --out DIR                    issue 8: the embedded base beside its control base
+    rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   issue 14: the lab over N seeds
+    rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   issue 14: the cut SFT budget, validation only
 """
 from __future__ import annotations
 
@@ -128,6 +130,26 @@ def cmd_base_study(args) -> int:
     return 0
 
 
+def cmd_seeds(args) -> int:
+    from rlhf.seeds import run_study
+    t0 = time.perf_counter()
+    result = run_study(args.out, n=args.n, revision=args.revision, workers=args.workers, sft_budget=args.sft_budget,
+                       study_seed=args.study_seed, profile_name=args.profile)
+    for key in ("rubric_success.test", "rubric_success.all_unique_contexts"):
+        s = result["across"][f"{key}.ppo_minus_sft"]
+        print(f"PPO - SFT {key}: mean {s['mean']:+.3f}, SD {s['sd']:.3f}, 95% t-interval over {s['n']} seeds "
+              f"[{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], positive in {s['positive']} of {s['n']}")
+    print(f"seeds finished in {time.perf_counter() - t0:.1f} s; {args.out}/seeds.json and {args.out}/report.html")
+    return 0
+
+
+def cmd_choose_sft_budget(args) -> int:
+    from rlhf.sft_budget import choose_sft_budget
+    record = choose_sft_budget(args.out, args.work, revision=args.revision, profile_name=args.profile)
+    print(f"chosen SFT budget: {record['chosen']} ({record['rule']}); written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,6 +206,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("base-study", help="SFT on r001 and the judge on r002 for the embedded and control bases")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_base_study)
+
+    from rlhf.seeds import SFT_BUDGETS
+    p = sub.add_parser("seeds", help="the whole embedded lab over N training seeds, with across-seed statistics")
+    p.add_argument("--out", required=True)
+    p.add_argument("--n", type=int, default=5, help="number of training seeds (runs)")
+    p.add_argument("--revision", default="r001", choices=["r001", "r002"])
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
+    p.add_argument("--sft-budget", default="full", choices=list(SFT_BUDGETS),
+                   help="named SFT budget (rlhf.seeds.SFT_BUDGETS; full: the profile's)")
+    p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.set_defaults(func=cmd_seeds)
+
+    p = sub.add_parser("choose-sft-budget", help="pick the cut SFT budget of question (b) on validation prompts only")
+    p.add_argument("--out", required=True, help="JSON record of every candidate and the choice")
+    p.add_argument("--work", required=True, help="folder for the corpus and the base model")
+    p.add_argument("--revision", default="r002", choices=["r001", "r002"])
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.set_defaults(func=cmd_choose_sft_budget)
     return parser
 
 

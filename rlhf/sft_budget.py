@@ -1,0 +1,146 @@
+"""Choosing the cut SFT budget of question (b) on validation prompts only (issue 14).
+
+`rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]`
+
+Rule, fixed before measuring: among the named budgets of rlhf.seeds.SFT_BUDGETS (all but
+`full`), the smallest whose greedy *validation* rubric success lies in [0.3, 0.8] (the profile's
+own seeds, i.e. run 0 of study seed 0). Every candidate is trained and measured, so the file
+shows the whole curve, not only the chosen point.
+
+No test prompt can inform it: the corpus is prepared in the work folder and only its
+*learning view* (rlhf.corpus.LearningView: train demonstrations, train/validation pairs,
+rollout prompts; it refuses test inputs, probes and gold labels) is handed to the code that
+trains and measures. The validation prompts are the prompts of the 180 validation pairs; the
+action a prompt calls for is read from the pair's chosen answer (every chosen answer is a rubric
+success; checked), not from a label.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from rlhf import rubric
+from rlhf.config import load_profile, profile_hash
+from rlhf.corpus import LearningView
+from rlhf.io import write_json
+
+LOW, HIGH = 0.3, 0.8
+RULE = (f"the smallest named budget (rlhf.seeds.SFT_BUDGETS, 'full' excluded) whose greedy validation rubric "
+        f"success lies in [{LOW}, {HIGH}], measured with the profile's own seeds")
+
+
+def candidate_budgets() -> list[str]:
+    from rlhf.seeds import SFT_BUDGETS
+    return sorted((k for k, v in SFT_BUDGETS.items() if v is not None), key=lambda k: SFT_BUDGETS[k])
+
+
+def budget_record(name: str) -> dict:
+    from rlhf.seeds import SFT_BUDGETS
+    return {"name": name, "epochs": SFT_BUDGETS[name], "candidates": candidate_budgets(), "rule": RULE,
+            "note": "epochs None: the profile's own SFT budget"}
+
+
+def validation_prompts(view: LearningView) -> list[dict]:
+    """[{document_id, prompt, expected_action}] of the validation pairs, the action read from the
+    chosen answer. Takes the learning view only (it cannot serve a test prompt)."""
+    if not isinstance(view, LearningView):
+        raise TypeError(f"the SFT budget is chosen from a LearningView only, not {type(view).__name__}")
+    out = []
+    for r in view.pairs("validation"):
+        recognised = rubric.RESPONSES.get(rubric.normalize(r["chosen"]))
+        if recognised is None or not rubric.evaluate(r["chosen"], "eos", recognised[0])["rubric_success"]:
+            raise ValueError(f"{r['document_id']}: the chosen answer is not a rubric success; its action "
+                             f"cannot stand for the prompt's")
+        out.append({"document_id": r["document_id"], "prompt": r["prompt"], "expected_action": recognised[0]})
+    return out
+
+
+@torch.no_grad()
+def validation_rubric_success(actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int,
+                              profile: dict, batch_size: int = 32) -> dict:
+    """Greedy answers of `actor_model` to the validation prompts, checked by the rubric."""
+    from rlhf.generate import generate
+    from rlhf.tokens import decode_response, encode_prompt
+    records = validation_prompts(view)
+    limits = profile["limits"]
+    ids = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
+    responses = []
+    for i in range(0, len(ids), batch_size):
+        responses += generate(actor_model, ids[i:i + batch_size], eos_id=eos_id, pad_id=pad_id,
+                              max_new_tokens=limits["response_tokens"], greedy=True).responses
+    verdicts = [rubric.evaluate(*decode_response(tokenizer, out, eos_id), r["expected_action"])
+                for r, out in zip(records, responses)]
+    n = len(verdicts)
+    return {"n": n, "rubric_success": sum(v["rubric_success"] for v in verdicts) / n,
+            "recognised_share": sum(v["recognized"] for v in verdicts) / n,
+            "relevant_share": sum(v["relevant"] for v in verdicts) / n}
+
+
+def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer, eos_id: int, pad_id: int) -> dict:
+    """Train SFT with `profile`'s budget on the learning view; its greedy validation success."""
+    from rlhf.checkpoint import seed_system_rngs
+    from rlhf.models import directory_identity
+    from rlhf.roles import new_role
+    from rlhf.sft import train_sft
+    t0 = time.perf_counter()
+    actor = new_role("actor", profile, model_dir, base_identity={"files": directory_identity(model_dir)})
+    seed_system_rngs(profile["seeds"]["torch"])  # as rlhf.lab.train_role
+    state = train_sft(actor, view, tokenizer, eos_id, pad_id, profile)
+    actor.model.eval()
+    return {"updates": state["step"], "train_seconds": time.perf_counter() - t0,
+            "last_validation_loss": state["history"]["epochs"][-1]["validation_loss"],
+            "validation": validation_rubric_success(actor.model, view, tokenizer, eos_id, pad_id, profile)}
+
+
+def choose(measured: list[dict]) -> str | None:
+    """The rule: the smallest candidate (in the order measured) inside [LOW, HIGH]."""
+    for m in measured:
+        if LOW <= m["validation"]["rubric_success"] <= HIGH:
+            return m["budget"]
+    return None
+
+
+def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str = "embedded",
+                      budgets: list[str] | None = None, say=print) -> dict:
+    """Measure every candidate budget on validation prompts; write the record to `out_json`
+    (never overwritten) and return it."""
+    from rlhf.config import configure_torch
+    from rlhf.corpus import load_corpus, prepare
+    from rlhf.embedded import build_embedded
+    from rlhf.models import check_tokenizer, load_tokenizer
+    from rlhf.seeds import budget_changes, expected_profile
+    out_json, work = Path(out_json), Path(work)
+    if out_json.exists():
+        raise FileExistsError(f"{out_json} exists: the budget was already chosen (use a new --out)")
+    profile = load_profile(profile_name)
+    configure_torch(profile)
+    if not (work / "corpus" / "manifest.json").is_file():
+        prepare(work / "corpus", revision=revision)
+    if not (work / "base_model" / "config.json").is_file():
+        build_embedded(work / "base_model")
+    view = load_corpus(work / "corpus").learning_view()  # the only corpus object kept: no test input
+    if view.revision != revision:
+        raise ValueError(f"{work} holds corpus {view.revision}, not {revision}")
+    tokenizer = load_tokenizer(work / "base_model")
+    eos_id, pad_id = check_tokenizer(profile, tokenizer)
+    t0 = time.perf_counter()
+    measured = []
+    for name in budgets or candidate_budgets():
+        p = expected_profile(profile, profile["name"], budget_changes(profile, name))
+        m = {"budget": name, "epochs": p["sft"]["epochs"],
+             **measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id)}
+        say(f"{name}: {m['updates']} updates, greedy validation rubric success "
+            f"{m['validation']['rubric_success']:.3f} ({m['train_seconds']:.0f} s)")
+        measured.append(m)
+    chosen = choose(measured)
+    record = {"revision": revision, "profile": profile["name"], "profile_sha256": profile_hash(profile),
+              "seeds": {k: v for k, v in profile["seeds"].items()} | {"lora.seed": profile["lora"]["seed"]},
+              "rule": RULE, "inputs": "the learning view only: train demonstrations and validation pairs "
+                                      "(prompts; actions read from the chosen answers); no test prompt",
+              "candidates": measured, "chosen": chosen,
+              "command": f"rlhf choose-sft-budget --out {out_json} --work {work} --revision {revision}",
+              "seconds": time.perf_counter() - t0}
+    write_json(out_json, record)
+    return record

@@ -1,0 +1,263 @@
+"""Issue 14: `rlhf seeds`, a multi-seed study of the whole lab, and the cut SFT budget.
+
+One 2-seed study on the small test profile (conftest.SMALL_BUDGET) is run once per module, in
+this process (workers = 1); the tests read its folder. The pool path (workers > 1) is taken by
+the continuation test, which gives one unfinished run to a spawned worker.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from rlhf import seeds
+from rlhf.config import load_profile
+from rlhf.io import read_json, write_json
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory, small_profile_file):
+    out = tmp_path_factory.mktemp("study") / "s"
+    lines: list[str] = []
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = seeds.run_study(out, n=2, revision="r001", workers=1, profile_name=str(small_profile_file),
+                             say=lines.append)
+    return {"out": out, "result": result, "lines": lines, "profile": str(small_profile_file),
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
+def _t975_by_integration(df: int) -> float:
+    """The 0.975 quantile of Student's t by bisection on the Simpson-integrated density."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+
+    def cdf(x, steps=4000):
+        h = x / steps
+        f = lambda u: c * (1 + u * u / df) ** (-(df + 1) / 2)  # noqa: E731
+        s = f(0) + f(x) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, steps))
+        return 0.5 + s * h / 3
+
+    lo, hi = 0.0, 20.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < 0.975 else (lo, mid)
+    return (lo + hi) / 2
+
+
+# ------------------------------------------------------------------------------ the study
+
+def test_across_seed_statistics_recomputed_from_rows(small_study, record_result):
+    """Every across-seed number is recomputed from the per-seed rows, and the rows' rubric
+    numbers from the per-row verdicts in each run's evaluation/results.json."""
+    result, out = small_study["result"], small_study["out"]
+    record_result("study_wall_s", round(small_study["wall_s"], 1))
+    record_result("study_cpu_s", round(small_study["cpu_s"], 1))
+    rows = result["seeds"]
+    assert len(rows) == 2 and set(result["across"]) == set(rows[0]["metrics"])
+    for key, stats in result["across"].items():
+        values = [r["metrics"][key] for r in rows]
+        mean, sd = statistics.fmean(values), statistics.stdev(values)
+        half = 12.706 * sd / math.sqrt(2)  # t(0.975, 1)
+        assert stats["mean"] == pytest.approx(mean, abs=1e-12), key
+        assert stats["sd"] == pytest.approx(sd, abs=1e-12), key
+        assert stats["t95"] == pytest.approx([mean - half, mean + half], abs=1e-12), key
+        assert stats["positive"] == sum(v > 0 for v in values), key
+        assert stats["negative"] == sum(v < 0 for v in values), key
+    for r in rows:
+        ev = read_json(out / r["folder"] / "evaluation" / "results.json")
+        for policy in ("sft", "ppo"):
+            test = [x for x in ev["policies"][policy]["rows"] if x["population"] == "test"]
+            assert len(test) == 180
+            assert r["metrics"][f"rubric_success.test.{policy}"] == pytest.approx(
+                sum(x["rubric"]["rubric_success"] for x in test) / 180, abs=1e-12)
+        assert r["metrics"]["rubric_success.test.ppo_minus_sft"] == pytest.approx(
+            r["metrics"]["rubric_success.test.ppo"] - r["metrics"]["rubric_success.test.sft"], abs=1e-12)
+    on_disk = read_json(out / "seeds.json")
+    assert on_disk["across"] == result["across"] and on_disk["seeds"] == rows
+
+
+def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):
+    result, out = small_study["result"], small_study["out"]
+    a, b = result["seeds"]
+    base = load_profile(small_study["profile"])
+    for t, k in seeds.TRAINING_SEEDS:  # run 0 is the profile's own run; run 1 is 1000 further
+        assert a["seeds"][f"{t}.{k}"] == base[t][k]
+        assert b["seeds"][f"{t}.{k}"] == base[t][k] + 1000
+    for t, k in seeds.FIXED_SEEDS:
+        assert a["seeds"][f"{t}.{k}"] == b["seeds"][f"{t}.{k}"] == base[t][k]
+    for key in ("sft_state_sha256", "judge_state_sha256", "ppo_state_sha256", "ppo_rollout_order_sha256",
+                "sft_first_update_loss"):
+        assert a["identity"][key] != b["identity"][key], key
+    for key in ("corpus_manifest_sha256", "evaluation_prompt_ids_sha256", "evaluation_prompts"):
+        assert a["identity"][key] == b["identity"][key], key
+    assert a["identity"]["evaluation_prompts"] == 260
+    # each run is reproducible from its folder: its profile.toml is the profile it ran
+    for r in (a, b):
+        run = read_json(out / r["folder"] / "run.json")
+        from rlhf.config import profile_hash
+        assert run["identity"]["config"] == profile_hash(load_profile(str(out / r["folder"] / "profile.toml")))
+    assert read_json(out / "seed-0" / "sft" / "resume_check.json")["protocol"] is True
+    assert read_json(out / "seed-1" / "sft" / "resume_check.json")["protocol"] is False
+    assert (out / "report.html").read_text().count("<img") == 1
+    assert any("seed 1: report complete (6/6 stages)" in line for line in small_study["lines"])
+
+
+def test_check_invariants_catches_runs_that_share_a_state_or_differ_in_corpus(small_study):
+    rows = small_study["result"]["seeds"]
+    seeds.check_invariants(rows)
+    same_state = [rows[0], {**rows[1], "identity": {**rows[1]["identity"],
+                                                    "ppo_state_sha256": rows[0]["identity"]["ppo_state_sha256"]}}]
+    with pytest.raises(seeds.StudyError, match="ppo_state_sha256"):
+        seeds.check_invariants(same_state)
+    other_prompts = [rows[0], {**rows[1], "identity": {**rows[1]["identity"], "evaluation_prompt_ids_sha256": "x"}}]
+    with pytest.raises(seeds.StudyError, match="evaluation_prompt_ids_sha256"):
+        seeds.check_invariants(other_prompts)
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*")}
+
+
+def test_rerun_of_a_finished_study_recomputes_nothing(small_study, monkeypatch):
+    from rlhf import lab
+    out = small_study["out"]
+    before = _snapshot(out)
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished study reopened a run")
+    monkeypatch.setattr(lab, "open_context", refuse)
+    monkeypatch.setattr(lab, "run_lab", refuse)
+    lines = []
+    again = seeds.run_study(out, n=2, revision="r001", workers=1, profile_name=small_study["profile"],
+                            say=lines.append)
+    assert again == small_study["result"]
+    assert _snapshot(out) == before
+    assert lines == [f"study already complete in {out} (seeds.json): nothing recomputed"]
+    with pytest.raises(seeds.StudyError, match="n was 2, now 3"):
+        seeds.run_study(out, n=3, revision="r001", workers=1, profile_name=small_study["profile"], say=lines.append)
+
+
+def test_killed_study_continues_where_it_stopped(small_study, tmp_path):
+    """A copy of the finished study with run 1 cut back to before its shortcut audit (as a kill
+    leaves it) and no seeds.json: the rerun does only run 1's audit and report, in a worker
+    process, leaves run 0 untouched, and gives the same seeds.json numbers."""
+    out = tmp_path / "s"
+    shutil.copytree(small_study["out"], out)
+    for name in ("seeds.json", "report.html"):
+        (out / name).unlink()
+    run1 = out / "seed-1"
+    record = read_json(run1 / "run.json")
+    for stage in ("shortcut_audit", "report"):
+        del record["stages"][stage]
+    write_json(run1 / "run.json", record, overwrite=True)
+    shutil.rmtree(run1 / "shortcut_audit")
+    for name in ("results.json", "report.md", "report.html"):
+        (run1 / name).unlink()
+    run0 = _snapshot(out / "seed-0")
+    lines = []
+    again = seeds.run_study(out, n=2, revision="r001", workers=2, profile_name=small_study["profile"],
+                            say=lines.append)
+    assert _snapshot(out / "seed-0") == run0
+    assert "seed 0: already complete" in lines[1] and any("seed 1: queued" in x for x in lines)
+    assert any("seed 1: report complete" in x for x in lines)
+    assert "sft: already complete" in (run1 / "lab.log").read_text()
+    assert again["across"] == small_study["result"]["across"]
+    assert [r["metrics"] for r in again["seeds"]] == [r["metrics"] for r in small_study["result"]["seeds"]]
+
+
+def test_changed_answer_view_is_of_an_answer_ppo_changed(small_study):
+    view = small_study["result"]["changed_answer"]
+    if view["seed"] is None:  # the small budget may leave every greedy answer as it was
+        assert "no greedy answer" in view["note"]
+        return
+    assert view["sft"]["response"] != view["ppo"]["response"]
+    tokens = view["tokens"]
+    assert tokens and all(t["log_ratio"] == pytest.approx(t["logp_ppo"] - t["logp_sft"]) for t in tokens)
+
+
+# ------------------------------------------------------------------------------ seeds and statistics
+
+def test_derived_seeds_never_collide_and_run_zero_is_the_profile():
+    profile = load_profile("embedded")
+    drawn = {}
+    for study in (0, 1):
+        for i in range(seeds.MAX_RUNS):
+            for (t, k), v in seeds.seed_changes(profile, study, i).items():
+                drawn.setdefault((t, k), []).append(v)
+    for key, values in drawn.items():
+        assert len(set(values)) == len(values), key
+    assert seeds.seed_changes(profile, 0, 0) == {(t, k): profile[t][k] for t, k in seeds.TRAINING_SEEDS}
+    with pytest.raises(seeds.StudyError, match="outside"):
+        seeds.seed_changes(profile, 0, seeds.MAX_RUNS)
+
+
+def test_run_profile_reads_back_as_intended(tmp_path):
+    from rlhf.config import PROFILE_DIR
+    text = (PROFILE_DIR / "embedded.toml").read_text()
+    profile = load_profile("embedded")
+    changes = {**seeds.seed_changes(profile, 3, 7), **seeds.budget_changes(profile, "sft-e2")}
+    got = seeds.write_run_profile(tmp_path / "p.toml", text, "embedded-x", changes)
+    assert got["seeds"]["data_order"] == 149 + 300000 + 7000 and got["sft"]["epochs"] == 2
+    assert got["sft"]["expected_updates"] == 42 and got["seeds"]["corpus"] == 49 and got["seeds"]["evaluation"] == 349
+    with pytest.raises(seeds.StudyError, match="other content"):
+        seeds.write_run_profile(tmp_path / "p.toml", text, "embedded-y", changes)
+    with pytest.raises(seeds.StudyError, match="no \\[nowhere\\] table"):
+        seeds.profile_text_with(text, "z", {("nowhere", "seed"): 1})
+    with pytest.raises(seeds.StudyError, match="unknown SFT budget"):
+        seeds.budget_changes(profile, "sft-e5")
+
+
+def test_t_quantiles_and_sign_test():
+    for df in (1, 2, 4, 9, 30):
+        assert seeds.t975(df) == pytest.approx(_t975_by_integration(df), abs=2e-3), df
+    assert seeds.sign_test_p(5, 0) == pytest.approx(2 / 32)
+    assert seeds.sign_test_p(3, 2) == 1.0
+    stats = seeds.across_seeds([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert stats["mean"] == pytest.approx(0.3) and stats["sd"] == pytest.approx(statistics.stdev([.1, .2, .3, .4, .5]))
+    assert stats["t95"][0] == pytest.approx(0.3 - 2.776 * stats["sd"] / math.sqrt(5))
+    with pytest.raises(seeds.StudyError, match="finite"):
+        seeds.across_seeds([0.1, float("nan")])
+
+
+# ------------------------------------------------------------------------------ the SFT budget
+
+def test_budget_rule_takes_the_smallest_inside_the_band():
+    from rlhf.sft_budget import choose
+    m = lambda name, s: {"budget": name, "validation": {"rubric_success": s}}  # noqa: E731
+    assert choose([m("a", 0.1), m("b", 0.3), m("c", 0.5)]) == "b"
+    assert choose([m("a", 0.29), m("b", 0.81), m("c", 0.8)]) == "c"
+    assert choose([m("a", 0.0), m("b", 0.9)]) is None
+
+
+def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkeypatch):
+    """The choice runs with the corpus's evaluation view and every test read made to fail: only
+    the learning view reaches the code that trains and measures."""
+    from rlhf import corpus as corpus_mod
+    from rlhf.sft_budget import choose_sft_budget, validation_prompts
+
+    def refuse(*a, **k):
+        raise AssertionError("the budget choice touched the evaluation view")
+    monkeypatch.setattr(corpus_mod.Corpus, "evaluation_view", refuse)
+    monkeypatch.setattr(corpus_mod.EvaluationView, "__init__", refuse)
+    record = choose_sft_budget(tmp_path / "choice.json", tmp_path / "work", revision="r002",
+                               profile_name=str(small_profile_file), budgets=["sft-e1"], say=lambda s: None)
+    (m,) = record["candidates"]
+    assert m["budget"] == "sft-e1" and m["validation"]["n"] == 180 and 0 <= m["validation"]["rubric_success"] <= 1
+    assert read_json(tmp_path / "choice.json") == record
+    monkeypatch.undo()
+    view = corpus_mod.load_corpus(tmp_path / "work" / "corpus")
+    with pytest.raises(TypeError, match="LearningView only"):
+        validation_prompts(view.evaluation_view())
+    with pytest.raises(PermissionError):
+        view.learning_view().inputs("pair", "test")
+    val = validation_prompts(view.learning_view())
+    assert len(val) == 180 and not ({r["document_id"] for r in val}
+                                    & {r["document_id"] for r in view.evaluation_view().prompts("test")})
+    with pytest.raises(FileExistsError):
+        choose_sft_budget(tmp_path / "choice.json", tmp_path / "work", revision="r002")
