@@ -145,7 +145,9 @@ def cmd_seeds(args) -> int:
 
 def cmd_choose_sft_budget(args) -> int:
     from rlhf.sft_budget import choose_sft_budget
-    record = choose_sft_budget(args.out, args.work, revision=args.revision, profile_name=args.profile)
+    budgets = args.budgets.split(",") if args.budgets else None
+    record = choose_sft_budget(args.out, args.work, revision=args.revision, profile_name=args.profile,
+                               budgets=budgets, previous=args.previous)
     print(f"chosen SFT budget: {record['chosen']} ({record['rule']}); written to {args.out}")
     return 0
 
@@ -224,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", required=True, help="folder for the corpus and the base model")
     p.add_argument("--revision", default="r002", choices=["r001", "r002"])
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.add_argument("--budgets", default=None, help="comma-separated budget names to measure (default: all)")
+    p.add_argument("--previous", action="append", default=[],
+                   help="an earlier record whose measured candidates are taken, not retrained (repeatable)")
     p.set_defaults(func=cmd_choose_sft_budget)
     return parser
 

@@ -76,8 +76,7 @@ DERIVATION = ("training seed of run i = the profile's value + 100000 * study_see
 
 # Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
 # updates). `full` keeps the profile's. The budget of question (b) is chosen among the others.
-SFT_BUDGETS = {"full": None, "sft-e1": 1, "sft-e2": 2, "sft-e3": 3, "sft-e4": 4, "sft-e6": 6, "sft-e8": 8,
-               "sft-e10": 10}
+SFT_BUDGETS = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
 STAGES = ("sft", "reward", "ppo", "evaluate", "shortcut_audit", "report")
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
 INTERVAL = {"name": "95% Student-t interval over seeds",

@@ -3,9 +3,12 @@
 `rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]`
 
 Rule, fixed before measuring: among the named budgets of rlhf.seeds.SFT_BUDGETS (all but
-`full`), the smallest whose greedy *validation* rubric success lies in [0.3, 0.8] (the profile's
-own seeds, i.e. run 0 of study seed 0). Every candidate is trained and measured, so the file
-shows the whole curve, not only the chosen point.
+`full`: 1 to 10 epochs), the smallest whose greedy *validation* rubric success lies in
+[0.3, 0.8] (the profile's own seeds, i.e. run 0 of study seed 0). Without `--budgets`, every
+candidate is trained and measured, so the file shows the whole curve, not only the chosen point.
+`--budgets` measures some, and `--previous FILE` takes the candidates an earlier record measured
+(same revision and profile; each candidate keeps the code hash it was measured with) instead of training them again; a budget is chosen only when
+every smaller candidate was measured.
 
 No test prompt can inform it: the corpus is prepared in the work folder and only its
 *learning view* (rlhf.corpus.LearningView: train demonstrations, train/validation pairs,
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 
 from rlhf import rubric
+from rlhf.checkpoint import code_sha256
 from rlhf.config import load_profile, profile_hash
 from rlhf.corpus import LearningView
 from rlhf.io import write_json
@@ -94,16 +98,34 @@ def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer
             "validation": validation_rubric_success(actor.model, view, tokenizer, eos_id, pad_id, profile)}
 
 
-def choose(measured: list[dict]) -> str | None:
-    """The rule: the smallest candidate (in the order measured) inside [LOW, HIGH]."""
-    for m in measured:
-        if LOW <= m["validation"]["rubric_success"] <= HIGH:
-            return m["budget"]
+def choose(measured: list[dict], order: list[str] | None = None) -> str | None:
+    """The rule: the smallest candidate inside [LOW, HIGH], in `order` (default: as measured);
+    None when none is, or when a smaller candidate of `order` was not measured."""
+    by_name = {m["budget"]: m for m in measured}
+    for name in order or [m["budget"] for m in measured]:
+        if name not in by_name:
+            return None
+        if LOW <= by_name[name]["validation"]["rubric_success"] <= HIGH:
+            return name
     return None
 
 
+def previous_candidates(paths, revision: str, profile: dict) -> list[dict]:
+    """Candidates measured by earlier records of the same revision and profile (each keeps the
+    command and the code hash it was measured with)."""
+    from rlhf.io import read_json
+    out = []
+    for path in paths or []:
+        rec = read_json(path)
+        if (rec["revision"], rec["profile_sha256"]) != (revision, profile_hash(profile)):
+            raise ValueError(f"{path} was measured on another revision or profile; measure again")
+        out += [{**m, "measured_by": m.get("measured_by", rec["command"]), "code": m.get("code", rec.get("code"))}
+                for m in rec["candidates"]]
+    return out
+
+
 def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str = "embedded",
-                      budgets: list[str] | None = None, say=print) -> dict:
+                      budgets: list[str] | None = None, previous=None, say=print) -> dict:
     """Measure every candidate budget on validation prompts; write the record to `out_json`
     (never overwritten) and return it."""
     from rlhf.config import configure_torch
@@ -126,21 +148,30 @@ def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str 
     tokenizer = load_tokenizer(work / "base_model")
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
     t0 = time.perf_counter()
-    measured = []
+    measured = previous_candidates(previous, revision, profile)
+    command = f"rlhf choose-sft-budget --out {out_json} --work {work} --revision {revision}" + (
+        f" --budgets {','.join(budgets)}" if budgets else "") + "".join(f" --previous {p}" for p in previous or [])
     for name in budgets or candidate_budgets():
+        if any(m["budget"] == name for m in measured):
+            continue
         p = expected_profile(profile, profile["name"], budget_changes(profile, name))
         m = {"budget": name, "epochs": p["sft"]["epochs"],
-             **measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id)}
+             **measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id), "measured_by": command,
+             "code": code_sha256()}
         say(f"{name}: {m['updates']} updates, greedy validation rubric success "
             f"{m['validation']['rubric_success']:.3f} ({m['train_seconds']:.0f} s)")
         measured.append(m)
-    chosen = choose(measured)
+    from rlhf.seeds import SFT_BUDGETS
+    measured.sort(key=lambda m: SFT_BUDGETS[m["budget"]])
+    chosen = choose(measured, candidate_budgets())
     record = {"revision": revision, "profile": profile["name"], "profile_sha256": profile_hash(profile),
+              "code": code_sha256(),
               "seeds": {k: v for k, v in profile["seeds"].items()} | {"lora.seed": profile["lora"]["seed"]},
               "rule": RULE, "inputs": "the learning view only: train demonstrations and validation pairs "
                                       "(prompts; actions read from the chosen answers); no test prompt",
               "candidates": measured, "chosen": chosen,
-              "command": f"rlhf choose-sft-budget --out {out_json} --work {work} --revision {revision}",
+              "command": command,
+              "not_measured": [b for b in candidate_budgets() if all(m["budget"] != b for m in measured)],
               "seconds": time.perf_counter() - t0}
     write_json(out_json, record)
     return record
