@@ -233,6 +233,21 @@ def test_budget_rule_takes_the_smallest_inside_the_band():
     assert choose([m("a", 0.1), m("b", 0.3), m("c", 0.5)]) == "b"
     assert choose([m("a", 0.29), m("b", 0.81), m("c", 0.8)]) == "c"
     assert choose([m("a", 0.0), m("b", 0.9)]) is None
+    # in the table's order, a budget is chosen only when every smaller one was measured
+    assert choose([m("a", 0.1), m("c", 0.5)], order=["a", "b", "c"]) is None
+    assert choose([m("a", 0.1), m("b", 0.2), m("c", 0.5)], order=["a", "b", "c"]) == "c"
+
+
+def test_previous_candidates_of_another_revision_are_refused(tmp_path):
+    from rlhf.config import profile_hash
+    from rlhf.sft_budget import previous_candidates
+    profile = load_profile("embedded")
+    rec = {"revision": "r001", "profile_sha256": profile_hash(profile), "command": "c", "code": "x",
+           "candidates": [{"budget": "sft-e1", "validation": {"rubric_success": 0.0}}]}
+    write_json(tmp_path / "r001.json", rec)
+    assert previous_candidates([tmp_path / "r001.json"], "r001", profile)[0]["measured_by"] == "c"
+    with pytest.raises(ValueError, match="another revision or profile"):
+        previous_candidates([tmp_path / "r001.json"], "r002", profile)
 
 
 def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkeypatch):
