@@ -509,7 +509,13 @@ def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> 
     from rlhf.evaluate import evaluation_roles
     from rlhf.scoring import response_logprobs
     from rlhf.tokens import collate, encode_prompt
-    ctx = lab.open_context(folder, load_profile(str(folder / "profile.toml")), revision=revision)
+    from rlhf.corpus import load_corpus
+    # Read-only: a finished run's files, hash-checked as they load (corpus, roles); not reopened
+    # through lab.open_context, so that a later code version can still read it.
+    corpus = load_corpus(folder / "corpus")
+    if corpus.revision != revision:
+        raise StudyError(f"{folder} holds corpus {corpus.revision}, not {revision}")
+    ctx = lab.Context(folder, load_profile(str(folder / "profile.toml")), folder / "base_model", corpus)
     roles = evaluation_roles(ctx)
     prompt = encode_prompt(ctx.tokenizer, ppo_row["prompt"], ctx.profile["limits"], ppo_row["document_id"])
     batch = collate([prompt], [ppo_row["response_ids"]], ctx.pad_id)

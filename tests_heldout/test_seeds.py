@@ -171,14 +171,31 @@ def test_killed_study_continues_where_it_stopped(small_study, tmp_path):
     assert [r["metrics"] for r in again["seeds"]] == [r["metrics"] for r in small_study["result"]["seeds"]]
 
 
-def test_changed_answer_view_is_of_an_answer_ppo_changed(small_study):
-    view = small_study["result"]["changed_answer"]
-    if view["seed"] is None:  # the small budget may leave every greedy answer as it was
-        assert "no greedy answer" in view["note"]
-        return
-    assert view["sft"]["response"] != view["ppo"]["response"]
+def test_changed_answer_view_recomputes_the_evaluation_log_ratio(small_study):
+    """The per-token view of a PPO answer, recomputed from the run's saved roles: its mean
+    log-ratio is the evaluation's sampled log-ratio of that row (the same tokens and models)."""
+    out = small_study["out"]
+    ev = read_json(out / "seed-1" / "evaluation" / "results.json")
+    sft_row, ppo_row = ev["policies"]["sft"]["rows"][0], ev["policies"]["ppo"]["rows"][0]
+    view = seeds.token_view_of(out / "seed-1", "r001", sft_row, ppo_row)
     tokens = view["tokens"]
-    assert tokens and all(t["log_ratio"] == pytest.approx(t["logp_ppo"] - t["logp_sft"]) for t in tokens)
+    assert len(tokens) == len(ppo_row["response_ids"]) and all(t["logp_ppo"] <= 0 for t in tokens)
+    mean_ratio = sum(t["log_ratio"] for t in tokens) / len(tokens)
+    assert mean_ratio == pytest.approx(ppo_row["sampled_log_ratio"], abs=1e-5)
+    assert mean_ratio != 0  # PPO moved the actor: the two policies differ
+    recorded = small_study["result"]["changed_answer"]
+    assert recorded["seed"] is not None or "no greedy answer" in recorded["note"]
+
+
+def test_changed_row_prefers_a_failure_turned_into_a_success():
+    from rlhf.seeds import pick_changed_row
+    row = lambda i, ids, ok: {"document_id": f"d{i}", "population": "test", "response_ids": ids,  # noqa: E731
+                              "rubric": {"rubric_success": ok}}
+    sft = [row(0, [1], True), row(1, [2], True), row(2, [3], False), row(3, [4], False)]
+    ppo = [row(0, [1], True), row(1, [9], False), row(2, [8], True), row(3, [7], False)]
+    assert pick_changed_row(sft, ppo)[0]["document_id"] == "d2"
+    assert pick_changed_row(sft[:2], ppo[:2])[0]["document_id"] == "d1"
+    assert pick_changed_row(sft[:1], ppo[:1]) is None
 
 
 # ------------------------------------------------------------------------------ seeds and statistics
