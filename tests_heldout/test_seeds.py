@@ -227,7 +227,7 @@ def test_run_profile_reads_back_as_intended(tmp_path):
     with pytest.raises(seeds.StudyError, match="no \\[nowhere\\] table"):
         seeds.profile_text_with(text, "z", {("nowhere", "seed"): 1})
     with pytest.raises(seeds.StudyError, match="unknown SFT budget"):
-        seeds.budget_changes(profile, "sft-e5")
+        seeds.budget_changes(profile, "sft-e11")
 
 
 def test_t_quantiles_and_sign_test():
