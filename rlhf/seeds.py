@@ -17,8 +17,8 @@ profile's own value, the study seed S and the run index i by ``derived_seed``:
 
 so run 0 of study seed 0 is exactly the profile's single run (the README's lab), two runs of a
 study never share a seed (the profile's seeds differ by less than 1000), and two study seeds
-never share one (n <= 100). The corpus seed (49) and the evaluation seed (349) are kept
-(``FIXED_SEEDS``): every run sees the same corpus, the same held-out prompts and the same
+never share one (n <= 100). The evaluation seed (349, ``FIXED_SEEDS``) and the corpus seed (49,
+the corpus revision's own) are kept: every run sees the same corpus, the same held-out prompts and the same
 bootstrap draws. The embedded base is built from its fixed seed 49 in every run (the
 "pre-trained" model is not a training seed of RLHF). ``seed_changes`` is the one function that
 says which profile entries are set.
@@ -57,27 +57,26 @@ import time
 import tomllib
 from pathlib import Path
 
-from rlhf.config import PROFILE_DIR, PROFILES, load_profile, profile_hash
+from rlhf.config import PROFILE_DIR, PROFILES, Profile, load_profile, override, profile_hash
 from rlhf.io import read_json, sha256_text, write_json, write_text
 
 FORMAT = "rlhf-seeds-1"
-# (table, key) of every training seed. On main's typed profiles all of them live in [seeds]
-# (torch, lora, judge_lora, judge_head, data_order, ppo_sampling): drop the two [lora] entries.
-TRAINING_SEEDS = (("lora", "seed"), ("lora", "judge_seed"),
-                  ("seeds", "torch"), ("seeds", "lora"), ("seeds", "judge_lora"), ("seeds", "judge_head"),
+# (table, key) of every training seed; all live in the profile's [seeds] table. The corpus seed
+# (49) is the corpus revision's own (rlhf.corpus.REVISIONS), not a profile entry.
+TRAINING_SEEDS = (("seeds", "torch"), ("seeds", "lora"), ("seeds", "judge_lora"), ("seeds", "judge_head"),
                   ("seeds", "data_order"), ("seeds", "ppo_sampling"))
-FIXED_SEEDS = (("seeds", "corpus"), ("seeds", "evaluation"))
+FIXED_SEEDS = (("seeds", "evaluation"),)
 RUN_STRIDE = 1000
 STUDY_STRIDE = 100_000
 MAX_RUNS = STUDY_STRIDE // RUN_STRIDE
 DERIVATION = ("training seed of run i = the profile's value + 100000 * study_seed + 1000 * i, for "
               + ", ".join(f"{t}.{k}" for t, k in TRAINING_SEEDS) + "; kept: "
-              + ", ".join(f"{t}.{k}" for t, k in FIXED_SEEDS))
+              + ", ".join(f"{t}.{k}" for t, k in FIXED_SEEDS) + " and the corpus seed 49")
 
 # Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
 # updates). `full` keeps the profile's. The budget of question (b) is chosen among the others.
 SFT_BUDGETS = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
-STAGES = ("sft", "reward", "ppo", "evaluate", "shortcut_audit", "report")
+STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
 INTERVAL = {"name": "95% Student-t interval over seeds",
             "formula": "mean ± t(0.975, n−1) · SD / √n, SD the sample standard deviation (n − 1)",
@@ -101,23 +100,27 @@ def derived_seed(profile_seed: int, study_seed: int, index: int) -> int:
     return profile_seed + STUDY_STRIDE * study_seed + RUN_STRIDE * index
 
 
-def seed_changes(profile: dict, study_seed: int, index: int) -> dict[tuple[str, str], int]:
+def profile_value(profile: Profile, table: str, key: str):
+    return getattr(getattr(profile, table), key)
+
+
+def seed_changes(profile: Profile, study_seed: int, index: int) -> dict[tuple[str, str], int]:
     """{(table, key): seed} for every training seed of run `index`: the one place that sets them."""
     if not 0 <= index < MAX_RUNS:
         raise StudyError(f"run index {index} outside 0..{MAX_RUNS - 1} (seeds would collide)")
     if study_seed < 0:
         raise StudyError(f"study seed must be >= 0, not {study_seed}")
-    return {(t, k): derived_seed(profile[t][k], study_seed, index) for t, k in TRAINING_SEEDS}
+    return {(t, k): derived_seed(profile_value(profile, t, k), study_seed, index) for t, k in TRAINING_SEEDS}
 
 
-def budget_changes(profile: dict, budget: str) -> dict[tuple[str, str], int]:
+def budget_changes(profile: Profile, budget: str) -> dict[tuple[str, str], int]:
     """{(table, key): value} of the named SFT budget (`full`: nothing changes)."""
     if budget not in SFT_BUDGETS:
         raise StudyError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_BUDGETS)}")
     epochs = SFT_BUDGETS[budget]
     if epochs is None:
         return {}
-    per_epoch = profile["sft"]["expected_updates"] // profile["sft"]["epochs"]
+    per_epoch = profile.sft.expected_updates // profile.sft.epochs
     return {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
 
 
@@ -147,13 +150,9 @@ def profile_text_with(text: str, name: str, changes: dict[tuple[str, str], objec
     return text
 
 
-def expected_profile(profile: dict, name: str, changes: dict) -> dict:
-    """The profile dict that `profile_text_with` must produce (what the written file is checked against)."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in profile.items()}
-    out["name"] = name
-    for (table, key), value in changes.items():
-        out[table][key] = value
-    return out
+def expected_profile(profile: Profile, name: str, changes: dict) -> Profile:
+    """The profile that `profile_text_with` must produce (what the written file is checked against)."""
+    return override(profile, {(None, "name"): name, **changes})
 
 
 def profile_source(profile_name: str) -> Path:
@@ -163,11 +162,11 @@ def profile_source(profile_name: str) -> Path:
     return path
 
 
-def write_run_profile(path, base_text: str, name: str, changes: dict) -> dict:
+def write_run_profile(path, base_text: str, name: str, changes: dict) -> Profile:
     """Write the run's profile TOML (never overwriting a different one) and return it, read back
     with load_profile and checked to equal the intended profile."""
-    base = tomllib.loads(base_text)
-    want = expected_profile(base, name, changes)
+    from rlhf.config import profile_from_dict
+    want = expected_profile(profile_from_dict(tomllib.loads(base_text)), name, changes)
     text = profile_text_with(base_text, name, changes)
     path = Path(path)
     if path.is_file() and path.read_text() != text:
@@ -245,7 +244,7 @@ def seed_row(folder: Path, index: int) -> dict:
             d = ev["differences"][key][pop]
             metrics.update({f"{key}.{pop}.sft": d["sft"], f"{key}.{pop}.ppo": d["ppo"],
                             f"{key}.{pop}.ppo_minus_sft": d["diff"]})
-    metrics["judge.test_accuracy"] = ev["reward_test"]["accuracy"]
+    metrics["judge.test_accuracy"] = ev["judge_test"]["accuracy"]
     metrics.update({f"shortcut_audit.{k}": audit["counterfactuals"][k]["accuracy"] for k in audit["order"]})
     metrics.update({f"politeness.{k}": v for k, v in ev["politeness"]["counts"].items() if k != "contexts"})
     for policy in ("sft", "ppo"):
@@ -256,8 +255,8 @@ def seed_row(folder: Path, index: int) -> dict:
     prompt_ids = sorted(r["document_id"] for r in ev["policies"]["sft"]["rows"])
     return {
         "index": index, "folder": folder.name, "protocol": read_json(folder / "sft" / "resume_check.json")["protocol"],
-        "seeds": {f"{t}.{k}": profile[t][k] for t, k in TRAINING_SEEDS + FIXED_SEEDS},
-        "sft_epochs": profile["sft"]["epochs"],
+        "seeds": {f"{t}.{k}": profile_value(profile, t, k) for t, k in TRAINING_SEEDS + FIXED_SEEDS},
+        "sft_epochs": profile.sft.epochs,
         "metrics": metrics,
         "single_run_bootstrap": {f"{key}.{pop}": {"diff": ev["differences"][key][pop]["diff"],
                                                   "ci95": ev["differences"][key][pop]["ci95"]}
@@ -266,7 +265,7 @@ def seed_row(folder: Path, index: int) -> dict:
                      "evaluation_prompt_ids_sha256": _sha_of(prompt_ids),
                      "evaluation_prompts": len(prompt_ids),
                      "sft_state_sha256": run["stages"]["sft"]["sha256_final"],
-                     "judge_state_sha256": run["stages"]["reward"]["sha256_final"],
+                     "judge_state_sha256": run["stages"]["judge"]["sha256_final"],
                      "ppo_state_sha256": run["stages"]["ppo"]["sha256_final"],
                      "ppo_rollout_order_sha256": _sha_of(ppo_history["consumed"]),
                      "sft_first_update_loss": read_json(folder / "sft" / "history.json")["updates"][0]["loss"]},
@@ -278,12 +277,12 @@ def seed_row(folder: Path, index: int) -> dict:
 def study_identity(profile_name: str, revision: str, n: int, study_seed: int, sft_budget: str) -> dict:
     from rlhf.checkpoint import code_sha256
     base = load_profile(profile_name)
-    if base["model"]["kind"] != "embedded":
-        raise StudyError(f"a seed study runs the embedded lab, not profile {base['name']}")
+    if base.model.kind != "embedded":
+        raise StudyError(f"a seed study runs the embedded lab, not profile {base.name}")
     if not 2 <= n <= MAX_RUNS:
         raise StudyError(f"--n must be between 2 and {MAX_RUNS} (across-seed statistics need 2), not {n}")
     budget_changes(base, sft_budget)  # refuses an unknown name
-    return {"format": FORMAT, "profile": base["name"], "profile_sha256": profile_hash(base), "revision": revision,
+    return {"format": FORMAT, "profile": base.name, "profile_sha256": profile_hash(base), "revision": revision,
             "n": n, "study_seed": study_seed, "sft_budget": sft_budget, "code": code_sha256()}
 
 
@@ -307,11 +306,11 @@ def run_folders(out: Path, n: int) -> list[Path]:
 def prepare_runs(out: Path, profile_name: str, identity: dict) -> list[Path]:
     """Write every run's profile.toml (checked on a rerun); return the run folders."""
     base_text = profile_source(profile_name).read_text()
-    base = tomllib.loads(base_text)
+    base = load_profile(str(profile_source(profile_name)))
     folders = run_folders(out, identity["n"])
     budget = budget_changes(base, identity["sft_budget"])
     for i, folder in enumerate(folders):
-        name = f"{base['name']}-study{identity['study_seed']}-seed{i}"
+        name = f"{base.name}-study{identity['study_seed']}-seed{i}"
         if identity["sft_budget"] != "full":
             name += f"-{identity['sft_budget']}"
         write_run_profile(folder / "profile.toml", base_text, name,
@@ -517,7 +516,7 @@ def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> 
         raise StudyError(f"{folder} holds corpus {corpus.revision}, not {revision}")
     ctx = lab.Context(folder, load_profile(str(folder / "profile.toml")), folder / "base_model", corpus)
     roles = evaluation_roles(ctx)
-    prompt = encode_prompt(ctx.tokenizer, ppo_row["prompt"], ctx.profile["limits"], ppo_row["document_id"])
+    prompt = encode_prompt(ctx.tokenizer, ppo_row["prompt"], ctx.profile.limits, ppo_row["document_id"])
     batch = collate([prompt], [ppo_row["response_ids"]], ctx.pad_id)
     with torch.no_grad():
         logp_ppo = response_logprobs(roles["ppo"].model, batch)[0].tolist()       # [R]

@@ -19,6 +19,7 @@ success; checked), not from a label.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -68,12 +69,12 @@ def validation_rubric_success(actor_model, view: LearningView, tokenizer, eos_id
     from rlhf.generate import generate
     from rlhf.tokens import decode_response, encode_prompt
     records = validation_prompts(view)
-    limits = profile["limits"]
+    limits = profile.limits
     ids = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
     responses = []
     for i in range(0, len(ids), batch_size):
         responses += generate(actor_model, ids[i:i + batch_size], eos_id=eos_id, pad_id=pad_id,
-                              max_new_tokens=limits["response_tokens"], greedy=True).responses
+                              max_new_tokens=limits.response_tokens, greedy=True).responses
     verdicts = [rubric.evaluate(*decode_response(tokenizer, out, eos_id), r["expected_action"])
                 for r, out in zip(records, responses)]
     n = len(verdicts)
@@ -90,7 +91,7 @@ def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer
     from rlhf.sft import train_sft
     t0 = time.perf_counter()
     actor = new_role("actor", profile, model_dir, base_identity={"files": directory_identity(model_dir)})
-    seed_system_rngs(profile["seeds"]["torch"])  # as rlhf.lab.train_role
+    seed_system_rngs(profile.seeds.torch)  # as rlhf.lab.train_role
     state = train_sft(actor, view, tokenizer, eos_id, pad_id, profile)
     actor.model.eval()
     return {"updates": state["step"], "train_seconds": time.perf_counter() - t0,
@@ -128,7 +129,7 @@ def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str 
                       budgets: list[str] | None = None, previous=None, say=print) -> dict:
     """Measure every candidate budget on validation prompts; write the record to `out_json`
     (never overwritten) and return it."""
-    from rlhf.config import configure_torch
+    from rlhf.lab import configure_torch
     from rlhf.corpus import load_corpus, prepare
     from rlhf.embedded import build_embedded
     from rlhf.models import check_tokenizer, load_tokenizer
@@ -154,8 +155,8 @@ def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str 
     for name in budgets or candidate_budgets():
         if any(m["budget"] == name for m in measured):
             continue
-        p = expected_profile(profile, profile["name"], budget_changes(profile, name))
-        m = {"budget": name, "epochs": p["sft"]["epochs"],
+        p = expected_profile(profile, profile.name, budget_changes(profile, name))
+        m = {"budget": name, "epochs": p.sft.epochs,
              **measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id), "measured_by": command,
              "code": code_sha256()}
         say(f"{name}: {m['updates']} updates, greedy validation rubric success "
@@ -164,9 +165,9 @@ def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str 
     from rlhf.seeds import SFT_BUDGETS
     measured.sort(key=lambda m: SFT_BUDGETS[m["budget"]])
     chosen = choose(measured, candidate_budgets())
-    record = {"revision": revision, "profile": profile["name"], "profile_sha256": profile_hash(profile),
+    record = {"revision": revision, "profile": profile.name, "profile_sha256": profile_hash(profile),
               "code": code_sha256(),
-              "seeds": {k: v for k, v in profile["seeds"].items()} | {"lora.seed": profile["lora"]["seed"]},
+              "seeds": dataclasses.asdict(profile.seeds),
               "rule": RULE, "inputs": "the learning view only: train demonstrations and validation pairs "
                                       "(prompts; actions read from the chosen answers); no test prompt",
               "candidates": measured, "chosen": chosen,
