@@ -246,3 +246,89 @@ def memory_estimate(profile, *, batch: int = 4, seq: int | None = None, response
             "optimizer_and_grads": optimizer, "activations": act["total"],
             "activations_layers": act["layers"], "activations_logits": act["logits"], "total": total,
             "total_gib": total / 2 ** 30}
+
+
+# ------------------------------------------------------------------------------ a GPU run's cost
+
+H200_HBM_BYTES_PER_S = 4.8e12      # H200 HBM3e bandwidth: the floor of a decode step
+H200_BF16_DENSE_FLOPS = 989e12     # H200 dense BF16 tensor-core peak: the floor of training work
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Mean token counts of the corpus under the model's tokenizer (chat-rendered prompts;
+    responses with EOS) and the number of sequences each stage reads."""
+
+    prompt: float          # a chat-rendered prompt
+    response: float        # a demonstration / chosen / rejected answer, EOS included
+    sft_examples: int = 8  # per update
+    judge_pairs: int = 8   # per update
+    validation: int = 180  # validation pairs (SFT reads their chosen answers)
+    heldout_rows: int = 260
+    test_pairs: int = 180
+    probe_candidates: int = 80
+    audit_pairs: int = 828  # the shortcut audit's counterfactual pairs (4 x 180, d_conflict 108)
+    eval_batch: int = 32
+
+
+def decode_step_bytes(shape: Shape, dtype_bytes: int, lora_rank: int) -> int:
+    """Bytes one generation step must read at least: every weight of the actor once (base in its
+    dtype, LoRA factors in FP32). The KV cache (2 x kv_dim x layers per token, a few MB here) is
+    left out."""
+    return total_params(shape) * dtype_bytes + lora_params(shape, lora_rank) * 4
+
+
+def stage_costs(profile: dict, lengths: Lengths, *, utilisation: float,
+                peak_flops_per_s: float = H200_BF16_DENSE_FLOPS,
+                bytes_per_s: float = H200_HBM_BYTES_PER_S) -> dict:
+    """Seconds of each stage of one leg of `profile` on one GPU, by calculation:
+
+        compute-bound work (prefills, scoring, updates)   FLOPs / (peak x utilisation)
+        generation (one token per step, all rows at once)  steps x decode_step_bytes / bandwidth
+
+    FLOPs follow this module's convention (forward_flops, train_flops = 3 x forward) over
+    rectangular batches of the mean lengths. Generation is the bandwidth floor: a step cannot
+    be faster than reading the weights once; eager PyTorch's kernel launches (~12 per layer) make
+    real steps slower, which `utilisation` does not cover.
+    """
+    shape = Shape.from_profile(profile)
+    r, dtype_bytes = profile.lora.rank, DTYPE_BYTES[profile.model.dtype]
+    P, R, L = lengths.prompt, lengths.response, lengths
+    T = P + R
+    new = profile.limits.response_tokens
+    rate = peak_flops_per_s * utilisation
+    step_s = decode_step_bytes(shape, dtype_bytes, r) / bytes_per_s
+
+    def fwd(seqs, tokens_each, logit_rows_each=0, head_rows_each=0):
+        return forward_flops(shape, int(seqs * tokens_each), logit_rows=int(seqs * logit_rows_each),
+                             head_rows=int(seqs * head_rows_each), lora_rank=r)
+
+    sft, judge, ppo = profile.sft, profile.judge, profile.ppo
+    sft_flops = (sft.expected_updates * train_flops(fwd(L.sft_examples, T, R))
+                 + sft.epochs * fwd(L.validation, T, R))
+    judge_flops = (judge.expected_updates * train_flops(fwd(2 * L.judge_pairs, T, 0, 1))
+                   + judge.epochs * fwd(2 * L.validation, T, 0, 1))
+    B, Tp = ppo.prompts_per_iteration, P + new
+    rollout_flops = (fwd(B, P, 1)                    # the prefill (last column projected)
+                     + fwd(B, Tp, new)               # reference log-probs
+                     + fwd(B, Tp, 0, 1)              # judge
+                     + fwd(B, Tp, 0, new)            # critic values
+                     + fwd(B, Tp, new))              # the scoring check (actor, teacher-forced)
+    update_flops = ppo.updates_per_iteration * train_flops(fwd(B, Tp, new) + fwd(B, Tp, 0, new))
+    ppo_iteration_s = (rollout_flops + update_flops) / rate + new * step_s
+    batches = -(-L.heldout_rows // L.eval_batch)
+    eval_flops = (2 * (fwd(L.heldout_rows, P, 1) + 3 * fwd(L.heldout_rows, P + new, new))
+                  + fwd(2 * L.test_pairs, T, 0, 1) + fwd(L.probe_candidates, T, 0, 1))
+    audit_flops = fwd(2 * L.audit_pairs, T, 0, 1)
+    out = {"sft": {"flops": sft_flops, "seconds": sft_flops / rate},
+           "judge": {"flops": judge_flops, "seconds": judge_flops / rate},
+           "ppo": {"flops": ppo.iterations * (rollout_flops + update_flops),
+                   "decode_steps": ppo.iterations * new,
+                   "seconds": ppo.iterations * ppo_iteration_s},
+           "evaluation": {"flops": eval_flops, "decode_steps": 2 * batches * new,
+                          "seconds": eval_flops / rate + 2 * batches * new * step_s},
+           "shortcut_audit": {"flops": audit_flops, "seconds": audit_flops / rate}}
+    out["decode_step_s"] = step_s
+    out["assumptions"] = {"peak_flops_per_s": peak_flops_per_s, "utilisation": utilisation,
+                          "bytes_per_s": bytes_per_s}
+    return out

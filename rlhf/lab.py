@@ -42,7 +42,7 @@ from tqdm import tqdm
 from rlhf import pin
 from rlhf.checkpoint import (Interrupted, StateError, assert_states_equal, code_sha256, identity_of,
                              load_state, save_state, seed_system_rngs, sha256_file, stop_requested)
-from rlhf.config import load_profile, Profile, profile_hash, PROFILES
+from rlhf.config import configure_determinism, load_profile, Profile, profile_hash, PROFILES
 from rlhf.evaluate import stage_evaluate
 from rlhf.io import dumps_json, read_json, sha256_bytes, sweep_incomplete, write_json
 from rlhf.models import directory_identity, load_tokenizer, check_tokenizer
@@ -76,6 +76,8 @@ class Context:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_id, self.pad_id = check_tokenizer(profile, self.tokenizer)
         configure_torch(profile)
+        # Before any role exists: cuBLAS reads its workspace setting when its handle is created.
+        self.determinism = configure_determinism(profile)
 
     def identity(self, **extra) -> dict:
         return identity_of(profile_hash(self.profile), sha256_file(self.corpus.root / "manifest.json"),
@@ -171,7 +173,8 @@ def check_run_record(ctx: Context) -> dict:
     path = ctx.run / RUN_FILE
     current = run_identity(ctx)
     if not path.is_file():
-        record = {"format": "rlhf-run-1", "identity": current, "arithmetic": pin.describe(), "stages": {}}
+        record = {"format": "rlhf-run-1", "identity": current, "arithmetic": pin.describe(),
+                  "device": ctx.device, "determinism": ctx.determinism, "stages": {}}
         write_json(path, record)
         return record
     record = read_json(path)
