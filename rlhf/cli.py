@@ -6,6 +6,7 @@
     rlhf sft|judge|ppo --run DIR [--resume] [--stop-after N]   one stage
     rlhf evaluate --run DIR / rlhf report --run DIR
     rlhf lab --out DIR [--profile embedded]      the whole lab in one run
+    rlhf lab --profile P --model-dir DIR --dry-run [--cpu]   every stage at tiny budgets, projected full times
     rlhf base-study --out DIR                    issue 8: the embedded base beside its control base
     rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   issue 14: the lab over N seeds
     rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   issue 14: the cut SFT budget, validation only
@@ -98,6 +99,12 @@ def cmd_lab(args) -> int:
     continues from its last checkpoint."""
     from rlhf import lab
     from rlhf.report import print_summary
+    if args.dry_run:
+        return cmd_dry_run(args)
+    if args.layers is not None or args.cpu or args.random_weights:
+        raise ValueError("--layers, --cpu and --random-weights belong to --dry-run only")
+    if args.out is None:
+        raise ValueError("rlhf lab needs --out DIR (the run folder)")
     t0 = time.perf_counter()
     ctx = _context(args)
     arithmetic = json.loads((ctx.run / lab.RUN_FILE).read_text())["arithmetic"]
@@ -115,6 +122,17 @@ def cmd_lab(args) -> int:
         print("shortcut audit (judge accuracy on the 180 test pairs): " + ", ".join(
             f"{k} {audit['counterfactuals'][k]['accuracy']:.3f}" for k in audit["order"]))
     print(f"lab finished in {time.perf_counter() - t0:.1f} s; everything is in {ctx.run}")
+    return 0
+
+
+def cmd_dry_run(args) -> int:
+    """The miniature path (rlhf.miniature) on --model-dir in a throw-away folder, then the
+    projected time of each full stage from the measured step times."""
+    from rlhf.miniature import dry_run
+    if args.model_dir is None:
+        raise ValueError("--dry-run needs --model-dir DIR (the model the real run will use)")
+    dry_run(load_profile(args.profile), args.model_dir, out=args.out, layers=args.layers, cpu=args.cpu,
+            random_weights=args.random_weights)
     return 0
 
 
@@ -199,10 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=fn)
 
     p = sub.add_parser("lab", help="the whole lab in one run")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", default=None, help="run folder (required; with --dry-run: default a new temporary folder)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b)")
     p.add_argument("--revision", default="r001")
+    p.add_argument("--dry-run", action="store_true",
+                   help="every stage at tiny budgets (rlhf.miniature) in a throw-away folder, then the projected "
+                        "time of each full stage on this machine")
+    p.add_argument("--cpu", action="store_true",
+                   help="--dry-run only: run a CUDA profile's miniature on the CPU on purpose (recorded in run.json)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="--dry-run only: the model directory holds only this many of the profile's layers")
+    p.add_argument("--random-weights", action="store_true",
+                   help="--dry-run only: accept a random-weight model directory (rlhf.models.write_random_model_dir)")
     p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("base-study", help="SFT on r001 and the judge on r002 for the embedded and control bases")

@@ -37,6 +37,9 @@ def doc(text: str, **kwargs):
 @dataclass(frozen=True)
 class Runtime:
     torch_threads: int = doc("torch CPU threads; 0 leaves torch's default (all cores)")
+    last_logits_only: bool = doc("generation projects only the last column of a full forward onto the vocabulary "
+                                 "(qwen2.5-0.5b; off for the embedded profile, whose golden hashes used all)",
+                                 default=False)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class Sft:
     expected_updates: int = doc("total updates, checked before training")
     max_updates_per_epoch: int | None = doc("cut each epoch short (miniature budgets for tests and dry "
                                             "runs); absent in a real profile", default=None)
+    max_validation_examples: int | None = doc("cut the validation set to its first N (miniature budgets); "
+                                              "absent in a real profile", default=None)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,8 @@ class Judge:
     head_init_std: float = doc("standard deviation of the judge head's initial weight (bias 0)")
     max_updates_per_epoch: int | None = doc("cut each epoch short (miniature budgets for tests and dry "
                                             "runs); absent in a real profile", default=None)
+    max_validation_examples: int | None = doc("cut the validation set to its first N (miniature budgets); "
+                                              "absent in a real profile", default=None)
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,14 @@ class Ppo:
     temperature: float = doc("sampling temperature of rollouts")
     resume_stop_iteration: int = doc("the interrupt/resume protocol's boundary iteration")
     checkpoint_every: int = doc("each leg saves a crash checkpoint every this many iterations")
+    max_new_tokens: int | None = doc("cut rollouts to N new tokens (miniature budgets; a cut row is truncated); "
+                                     "absent in a real profile: limits.response_tokens", default=None)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    max_new_tokens: int | None = doc("cut held-out answers to N new tokens (miniature budgets); absent in a "
+                                     "real profile: limits.response_tokens", default=None)
 
 
 @dataclass(frozen=True)
@@ -148,6 +163,7 @@ class Profile:
     sft: Sft = doc("[sft] table")
     judge: Judge = doc("[judge] table")
     ppo: Ppo = doc("[ppo] table")
+    evaluation: Evaluation = doc("[evaluation] table (optional: only miniature budgets set it)", default=Evaluation())
     # The file it was read from: not part of the configuration (nor of its hash).
     source: Path | None = field(default=None, compare=False, metadata={"doc": "file the profile was read from"})
 
@@ -214,6 +230,8 @@ def profile_from_dict(data: dict, source: str | Path = "<dict>") -> Profile:
     for name in TABLES:
         if name in ("name", "device", "source"):
             continue
+        if name not in tables and all(f.default is not dataclasses.MISSING for f in dataclasses.fields(types[name])):
+            tables[name] = {}  # a table whose every key is optional may be left out
         if name not in tables:
             raise ProfileError(f"profile {source}: missing table [{name}]")
         values[name] = _read_table(types[name], tables[name], f"profile {source}: table [{name}]")

@@ -45,7 +45,7 @@ from rlhf.judge import encode_pairs, evaluate_pairs
 from rlhf.ppo_math import mean_sampled_log_ratio
 from rlhf.roles import assert_role_isolation, fingerprint, load_role, reward_scores
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import collate, decode_response, encode_example, encode_prompt
+from rlhf.tokens import collate, decode_response, encode_example, encode_prompt, max_new_tokens
 
 BATCH_SIZE = 32
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
@@ -116,8 +116,9 @@ def policy_responses(actor_model, prompt_ids: list[list[int]], ctx,
     out = []
     for chunk in _batches(prompt_ids):
         gen = generate(actor_model, chunk, eos_id=ctx.eos_id, pad_id=ctx.pad_id,
-                       max_new_tokens=ctx.profile.limits.response_tokens, greedy=generator is None,
-                       temperature=ctx.profile.ppo.temperature, generator=generator)
+                       max_new_tokens=max_new_tokens(ctx.profile, "evaluation"), greedy=generator is None,
+                       temperature=ctx.profile.ppo.temperature, generator=generator,
+                       last_logits_only=ctx.profile.runtime.last_logits_only)
         out += gen.responses
     return out
 
@@ -493,6 +494,6 @@ def stage_evaluate(ctx) -> dict:
     seconds["total"] = time.perf_counter() - t0
     results = {"policies": policies, "judge_test": judge_test, "differences": differences,
                "politeness": politeness, "populations_note": POPULATIONS_NOTE, "seconds": seconds,
-               "arithmetic": pin.describe()}
+               "arithmetic": pin.describe(), "determinism": getattr(ctx, "determinism", None)}
     write_json(out_path, results)
     return results

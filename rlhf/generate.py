@@ -81,8 +81,15 @@ def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generato
 @torch.inference_mode()
 def generate(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, max_new_tokens: int,
              greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
-             use_cache: bool = True) -> Generation:
+             use_cache: bool = True, last_logits_only: bool = False) -> Generation:
     """Draw up to `max_new_tokens` per prompt (see the module docstring).
+
+    `last_logits_only` (the profile's `runtime.last_logits_only`): a full forward (the prefill,
+    every step without a cache) projects only the last column onto the vocabulary. Only that
+    column is used; at Qwen's 151,936 words the [B, L, V] projection of a 32-row prefill is
+    ~0.6 GB BF16 and most of the prefill's time (issue 15). Off for the embedded profile: a
+    [B, 1] projection rounds differently from a [B, L] one (4e-6 apart), and its golden hashes
+    were made with the full one.
 
     Inference mode rather than no_grad: nothing made here outlives the call as a tensor (the
     result is Python lists), and it spares each of the few hundred small ops of a step the
@@ -105,7 +112,7 @@ def generate(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, max_n
                         position_ids=(seen - 1).clamp(min=0)[:, None], cache=past, use_cache=True)
         else:
             out = model(input_ids=ids[:, :L], attention_mask=mask[:, :L], position_ids=_positions(mask[:, :L]),
-                        use_cache=use_cache)
+                        use_cache=use_cache, logits_to_keep=1 if last_logits_only else 0)
         past = out.cache if use_cache else None
         token, logp = _next_token(out.logits[:, -1, :], greedy, temperature, generator)
         token = token.masked_fill(done, pad_id)

@@ -65,6 +65,7 @@ def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: Profi
     cfg, limits = profile.judge, profile.limits
     train = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
     valid = encode_pairs(view.pairs("validation"), tokenizer, eos_id, limits)
+    valid = valid[:cfg.max_validation_examples or len(valid)]  # a miniature budget cuts it (rlhf.miniature)
 
     def update_loss(pairs):
         chosen, rejected = pair_scores(judge, pairs, pad_id)

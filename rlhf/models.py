@@ -262,8 +262,12 @@ def write_random_model_dir(profile: Profile, out_dir, tokenizer_file, *, seed: i
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ArtifactExists(f"refusing to overwrite non-empty directory {out_dir}")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>",
-                                        pad_token="<|endoftext|>")
+    if (Path(tokenizer_file).parent / "tokenizer_config.json").is_file():
+        # The tokenizer's own config beside it (special tokens, chat template), as a real model has.
+        tokenizer = load_tokenizer(Path(tokenizer_file).parent)
+    else:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>",
+                                            pad_token="<|endoftext|>")
     base = random_base(profile, tokenizer, seed=seed)
     base.model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)

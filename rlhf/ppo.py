@@ -39,7 +39,7 @@ from rlhf.masks import last_active_index
 from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import critic_values, reward_scores
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import Batch, collate, encode_prompt
+from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens
 
 # Where each role's learned tensors sit in a PPO state. The state format keeps the judge under
 # "reward", its name before issue 17: renaming the key would change every PPO state's bytes, and
@@ -117,8 +117,8 @@ def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, 
     device = next(roles["actor"].model.parameters()).device
     t = time.perf_counter()
     gen = generate(roles["actor"].model, prompt_ids, eos_id=eos_id, pad_id=pad_id,
-                   max_new_tokens=profile.limits.response_tokens, temperature=cfg.temperature,
-                   generator=sample_gen, use_cache=use_cache)
+                   max_new_tokens=max_new_tokens(profile, "ppo"), temperature=cfg.temperature,
+                   generator=sample_gen, use_cache=use_cache, last_logits_only=profile.runtime.last_logits_only)
     _sync()
     timings["generation"] = time.perf_counter() - t
     batch = collate(prompt_ids, gen.responses, pad_id).to(device)

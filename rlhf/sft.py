@@ -65,6 +65,7 @@ def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: Profile
     cfg, limits = profile.sft, profile.limits
     train = encode_demonstrations(view.demonstrations("train"), tokenizer, eos_id, limits)
     valid = encode_demonstrations(view.pairs("validation"), tokenizer, eos_id, limits, "chosen")
+    valid = valid[:cfg.max_validation_examples or len(valid)]  # a miniature budget cuts it (rlhf.miniature)
 
     def update_loss(examples):
         loss, n = sft_loss(actor.model, examples, pad_id)

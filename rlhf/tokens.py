@@ -34,6 +34,17 @@ def chat_prompt(prompt: str) -> str:
     return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
 
 
+def max_new_tokens(profile, stage: str) -> int:
+    """New tokens a `stage` ("ppo" rollouts, "evaluation" answers) may generate: the response
+    limit (64), or the smaller `<stage>.max_new_tokens` of a miniature budget (rlhf.miniature;
+    absent from the lab's profiles). A cut row ends like any row at the limit: truncated."""
+    limit = profile.limits.response_tokens
+    cut = getattr(profile, stage).max_new_tokens
+    if cut is not None and not 1 <= cut <= limit:
+        raise ValueError(f"{stage}.max_new_tokens must be between 1 and {limit}, not {cut}")
+    return cut or limit
+
+
 def encode_prompt(tokenizer, prompt: str, limits: Limits, document_id: str = "?") -> list[int]:
     ids = tokenizer(chat_prompt(prompt), add_special_tokens=False)["input_ids"]
     if len(ids) > limits.prompt_tokens:

