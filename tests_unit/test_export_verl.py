@@ -347,6 +347,27 @@ def test_a_failure_mid_export_leaves_no_folder(small_run, tmp_path, small_profil
 
 # ------------------------------------------------------------------ verl's own classes (.venv-verl)
 
+def lab_config_values(profile) -> dict:
+    """verl config keys and the lab's numbers, read from the profile (not from the exporter)."""
+    ppo, optim, limits = profile["ppo"], profile["optim"], profile["limits"]
+    A, C = "actor_rollout_ref.actor", "critic"
+    return {"data.max_prompt_length": limits["prompt_tokens"], "data.max_response_length": limits["response_tokens"],
+            "data.train_batch_size": ppo["prompts_per_iteration"], "actor_rollout_ref.rollout.n": 1,
+            "actor_rollout_ref.rollout.temperature": ppo["temperature"], "actor_rollout_ref.rollout.top_k": -1,
+            "actor_rollout_ref.rollout.top_p": 1.0,
+            f"{A}.ppo_mini_batch_size": ppo["prompts_per_iteration"], f"{A}.ppo_epochs": ppo["updates_per_iteration"],
+            f"{C}.ppo_epochs": ppo["updates_per_iteration"], "trainer.total_training_steps": ppo["iterations"],
+            "algorithm.kl_ctrl.kl_coef": ppo["kl_coef"], "algorithm.kl_penalty": "kl", "algorithm.gamma": ppo["gamma"],
+            "algorithm.lam": ppo["lam"], "algorithm.adv_estimator": "gae", f"{A}.use_kl_loss": False,
+            f"{A}.clip_ratio": ppo["clip"], f"{A}.entropy_coeff": 0, f"{A}.optim.lr": ppo["actor_lr"],
+            f"{C}.optim.lr": ppo["critic_lr"], f"{A}.optim.weight_decay": optim["weight_decay"],
+            f"{C}.optim.weight_decay": optim["weight_decay"], f"{A}.grad_clip": optim["grad_clip_norm"],
+            f"{C}.grad_clip": optim["grad_clip_norm"], f"{A}.optim.min_lr_ratio": optim["min_lr_ratio"],
+            f"{A}.optim.lr_warmup_steps_ratio": optim["warmup_ratio"],
+            "actor_rollout_ref.model.lora_rank": profile["lora"]["rank"],
+            "actor_rollout_ref.model.lora_alpha": profile["lora"]["alpha"]}
+
+
 def expectations(small_run, handoff, profile, tokenizer) -> dict:
     """The lab's side of every verl check, computed with rlhf (the verl venv has no rlhf)."""
     from rlhf.masks import last_active_index
@@ -378,6 +399,7 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
         "prompt_ids": prompt_ids,
         "judge_cases": judge_cases(small_run, profile, tokenizer),
         "overrides": {"2x8": overrides(profile, 2, 8)},
+        "config_values": lab_config_values(profile),
         "ppo_case": {"mask": mask.float().tolist(), "logp_old": logp_old.tolist(), "logp_ref": logp_ref.tolist(),
                      "terminal": (score - truncated.float()).tolist(), "kl_coef": ppo["kl_coef"],
                      "token_rewards": rewards.tolist(), "values": values.tolist(), "gamma": ppo["gamma"],

@@ -16,6 +16,7 @@ import asyncio
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -82,8 +83,9 @@ def test_rlhf_dataset_reads_every_row_and_reproduces_lab_prompt_ids(handoff, exp
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
     path = handoff / "data" / f"{split}.parquet"
-    data_config = OmegaConf.merge(config.data, {"cache_dir": str(handoff.parent / "verl-cache"),
-                                                "filter_overlong_prompts_workers": 1})
+    data_config = OmegaConf.create({**OmegaConf.to_container(config.data, resolve=True),
+                                    "cache_dir": str(handoff.parent / "verl-cache"),
+                                    "filter_overlong_prompts_workers": 1})
     dataset = RLHFDataset(str(path), tokenizer, data_config)
     want = expect["prompt_ids"][split]
     assert len(pd.read_parquet(path)) == len(want) == len(dataset), "rows filtered or lost"
@@ -95,16 +97,46 @@ def test_rlhf_dataset_reads_every_row_and_reproduces_lab_prompt_ids(handoff, exp
 
 # ------------------------------------------------------------------ config
 
-def test_overrides_compose_with_ppo_trainer_defaults_and_pass_validate_config(config):
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # verl 0.9.1's fallback copy of vLLM's MaxLoRARanks
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """validate_config's last step imports verl.workers.rollout.vllm_rollout.utils (which imports
+    vllm, CUDA-only) to look up vLLM's allowed LoRA ranks. That one module is replaced by a stand-in
+    that checks the rank against the same list; every other check of validate_config runs as is."""
+    import types
+    seen = []
+
+    def get_vllm_max_lora_rank(rank):
+        seen.append(rank)
+        assert rank in VLLM_LORA_RANKS, f"LoRA rank {rank} is not one vLLM serves"
+        return rank
+    stand_in = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
+    stand_in.get_vllm_max_lora_rank = get_vllm_max_lora_rank
+    monkeypatch.setitem(sys.modules, stand_in.__name__, stand_in)
+    return seen
+
+
+def test_overrides_compose_with_ppo_trainer_defaults_and_pass_validate_config(config, expect, no_vllm):
     from verl.utils.config import validate_config
     validate_config(config, use_reference_policy=True, use_critic=True)
+    assert no_vllm == [8], "the LoRA rank reached validate_config's vLLM check"
+    from omegaconf import OmegaConf
+    wrong = {k: (OmegaConf.select(config, k), v) for k, v in expect["config_values"].items()
+             if OmegaConf.select(config, k) != v}
+    assert not wrong, f"composed config differs from the lab's numbers (got, lab): {wrong}"
+    actor, critic = config.actor_rollout_ref.actor, config.critic
+    # the lab has no dual clip and no value clipping: both pushed out of reach
+    assert actor.clip_ratio_c >= 1e6 and critic.cliprange_value >= 1e6
+    assert actor.clip_ratio_low == actor.clip_ratio_high == actor.clip_ratio
     assert config.algorithm.adv_estimator == "gae" and config.algorithm.use_kl_in_reward
     assert config.algorithm.kl_ctrl.type == "fixed" and config.actor_rollout_ref.actor.use_kl_loss is False
     assert config.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
 
 
 @pytest.mark.parametrize("layout", ["2x8"])
-def test_multi_gpu_overrides_pass_validate_config(handoff, expect, layout):
+def test_multi_gpu_overrides_pass_validate_config(handoff, expect, layout, no_vllm):
     """The same hand-off for 2 nodes x 8 GPUs (the batch becomes a multiple of 16)."""
     from verl.utils.config import validate_config
     config = compose(handoff, expect, expect["overrides"][layout])
@@ -175,7 +207,9 @@ def test_reward_manager_scores_equal_lab_judge_including_truncated(reward_manage
 
 # ------------------------------------------------------------------ core_algos
 
-def test_kl_in_reward_equals_lab_token_rewards(expect):
+def test_kl_in_reward_equals_lab_token_rewards(expect, config):
+    """verl's apply_kl_penalty with the hand-off's algorithm settings (kl_ctrl, kl_penalty) on the
+    terminal reward the manager pays: the lab's token_rewards."""
     from verl import DataProto
     from verl.trainer.ppo.core_algos import FixedKLController
     from verl.trainer.ppo.ray_trainer import apply_kl_penalty
@@ -187,13 +221,15 @@ def test_kl_in_reward_equals_lab_token_rewards(expect):
     data = DataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": scores,
                                         "old_log_probs": torch.tensor(case["logp_old"]),
                                         "ref_log_prob": torch.tensor(case["logp_ref"])})
-    data, _ = apply_kl_penalty(data, FixedKLController(kl_coef=case["kl_coef"]), kl_penalty="kl")
+    algo = config.algorithm
+    assert algo.use_kl_in_reward and algo.kl_ctrl.type == "fixed"
+    data, _ = apply_kl_penalty(data, FixedKLController(kl_coef=algo.kl_ctrl.kl_coef), kl_penalty=algo.kl_penalty)
     got = data.batch["token_level_rewards"] * mask
     want = torch.tensor(case["token_rewards"])
     assert (got - want).abs().max().item() < 1e-6
 
 
-def test_gae_returns_equal_lab_and_advantages_are_whitened(expect):
+def test_gae_returns_equal_lab_and_advantages_are_whitened(expect, config):
     """Returns (the critic's targets) equal the lab's; verl's advantages are the lab's,
     whitened over the batch (not expressible in 0.9.1): different numbers, same order."""
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return
@@ -201,7 +237,7 @@ def test_gae_returns_equal_lab_and_advantages_are_whitened(expect):
     case = expect["ppo_case"]
     mask = torch.tensor(case["mask"], dtype=torch.float32)
     adv, ret = compute_gae_advantage_return(torch.tensor(case["token_rewards"]), torch.tensor(case["values"]),
-                                            mask, gamma=case["gamma"], lam=case["lam"])
+                                            mask, gamma=config.algorithm.gamma, lam=config.algorithm.lam)
     lab_adv, lab_ret = torch.tensor(case["advantages"]), torch.tensor(case["returns"])
     m = mask.bool()
     assert (ret[m] - lab_ret[m]).abs().max().item() < 1e-5
@@ -209,16 +245,18 @@ def test_gae_returns_equal_lab_and_advantages_are_whitened(expect):
     assert (adv[m] - masked_whiten(lab_adv, mask)[m]).abs().max().item() < 1e-5
 
 
-def test_lr_schedule_differs_where_the_mapping_says(expect):
+def test_lr_schedule_differs_where_the_mapping_says(expect, config):
     """verl's cosine, stepped once per iteration from 0, against the lab's linear decay stepped
     once per update: the documented differences (approximate rows of the mapping)."""
     from verl.utils.torch_functional import get_cosine_schedule_with_warmup
     case = expect["schedule"]
+    optim = config.actor_rollout_ref.actor.optim  # the hand-off's actor optimizer settings
+    assert optim.lr_scheduler_type == "cosine" and optim.lr == case["peak"]
     param = torch.nn.Parameter(torch.zeros(1))
-    opt = torch.optim.AdamW([param], lr=case["peak"])
-    steps = case["iterations"]
-    sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=int(case["warmup_ratio"] * steps),
-                                            num_training_steps=steps, min_lr_ratio=case["min_lr_ratio"])
+    opt = torch.optim.AdamW([param], lr=optim.lr)
+    steps = case["iterations"]  # the contract's 100 iterations (the small run trains 4)
+    sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=int(optim.lr_warmup_steps_ratio * steps),
+                                            num_training_steps=steps, min_lr_ratio=optim.min_lr_ratio)
     verl_lr = []
     for _ in range(steps):
         verl_lr.append(opt.param_groups[0]["lr"])
