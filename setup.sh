@@ -18,6 +18,9 @@ if [ "${1:-}" = "--verl" ]; then
     pipv torch==2.13.0
     # No dependencies: verl's own list pulls vllm, flash-attn and CUDA builds the CPU checks never import.
     pipv --no-deps verl==0.9.1 torchdata==0.11.0
+    # OpenRLHF's model code needs flash-attn (no CPU build) and pins transformers 5.15.0: only its
+    # dataset classes are used, so without its dependencies.
+    pipv --no-deps openrlhf==0.11.2
     pipv -r requirements-verl.txt
     echo "$stamp_verl" > .venv-verl/.rlhf-stamp
     echo "setup: .venv-verl done" >&2

@@ -7,6 +7,8 @@ OUT is self-contained (the workers need no `rlhf` install):
     data/train.parquet       the 672 rollout prompts (no label: RL sees prompts only)
     data/test.parquet        the 180 test prompts, expected action as ground truth (metrics only)
     data/probe.parquet       the 20 probe contexts, expected action as ground truth (metrics only)
+    data/preference_pairs/   the corpus's {prompt, chosen, rejected} pairs, byte for byte (TRL, OpenRLHF)
+    data/demonstrations/     the 168 SFT demonstrations as {prompt, completion} (TRL's SFT format)
     models/actor/            merged SFT actor (Qwen2ForCausalLM, FP32), tokenizer whose chat template
                              renders the lab's prompt, generation stopping on the lab's EOS id only
     models/critic/           critic initialisation: merged SFT backbone + zero value head
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import torch
@@ -150,6 +151,18 @@ def data_rows(corpus) -> dict[str, list[dict]]:
         seen.add(r["family"])
         probe.append(row({**r, "document_id": r["family"]}, len(probe), str(probe_labels[r["family"]]), "probe"))
     return {"train": train, "test": test, "probe": probe}
+
+
+def write_training_sets(data_dir: Path, corpus_dir: Path, corpus) -> None:
+    """The route for training the judge and SFT at scale (TRL, OpenRLHF): the corpus's preference
+    pairs copied byte for byte ({prompt, chosen, rejected}, TRL's explicit-prompt preference format),
+    and the 168 demonstrations as {prompt, completion} (TRL's prompt-completion format)."""
+    for f in sorted((corpus_dir / "exports" / "preference_pairs").glob("*.jsonl")):
+        write_bytes(data_dir / "preference_pairs" / f.name, f.read_bytes())
+    demos = corpus.learning_view().demonstrations("train")
+    write_text(data_dir / "demonstrations" / "train.jsonl", "".join(
+        json.dumps({"prompt": d["prompt"], "completion": d["response"]}, sort_keys=True, ensure_ascii=False) + "\n"
+        for d in demos))
 
 
 def parquet_bytes(rows: list[dict]) -> bytes:
@@ -431,6 +444,7 @@ def export_verl(run, out, *, nnodes: int = 1, gpus_per_node: int = 1, seeds: int
     with atomic_folder(out) as tmp:
         for split, rows in data_rows(corpus).items():
             write_bytes(tmp / "data" / f"{split}.parquet", parquet_bytes(rows))
+        write_training_sets(tmp / "data", run / "corpus", corpus)
         judge = write_models(tmp, prof, base_dir, run, tokenizer, eos_id, pad_id)
         write_text(tmp / "reward" / "lab_reward.py", (HANDOFF_DIR / "lab_reward.py").read_text())
         write_text(tmp / "reward" / "lab_rubric.py", RUBRIC_SOURCE.read_text())

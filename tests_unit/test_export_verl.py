@@ -35,6 +35,12 @@ VERL_CHECKS = [  # every check of tests_verl/ that must pass, by junit name
     "test_kl_in_reward_equals_lab_token_rewards",
     "test_gae_returns_equal_lab_and_advantages_are_whitened",
     "test_lr_schedule_differs_where_the_mapping_says",
+    "test_trl_reward_trainer_reads_every_preference_pair[test]",
+    "test_trl_reward_trainer_reads_every_preference_pair[train]",
+    "test_trl_reward_trainer_reads_every_preference_pair[validation]",
+    "test_trl_sft_trainer_reads_every_demonstration",
+    "test_openrlhf_reward_dataset_reads_every_train_pair",
+    "test_lab_ids_against_the_libraries",
 ]
 
 
@@ -372,7 +378,8 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
     """The lab's side of every verl check, computed with rlhf (the verl venv has no rlhf)."""
     from rlhf.masks import last_active_index
     from rlhf.ppo_math import gae, learning_rate, token_rewards
-    from rlhf.tokens import encode_prompt
+    from rlhf.tokens import encode_example, encode_prompt
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     prompt_ids = {s: [encode_prompt(tokenizer, r["prompt"][0]["content"], profile["limits"])
                       for r in read_rows(handoff, s)] for s in ("train", "test", "probe")}
     g = torch.Generator().manual_seed(16)
@@ -397,6 +404,9 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
     return {
         "seeds": profile["seeds"], "pad_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         "prompt_ids": prompt_ids,
+        "pair_ids": [sum(encode_example(tokenizer, r["prompt"], r["chosen"], eos, profile["limits"]), [])
+                     for r in map(json.loads, (handoff / "data" / "preference_pairs" / "train.jsonl")
+                                  .read_text().splitlines())],
         "judge_cases": judge_cases(small_run, profile, tokenizer),
         "overrides": {"2x8": overrides(profile, 2, 8)},
         "config_values": lab_config_values(profile),
