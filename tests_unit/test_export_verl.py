@@ -421,6 +421,16 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
     }
 
 
+def test_main_suite_never_collects_the_verl_checks():
+    """tests_verl/ imports verl (absent here): the lab's suite leaves it out, by path and by recursion."""
+    import configparser
+    ini = configparser.ConfigParser()
+    ini.read(ROOT / "pytest.ini")
+    assert "tests_verl" not in ini["pytest"]["testpaths"].split()
+    assert "tests_verl" in ini["pytest"]["norecursedirs"].split()
+    assert (ROOT / "tests_verl" / "pytest.ini").is_file()  # its own rootdir: the lab's conftest is not loaded
+
+
 def test_verl_checks_pass_in_the_verl_venv(small_run, handoff, profile, lab_tokenizer, tmp_path, record_result):
     """Builds .venv-verl when missing (bash setup.sh --verl), runs tests_verl/ there on this
     hand-off, and requires every named check to have passed (junit report)."""
