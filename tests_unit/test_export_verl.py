@@ -6,6 +6,7 @@ every test here shares them (one xdist group)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import os
@@ -122,7 +123,7 @@ def test_chat_template_reproduces_lab_prompt_ids_on_every_row(handoff, lab_token
     for split in ("train", "test", "probe"):
         for r in read_rows(handoff, split):
             got = tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
-            assert list(got) == encode_prompt(lab_tokenizer, r["prompt"][0]["content"], profile["limits"])
+            assert list(got) == encode_prompt(lab_tokenizer, r["prompt"][0]["content"], profile.limits)
 
 
 def test_generation_stops_on_the_lab_eos_only(handoff, lab_tokenizer):
@@ -140,7 +141,7 @@ def _batch(tokenizer, profile, n=6):
     from rlhf.tokens import collate, encode_example
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pairs = Corpus.build("r001").evaluation_view().test_pairs()[:n]
-    ex = [encode_example(tokenizer, p["prompt"], p["chosen" if i % 2 else "rejected"], eos, profile["limits"])
+    ex = [encode_example(tokenizer, p["prompt"], p["chosen" if i % 2 else "rejected"], eos, profile.limits)
           for i, p in enumerate(pairs)]
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     return collate([p for p, _ in ex], [r for _, r in ex], pad, padding_side="right")
@@ -199,10 +200,10 @@ def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     view = Corpus.build("r001").evaluation_view()
-    judge = _lab_role("reward", profile, small_run, ROLE_FILES["judge"])
+    judge = _lab_role("judge", profile, small_run, ROLE_FILES["judge"])
     cases = []
     for i, pair in enumerate(view.test_pairs()[:n]):
-        p, r = encode_example(tokenizer, pair["prompt"], pair["chosen" if i % 2 else "rejected"], eos, profile["limits"])
+        p, r = encode_example(tokenizer, pair["prompt"], pair["chosen" if i % 2 else "rejected"], eos, profile.limits)
         truncated = i % 3 == 2
         if truncated:
             r = r[:-1][: max(1, len(r) // 2)]  # cut, no EOS
@@ -217,7 +218,7 @@ def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
     trunc = torch.tensor([c["truncated"] for c in cases])
     # the lab's terminal reward: token_rewards with a zero log-ratio leaves score - 1[truncated] at the last token
     terminal = token_rewards(zeros, zeros, scores, batch.response_mask, trunc,
-                             truncation_penalty=profile["ppo"]["truncation_penalty"]).sum(1)
+                             kl_coef=profile.ppo.kl_coef, truncation_penalty=profile.ppo.truncation_penalty).sum(1)
     for c, s, t in zip(cases, scores.tolist(), terminal.tolist()):
         c["lab_score"], c["lab_terminal"] = s, t
     return cases
@@ -277,7 +278,7 @@ def test_overrides_map_the_lab_hyperparameters(profile):
     one = overrides(profile, 1, 1)
     for line in ("data.train_batch_size=4", "algorithm.lam=0.95", "algorithm.kl_ctrl.kl_coef=0.02",
                  "actor_rollout_ref.actor.ppo_epochs=2", "trainer.total_training_steps=4",
-                 f"actor_rollout_ref.actor.optim.lr={profile['ppo']['actor_lr']}", "data.max_response_length=64"):
+                 f"actor_rollout_ref.actor.optim.lr={profile.ppo.actor_lr}", "data.max_response_length=64"):
         assert line in one, line
     rows = {r["hyperparameter"]: r for r in hyperparameters(profile, 16)}
     assert rows["ppo.prompts_per_iteration"]["status"] == "approximate"
@@ -355,23 +356,23 @@ def test_a_failure_mid_export_leaves_no_folder(small_run, tmp_path, small_profil
 
 def lab_config_values(profile) -> dict:
     """verl config keys and the lab's numbers, read from the profile (not from the exporter)."""
-    ppo, optim, limits = profile["ppo"], profile["optim"], profile["limits"]
+    ppo, optim, limits = profile.ppo, profile.optim, profile.limits
     A, C = "actor_rollout_ref.actor", "critic"
-    return {"data.max_prompt_length": limits["prompt_tokens"], "data.max_response_length": limits["response_tokens"],
-            "data.train_batch_size": ppo["prompts_per_iteration"], "actor_rollout_ref.rollout.n": 1,
-            "actor_rollout_ref.rollout.temperature": ppo["temperature"], "actor_rollout_ref.rollout.top_k": -1,
+    return {"data.max_prompt_length": limits.prompt_tokens, "data.max_response_length": limits.response_tokens,
+            "data.train_batch_size": ppo.prompts_per_iteration, "actor_rollout_ref.rollout.n": 1,
+            "actor_rollout_ref.rollout.temperature": ppo.temperature, "actor_rollout_ref.rollout.top_k": -1,
             "actor_rollout_ref.rollout.top_p": 1.0,
-            f"{A}.ppo_mini_batch_size": ppo["prompts_per_iteration"], f"{A}.ppo_epochs": ppo["updates_per_iteration"],
-            f"{C}.ppo_epochs": ppo["updates_per_iteration"], "trainer.total_training_steps": ppo["iterations"],
-            "algorithm.kl_ctrl.kl_coef": ppo["kl_coef"], "algorithm.kl_penalty": "kl", "algorithm.gamma": ppo["gamma"],
-            "algorithm.lam": ppo["lam"], "algorithm.adv_estimator": "gae", f"{A}.use_kl_loss": False,
-            f"{A}.clip_ratio": ppo["clip"], f"{A}.entropy_coeff": 0, f"{A}.optim.lr": ppo["actor_lr"],
-            f"{C}.optim.lr": ppo["critic_lr"], f"{A}.optim.weight_decay": optim["weight_decay"],
-            f"{C}.optim.weight_decay": optim["weight_decay"], f"{A}.grad_clip": optim["grad_clip_norm"],
-            f"{C}.grad_clip": optim["grad_clip_norm"], f"{A}.optim.min_lr_ratio": optim["min_lr_ratio"],
-            f"{A}.optim.lr_warmup_steps_ratio": optim["warmup_ratio"],
-            "actor_rollout_ref.model.lora_rank": profile["lora"]["rank"],
-            "actor_rollout_ref.model.lora_alpha": profile["lora"]["alpha"]}
+            f"{A}.ppo_mini_batch_size": ppo.prompts_per_iteration, f"{A}.ppo_epochs": ppo.updates_per_iteration,
+            f"{C}.ppo_epochs": ppo.updates_per_iteration, "trainer.total_training_steps": ppo.iterations,
+            "algorithm.kl_ctrl.kl_coef": ppo.kl_coef, "algorithm.kl_penalty": "kl", "algorithm.gamma": ppo.gamma,
+            "algorithm.lam": ppo.lam, "algorithm.adv_estimator": "gae", f"{A}.use_kl_loss": False,
+            f"{A}.clip_ratio": ppo.clip, f"{A}.entropy_coeff": 0, f"{A}.optim.lr": ppo.actor_lr,
+            f"{C}.optim.lr": ppo.critic_lr, f"{A}.optim.weight_decay": optim.weight_decay,
+            f"{C}.optim.weight_decay": optim.weight_decay, f"{A}.grad_clip": optim.grad_clip_norm,
+            f"{C}.grad_clip": optim.grad_clip_norm, f"{A}.optim.min_lr_ratio": optim.min_lr_ratio,
+            f"{A}.optim.lr_warmup_steps_ratio": optim.warmup_ratio,
+            "actor_rollout_ref.model.lora_rank": profile.lora.rank,
+            "actor_rollout_ref.model.lora_alpha": profile.lora.alpha}
 
 
 def expectations(small_run, handoff, profile, tokenizer) -> dict:
@@ -380,7 +381,7 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
     from rlhf.ppo_math import gae, learning_rate, token_rewards
     from rlhf.tokens import encode_example, encode_prompt
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prompt_ids = {s: [encode_prompt(tokenizer, r["prompt"][0]["content"], profile["limits"])
+    prompt_ids = {s: [encode_prompt(tokenizer, r["prompt"][0]["content"], profile.limits)
                       for r in read_rows(handoff, s)] for s in ("train", "test", "probe")}
     g = torch.Generator().manual_seed(16)
     B, T = 4, 12
@@ -391,33 +392,34 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
     score = torch.randn(B, generator=g)
     truncated = torch.tensor([True, False, False, True])
     values = torch.randn(B, T, generator=g) * mask
-    ppo = profile["ppo"]
-    rewards = token_rewards(logp_old, logp_ref, score, mask, truncated, ppo["kl_coef"], ppo["truncation_penalty"])
+    ppo = profile.ppo
+    rewards = token_rewards(logp_old, logp_ref, score, mask, truncated, kl_coef=ppo.kl_coef,
+                            truncation_penalty=ppo.truncation_penalty)
     dones = torch.zeros(B, T, dtype=torch.bool)
     dones[torch.arange(B), last_active_index(mask)] = True
-    adv, ret = gae(rewards, values, dones, ppo["gamma"], ppo["lam"])
+    adv, ret = gae(rewards, values, dones, gamma=ppo.gamma, lam=ppo.lam)
     # The schedule at the contract's size (100 iterations, 200 updates), not the small budget's 4.
     from rlhf.config import load_profile
-    iterations = load_profile("embedded")["ppo"]["iterations"]
-    total = iterations * ppo["updates_per_iteration"]
-    optim = profile["optim"]
+    iterations = load_profile("embedded").ppo.iterations
+    total = iterations * ppo.updates_per_iteration
+    optim = profile.optim
     return {
-        "seeds": profile["seeds"], "pad_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        "seeds": dataclasses.asdict(profile.seeds), "pad_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         "prompt_ids": prompt_ids,
-        "pair_ids": [sum(encode_example(tokenizer, r["prompt"], r["chosen"], eos, profile["limits"]), [])
+        "pair_ids": [sum(encode_example(tokenizer, r["prompt"], r["chosen"], eos, profile.limits), [])
                      for r in map(json.loads, (handoff / "data" / "preference_pairs" / "train.jsonl")
                                   .read_text().splitlines())],
         "judge_cases": judge_cases(small_run, profile, tokenizer),
         "overrides": {"2x8": overrides(profile, 2, 8)},
         "config_values": lab_config_values(profile),
         "ppo_case": {"mask": mask.float().tolist(), "logp_old": logp_old.tolist(), "logp_ref": logp_ref.tolist(),
-                     "terminal": (score - truncated.float()).tolist(), "kl_coef": ppo["kl_coef"],
-                     "token_rewards": rewards.tolist(), "values": values.tolist(), "gamma": ppo["gamma"],
-                     "lam": ppo["lam"], "advantages": adv.tolist(), "returns": ret.tolist()},
-        "schedule": {"peak": ppo["actor_lr"], "iterations": iterations, "warmup_ratio": optim["warmup_ratio"],
-                     "min_lr_ratio": optim["min_lr_ratio"],
-                     "lab_lr_per_update": [learning_rate(s, total, ppo["actor_lr"], optim["warmup_ratio"],
-                                                         optim["min_lr_ratio"]) for s in range(total)]},
+                     "terminal": (score - truncated.float()).tolist(), "kl_coef": ppo.kl_coef,
+                     "token_rewards": rewards.tolist(), "values": values.tolist(), "gamma": ppo.gamma,
+                     "lam": ppo.lam, "advantages": adv.tolist(), "returns": ret.tolist()},
+        "schedule": {"peak": ppo.actor_lr, "iterations": iterations, "warmup_ratio": optim.warmup_ratio,
+                     "min_lr_ratio": optim.min_lr_ratio,
+                     "lab_lr_per_update": [learning_rate(s, total, ppo.actor_lr, optim.warmup_ratio,
+                                                         optim.min_lr_ratio) for s in range(total)]},
     }
 
 
