@@ -10,6 +10,7 @@
     rlhf base-study --out DIR                    issue 8: the embedded base beside its control base
     rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   issue 14: the lab over N seeds
     rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   issue 14: the cut SFT budget, validation only
+    rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 """
 from __future__ import annotations
 
@@ -170,6 +171,15 @@ def cmd_choose_sft_budget(args) -> int:
     return 0
 
 
+def cmd_export_verl(args) -> int:
+    from rlhf.export_verl import export_verl
+    manifest = export_verl(args.run, args.out, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
+                           seeds=args.seeds, profile=args.profile, model_dir=args.model_dir)
+    print(f"verl hand-off of {args.run} ({len(manifest['files'])} files) -> {args.out}; "
+          f"launch with: bash {Path(args.out) / 'launch' / 'launch.sh'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,6 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--previous", action="append", default=[],
                    help="an earlier record whose measured candidates are taken, not retrained (repeatable)")
     p.set_defaults(func=cmd_choose_sft_budget)
+
+    p = sub.add_parser("export-verl", help="hand a finished lab run to verl 0.9.1 (data, models, reward, launch)")
+    p.add_argument("--run", required=True, help="finished run folder (run.json lists every stage complete)")
+    p.add_argument("--out", required=True, help="new folder for the hand-off (never overwritten)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=1, help="launch.sh runs this many seeds")
+    p.add_argument("--profile", default=None, help="the run's profile file, when it was made with --profile PATH")
+    p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b runs)")
+    p.set_defaults(func=cmd_export_verl)
     return parser
 
 
