@@ -13,9 +13,12 @@
 * `pytest --benchmark` runs the benchmark tier the right way: `-m benchmark`, no xdist (timings
   need one process), and pytest-benchmark's JSON written to `reports/benchmark/benchmark.json`.
 """
+
 from __future__ import annotations
 
 import rlhf  # noqa: F401 - first: pins the CPU arithmetic before anything imports torch (rlhf.pin)
+
+# isort: split
 
 import json
 import os
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as _hypothesis_settings
 
 TIERS = ("unit", "gpu", "benchmark")
 LAYER_OF_FOLDER = {
@@ -36,11 +40,10 @@ LAYER_OF_FOLDER = {
 # disk. Tests set only their number of examples (tests_property/property_budget.py).
 # `pytest --hypothesis-profile=explore` searches instead: fresh random examples on every run,
 # at least 2000 per test (property_budget.examples), and a failure prints the blob that replays it.
-from hypothesis import settings as _hypothesis_settings
-
 _hypothesis_settings.register_profile("rlhf", deadline=None, derandomize=True, database=None)
-_hypothesis_settings.register_profile("explore", deadline=None, derandomize=False, database=None,
-                                      max_examples=2000, print_blob=True)
+_hypothesis_settings.register_profile(
+    "explore", deadline=None, derandomize=False, database=None, max_examples=2000, print_blob=True
+)
 _hypothesis_settings.load_profile("rlhf")
 
 _RECORDS: dict[str, dict] = {}
@@ -48,14 +51,26 @@ _OUTCOMES: dict[str, dict] = {}
 
 
 def pytest_addoption(parser):
-    parser.addoption("--reports-dir", default=os.environ.get("RLHF_REPORTS_DIR"),
-                     help="folder for junit.xml and results.json (default: reports/<tier>/); write --reports-dir=DIR")
-    parser.addoption("--benchmark", action="store_true",
-                     help="run the benchmark tier: -m benchmark, no xdist, JSON in reports/benchmark/benchmark.json")
-    parser.addoption("--model-dir", default=os.environ.get("RLHF_MODEL_DIR"),
-                     help="gpu tier: local Qwen2.5-0.5B-Instruct directory (rlhf fetch-model --out DIR)")
-    parser.addoption("--random-weights", action="store_true",
-                     help="gpu tier: use the full Qwen2.5-0.5B shape with random weights (no download)")
+    parser.addoption(
+        "--reports-dir",
+        default=os.environ.get("RLHF_REPORTS_DIR"),
+        help="folder for junit.xml and results.json (default: reports/<tier>/); write --reports-dir=DIR",
+    )
+    parser.addoption(
+        "--benchmark",
+        action="store_true",
+        help="run the benchmark tier: -m benchmark, no xdist, JSON in reports/benchmark/benchmark.json",
+    )
+    parser.addoption(
+        "--model-dir",
+        default=os.environ.get("RLHF_MODEL_DIR"),
+        help="gpu tier: local Qwen2.5-0.5B-Instruct directory (rlhf fetch-model --out DIR)",
+    )
+    parser.addoption(
+        "--random-weights",
+        action="store_true",
+        help="gpu tier: use the full Qwen2.5-0.5B shape with random weights (no download)",
+    )
 
 
 def reports_folder(config) -> Path:
@@ -87,6 +102,7 @@ def pytest_sessionstart(session):
     if hasattr(config, "workerinput"):
         return
     from _pytest.junitxml import xml_key
+
     xml = config.stash.get(xml_key, None)
     if xml is not None:
         for key, value in provenance(config).items():
@@ -122,27 +138,41 @@ def provenance(config) -> dict:
             return None
 
     versions = {}
-    for name in ("torch", "transformers", "tokenizers", "safetensors", "peft", "hypothesis", "pytest",
-                 "pytest-xdist", "pytest-benchmark", "rlhf"):
+    for name in (
+        "torch",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "peft",
+        "hypothesis",
+        "pytest",
+        "pytest-xdist",
+        "pytest-benchmark",
+        "rlhf",
+    ):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
     import torch
+
     from rlhf import pin
     from rlhf.config import PROFILES, load_profile, profile_hash
+
     status = git("status", "--porcelain")
-    _PROVENANCE.update({
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": None if status is None else bool(status),
-        "packages": versions,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "arithmetic": pin.describe(),
-        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "profiles_sha256": {name: profile_hash(load_profile(name)) for name in PROFILES},
-        "command_line": [Path(sys.argv[0]).name, *sys.argv[1:]],
-    })
+    _PROVENANCE.update(
+        {
+            "commit": git("rev-parse", "HEAD"),
+            "dirty": None if status is None else bool(status),
+            "packages": versions,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "arithmetic": pin.describe(),
+            "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "profiles_sha256": {name: profile_hash(load_profile(name)) for name in PROFILES},
+            "command_line": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        }
+    )
     return _PROVENANCE
 
 
@@ -163,8 +193,9 @@ def pytest_collection_modifyitems(config, items):
         elif "lab_run_r002" in names:
             item.add_marker(pytest.mark.xdist_group("lab_r002"))
     if bad:
-        raise pytest.UsageError("every test needs exactly one run tier (unit, gpu or benchmark):\n  "
-                                + "\n  ".join(bad))
+        raise pytest.UsageError(
+            "every test needs exactly one run tier (unit, gpu or benchmark):\n  " + "\n  ".join(bad)
+        )
 
 
 @pytest.fixture
@@ -200,8 +231,9 @@ def pytest_sessionfinish(session, exitstatus):
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "markexpr": config.option.markexpr,
         "exitstatus": int(exitstatus),
-        "counts": {k: sum(1 for t in _OUTCOMES.values() if t["outcome"] == k)
-                   for k in ("passed", "failed", "error", "skipped")},
+        "counts": {
+            k: sum(1 for t in _OUTCOMES.values() if t["outcome"] == k) for k in ("passed", "failed", "error", "skipped")
+        },
         "provenance": provenance(config),
         "tests": _OUTCOMES,
     }
@@ -212,10 +244,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 # ---------------------------------------------------------------- shared fixtures (embedded)
 
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread, as the embedded profile runs (two were ~27x slower for the tiny model)."""
     import torch
+
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -225,6 +259,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def embedded_profile():
     from rlhf.config import load_profile
+
     return load_profile("embedded")
 
 
@@ -232,6 +267,7 @@ def embedded_profile():
 def embedded_dir(tmp_path_factory):
     """The embedded base built once per session (deterministic, well under a second)."""
     from rlhf.embedded import build_embedded
+
     path = tmp_path_factory.mktemp("embedded") / "base"
     build_embedded(path)
     return path
@@ -240,6 +276,7 @@ def embedded_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def embedded_base(embedded_profile, embedded_dir):
     from rlhf.models import load_base
+
     return load_base(embedded_profile, embedded_dir)
 
 
@@ -261,12 +298,16 @@ def lab_run_r002(tmp_path_factory):
 
 def _run_whole_lab(run, revision: str, protocol: bool):
     import time as _time
+
     from rlhf import lab
+
     t0 = _time.perf_counter()
     ctx = lab.open_context(run, "embedded", revision=revision)
     lab.run_lab(ctx, protocol=protocol)
-    ctx.stage_seconds = {"total": _time.perf_counter() - t0,
-                         **{s: read_timing(run / s / "timings.json") for s in ("sft", "judge", "ppo")}}
+    ctx.stage_seconds = {
+        "total": _time.perf_counter() - t0,
+        **{s: read_timing(run / s / "timings.json") for s in ("sft", "judge", "ppo")},
+    }
     return ctx
 
 
@@ -276,16 +317,24 @@ def read_timing(path) -> float:
 
 # The miniature budget of the crash and seed tests: every stage and every leg of the protocol,
 # in about a minute. Only budgets change (epochs, updates per epoch, iterations, boundaries).
-SMALL_BUDGET = {("sft", "epochs"): 2, ("sft", "max_updates_per_epoch"): 3,
-                ("judge", "epochs"): 2, ("judge", "max_updates_per_epoch"): 3,
-                ("ppo", "iterations"): 4, ("ppo", "resume_stop_iteration"): 2, ("ppo", "checkpoint_every"): 1}
+SMALL_BUDGET = {
+    ("sft", "epochs"): 2,
+    ("sft", "max_updates_per_epoch"): 3,
+    ("judge", "epochs"): 2,
+    ("judge", "max_updates_per_epoch"): 3,
+    ("ppo", "iterations"): 4,
+    ("ppo", "resume_stop_iteration"): 2,
+    ("ppo", "checkpoint_every"): 1,
+}
 
 
 def write_small_profile(path) -> Path:
     """The embedded profile's TOML with SMALL_BUDGET written in (a real file, so that a
     subprocess can be given `--profile PATH`); name `embedded-small`."""
     import re
+
     from rlhf.config import PROFILE_DIR
+
     text = (PROFILE_DIR / "embedded.toml").read_text()
     text, n = re.subn(r'^name = "embedded"$', 'name = "embedded-small"', text, flags=re.M)
     assert n == 1
@@ -315,6 +364,7 @@ def move_adapters():
     The generator is returned so that a caller can keep drawing (e.g. a head) from it.
     """
     import torch
+
     from rlhf.lora import lora_modules
 
     def move(model, seed: int):

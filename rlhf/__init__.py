@@ -4,6 +4,7 @@ Importing the package pins the CPU arithmetic before torch is imported (rlhf.pin
 point (the `rlhf` command, `python -m rlhf`, conftest.py, the tests' subprocesses) goes
 through here first. `RLHF_CPU_PIN=off` turns it off.
 """
+
 from rlhf import pin as _pin
 
 _pin.apply()

@@ -1,4 +1,5 @@
 """`python -m rlhf ...` is the `rlhf` command."""
+
 import sys
 
 from rlhf.cli import main

@@ -22,6 +22,7 @@ It runs on two bases of one size and one (zero-step) training budget, built by
 `rlhf base-study --out DIR` writes DIR/results.json (never overwritten) and keeps every run
 folder (corpus, actor, judge, shortcut audit) under DIR/<base>/r001 and DIR/<base>/r002.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,24 +31,28 @@ from pathlib import Path
 import torch
 
 from rlhf import rubric
-from rlhf.config import load_profile, Profile, profile_hash
+from rlhf.config import Profile, load_profile, profile_hash
 from rlhf.embedded import EXPECTED_BUILD, build_embedded
-from rlhf.io import read_json, write_json
 from rlhf.evaluate import expected_actions, heldout_prompts, judge_test_accuracy, policy_responses
-from rlhf.tokens import decode_response, encode_prompt
+from rlhf.io import read_json, write_json
+from rlhf.judge import train_judge
 from rlhf.lab import open_context, train_role
 from rlhf.roles import save_role
 from rlhf.sft import train_sft
-from rlhf.judge import train_judge
 from rlhf.shortcut import run_shortcut_audit
+from rlhf.tokens import decode_response, encode_prompt
 
 STUDY = "base_study"
 VERSION = 1
-BASES = {"embedded": "office", "control": "control"}   # base name -> build text
+BASES = {"embedded": "office", "control": "control"}  # base name -> build text
 CONFLICT_VARIANTS = ("1", "2", "4")
 # Issue 8 item 3, for the chosen base (the control is measured, not judged).
-CRITERIA = {"sft_greedy_correct_action": 0.90, "sft_temperature_1_in_grammar": 0.80,
-            "judge_r002_test_accuracy": 0.90, "judge_r002_variants_1_2_4": 0.85}
+CRITERIA = {
+    "sft_greedy_correct_action": 0.90,
+    "sft_temperature_1_in_grammar": 0.80,
+    "judge_r002_test_accuracy": 0.90,
+    "judge_r002_variants_1_2_4": 0.85,
+}
 
 
 class BaseStudyError(ValueError):
@@ -66,17 +71,26 @@ def _test_rows(ctx, responses: list[list[int]], records: list[dict]) -> list[dic
     for rec, ids in zip(records, responses):
         text, finish = decode_response(ctx.tokenizer, ids, ctx.eos_id)
         verdict = rubric.evaluate(text, finish, expected[rec["document_id"]])
-        rows.append({"document_id": rec["document_id"], "response": text, "finish_reason": finish,
-                     "expected_action": expected[rec["document_id"]], **verdict})
+        rows.append(
+            {
+                "document_id": rec["document_id"],
+                "response": text,
+                "finish_reason": finish,
+                "expected_action": expected[rec["document_id"]],
+                **verdict,
+            }
+        )
     return rows
 
 
 def _summary(rows: list[dict]) -> dict:
-    return {"n": len(rows),
-            "correct_action": _share(r["action"] == r["expected_action"] for r in rows),
-            "in_grammar": _share(r["recognized"] and r["finish_reason"] == "eos" for r in rows),
-            "rubric_success": _share(r["rubric_success"] for r in rows),
-            "examples": [r["response"] for r in rows[:3]]}
+    return {
+        "n": len(rows),
+        "correct_action": _share(r["action"] == r["expected_action"] for r in rows),
+        "in_grammar": _share(r["recognized"] and r["finish_reason"] == "eos" for r in rows),
+        "rubric_success": _share(r["rubric_success"] for r in rows),
+        "examples": [r["response"] for r in rows[:3]],
+    }
 
 
 def measure_sft(ctx) -> dict:
@@ -95,15 +109,19 @@ def measure_sft(ctx) -> dict:
     prompt_ids = [encode_prompt(ctx.tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
     seed = ctx.profile.seeds.evaluation
     greedy = _test_rows(ctx, policy_responses(actor.model, prompt_ids, ctx), records)
-    sampled = _test_rows(ctx, policy_responses(actor.model, prompt_ids, ctx,
-                                               generator=torch.Generator().manual_seed(seed)), records)
+    sampled = _test_rows(
+        ctx, policy_responses(actor.model, prompt_ids, ctx, generator=torch.Generator().manual_seed(seed)), records
+    )
     last = state["history"]["epochs"][-1]
-    return {"revision": ctx.corpus.revision, "updates": state["step"],
-            "last_epoch": {"train_loss": last["train_loss"], "validation_loss": last["validation_loss"]},
-            "greedy": _summary(greedy),
-            "temperature_1": {**_summary(sampled), "temperature": ctx.profile.ppo.temperature,
-                              "generator_seed": seed},
-            "train_seconds": train_seconds, "seconds": time.perf_counter() - t0}
+    return {
+        "revision": ctx.corpus.revision,
+        "updates": state["step"],
+        "last_epoch": {"train_loss": last["train_loss"], "validation_loss": last["validation_loss"]},
+        "greedy": _summary(greedy),
+        "temperature_1": {**_summary(sampled), "temperature": ctx.profile.ppo.temperature, "generator_seed": seed},
+        "train_seconds": train_seconds,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def measure_judge(ctx) -> dict:
@@ -127,24 +145,36 @@ def measure_judge(ctx) -> dict:
     counts = {v: sum(str(lab["variant"]) == v for lab in labels) for v in CONFLICT_VARIANTS}
     pooled = sum(test["by_variant"][v] * counts[v] for v in CONFLICT_VARIANTS) / sum(counts.values())
     last = state["history"]["epochs"][-1]
-    return {"revision": ctx.corpus.revision, "updates": state["step"],
-            "last_epoch": {k: last[k] for k in ("train_loss", "validation_loss", "validation_accuracy")},
-            "test_accuracy": test["accuracy"], "by_variant": test["by_variant"], "ties": test["ties"],
-            "pairs": test["pairs"], "variants_1_2_4": pooled, "variants_1_2_4_pairs": sum(counts.values()),
-            "conflict": {"accuracy": conflict["accuracy"], "by_variant": conflict["by_variant"],
-                         "pairs": conflict["pairs"]},
-            "shortcut_audit": {k: v["accuracy"] for k, v in audit["counterfactuals"].items()},
-            "train_seconds": train_seconds, "seconds": time.perf_counter() - t0}
+    return {
+        "revision": ctx.corpus.revision,
+        "updates": state["step"],
+        "last_epoch": {k: last[k] for k in ("train_loss", "validation_loss", "validation_accuracy")},
+        "test_accuracy": test["accuracy"],
+        "by_variant": test["by_variant"],
+        "ties": test["ties"],
+        "pairs": test["pairs"],
+        "variants_1_2_4": pooled,
+        "variants_1_2_4_pairs": sum(counts.values()),
+        "conflict": {
+            "accuracy": conflict["accuracy"],
+            "by_variant": conflict["by_variant"],
+            "pairs": conflict["pairs"],
+        },
+        "shortcut_audit": {k: v["accuracy"] for k, v in audit["counterfactuals"].items()},
+        "train_seconds": train_seconds,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def verdict(measures: dict) -> dict:
     """Each criterion of CRITERIA: the measured value, the bound, and whether it holds."""
-    values = {"sft_greedy_correct_action": measures["sft"]["greedy"]["correct_action"],
-              "sft_temperature_1_in_grammar": measures["sft"]["temperature_1"]["in_grammar"],
-              "judge_r002_test_accuracy": measures["judge"]["test_accuracy"],
-              "judge_r002_variants_1_2_4": measures["judge"]["variants_1_2_4"]}
-    return {k: {"value": values[k], "at_least": bound, "holds": values[k] >= bound}
-            for k, bound in CRITERIA.items()}
+    values = {
+        "sft_greedy_correct_action": measures["sft"]["greedy"]["correct_action"],
+        "sft_temperature_1_in_grammar": measures["sft"]["temperature_1"]["in_grammar"],
+        "judge_r002_test_accuracy": measures["judge"]["test_accuracy"],
+        "judge_r002_variants_1_2_4": measures["judge"]["variants_1_2_4"],
+    }
+    return {k: {"value": values[k], "at_least": bound, "holds": values[k] >= bound} for k, bound in CRITERIA.items()}
 
 
 def build_base(out: Path, name: str) -> tuple[Path, dict]:
@@ -162,10 +192,18 @@ def measure_base(out: Path, name: str, profile: Profile) -> dict:
     model_dir, manifest = build_base(out, name)
     sft = measure_sft(open_context(out / name / "r001", profile, model_dir=model_dir, revision="r001"))
     judge = measure_judge(open_context(out / name / "r002", profile, model_dir=model_dir, revision="r002"))
-    return {"build": {"text": manifest["text"], "seed": manifest["seed"], "parameters": manifest["parameters"],
-                      "files": manifest["files"], "seconds": manifest["build_seconds"],
-                      "pretraining_steps": 0},
-            "sft": sft, "judge": judge}
+    return {
+        "build": {
+            "text": manifest["text"],
+            "seed": manifest["seed"],
+            "parameters": manifest["parameters"],
+            "files": manifest["files"],
+            "seconds": manifest["build_seconds"],
+            "pretraining_steps": 0,
+        },
+        "sft": sft,
+        "judge": judge,
+    }
 
 
 def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> dict:
@@ -179,11 +217,17 @@ def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> d
     t0 = time.perf_counter()
     measured = {name: measure_base(out, name, profile) for name in bases}
     result = {
-        "study": STUDY, "version": VERSION, "profile": profile.name, "profile_sha256": profile_hash(profile),
-        "budgets": {"sft": {k: getattr(profile.sft, k) for k in ("epochs", "lr", "expected_updates")},
-                    "judge": {k: getattr(profile.judge, k) for k in ("epochs", "lr", "expected_updates")},
-                    "fixed_before_measuring": True},
-        "chosen": "embedded", "criteria": CRITERIA,
+        "study": STUDY,
+        "version": VERSION,
+        "profile": profile.name,
+        "profile_sha256": profile_hash(profile),
+        "budgets": {
+            "sft": {k: getattr(profile.sft, k) for k in ("epochs", "lr", "expected_updates")},
+            "judge": {k: getattr(profile.judge, k) for k in ("epochs", "lr", "expected_updates")},
+            "fixed_before_measuring": True,
+        },
+        "chosen": "embedded",
+        "criteria": CRITERIA,
         "bases": measured,
         "verdict": {name: verdict(m) for name, m in measured.items()},
         "seconds": time.perf_counter() - t0,
@@ -194,11 +238,16 @@ def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> d
 
 def summary_lines(result: dict) -> list[str]:
     """The table `rlhf base-study` prints."""
-    head = ("base", "SFT greedy correct", "SFT T=1 in-grammar", "judge r002 test", "variants 1/2/4",
-            "conflict (1d)")
+    head = ("base", "SFT greedy correct", "SFT T=1 in-grammar", "judge r002 test", "variants 1/2/4", "conflict (1d)")
     lines = ["  ".join(f"{h:>18}" for h in head)]
     for name, m in result["bases"].items():
-        cells = (name, m["sft"]["greedy"]["correct_action"], m["sft"]["temperature_1"]["in_grammar"],
-                 m["judge"]["test_accuracy"], m["judge"]["variants_1_2_4"], m["judge"]["conflict"]["accuracy"])
+        cells = (
+            name,
+            m["sft"]["greedy"]["correct_action"],
+            m["sft"]["temperature_1"]["in_grammar"],
+            m["judge"]["test_accuracy"],
+            m["judge"]["variants_1_2_4"],
+            m["judge"]["conflict"]["accuracy"],
+        )
         lines.append("  ".join(f"{c:>18}" if isinstance(c, str) else f"{c:>18.3f}" for c in cells))
     return lines

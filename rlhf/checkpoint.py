@@ -14,6 +14,7 @@ Stopping on request: Ctrl-C in the `rlhf` command calls `request_stop()`; the tr
 check `stop_requested()` at their next boundary (an epoch, a PPO iteration), save a checkpoint
 and raise `Interrupted`, whose message says how to continue.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -67,8 +68,12 @@ def seed_system_rngs(seed: int) -> None:
 
 def rng_state() -> dict:
     """The system RNGs (torch global, python `random`)."""
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
-             "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "python_version": random.getstate()[0],
+        "python_gauss": random.getstate()[2],
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -151,17 +156,23 @@ def check_identity(saved: dict, current: dict, what: str = "state") -> None:
     """Raise StateError naming every part of the identity that differs."""
     changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     if changed:
-        raise StateError(f"refusing to resume {what}: identity changed in {', '.join(changed)} "
-                         f"(was {', '.join(str(saved.get(k))[:16] for k in changed)}; "
-                         f"now {', '.join(str(current.get(k))[:16] for k in changed)})")
+        raise StateError(
+            f"refusing to resume {what}: identity changed in {', '.join(changed)} "
+            f"(was {', '.join(str(saved.get(k))[:16] for k in changed)}; "
+            f"now {', '.join(str(current.get(k))[:16] for k in changed)})"
+        )
 
 
 def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, extra: dict | None = None) -> dict:
     """The identity parts of a learning stage: config, corpus, code, base model, arithmetic
     (rlhf.pin: pinned or not, on which machine kind and thread count) (+ stage inputs)."""
-    ident = {"config": profile_sha256, "corpus": corpus_sha256, "code": code_sha256(),
-             "base_model": sha256_bytes(dumps_json(base_identity.get("files", base_identity)).encode()),
-             "arithmetic": pin.identity_tag()}
+    ident = {
+        "config": profile_sha256,
+        "corpus": corpus_sha256,
+        "code": code_sha256(),
+        "base_model": sha256_bytes(dumps_json(base_identity.get("files", base_identity)).encode()),
+        "arithmetic": pin.identity_tag(),
+    }
     ident.update(extra or {})
     return ident
 
@@ -174,7 +185,9 @@ def assert_states_equal(a, b, path: str = "state") -> int:
         return 1
     if isinstance(a, dict):
         if not isinstance(b, dict) or set(a) != set(b):
-            raise AssertionError(f"{path}: keys differ ({sorted(set(a) ^ set(b))[:5] if isinstance(b, dict) else type(b)})")
+            raise AssertionError(
+                f"{path}: keys differ ({sorted(set(a) ^ set(b))[:5] if isinstance(b, dict) else type(b)})"
+            )
         return sum(assert_states_equal(a[k], b[k], f"{path}.{k}") for k in sorted(a, key=str))
     if isinstance(a, (list, tuple)):
         if not isinstance(b, (list, tuple)) or len(a) != len(b):

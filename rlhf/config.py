@@ -9,6 +9,7 @@ function gets its numbers from the profile (no default argument repeats a profil
     profile.ppo.kl_coef                         # 0.02
     small = override(profile, {("ppo", "iterations"): 4})   # a checked, frozen copy
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,9 +38,11 @@ def doc(text: str, **kwargs):
 @dataclass(frozen=True)
 class Runtime:
     torch_threads: int = doc("torch CPU threads; 0 leaves torch's default (all cores)")
-    last_logits_only: bool = doc("generation projects only the last column of a full forward onto the vocabulary "
-                                 "(qwen2.5-0.5b; off for the embedded profile, whose golden hashes used all)",
-                                 default=False)
+    last_logits_only: bool = doc(
+        "generation projects only the last column of a full forward onto the vocabulary "
+        "(qwen2.5-0.5b; off for the embedded profile, whose golden hashes used all)",
+        default=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,11 @@ class Model:
     pad_token_id: int | None = doc("padding token id the tokenizer must have (downloaded models)", default=None)
     repo_id: str | None = doc("model hub repository of the weights (downloaded models)", default=None)
     revision: str | None = doc("pinned hub commit of the weights (downloaded models)", default=None)
-    allow_random_weights: bool = doc("accept a directory whose weights are random (the --random-weights "
-                                     "stand-in of the full shape); never true for a real run", default=False)
+    allow_random_weights: bool = doc(
+        "accept a directory whose weights are random (the --random-weights "
+        "stand-in of the full shape); never true for a real run",
+        default=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -105,10 +111,12 @@ class Sft:
     examples_per_update: int = doc("demonstrations per optimizer update")
     lr: float = doc("peak learning rate of the actor's adapters")
     expected_updates: int = doc("total updates, checked before training")
-    max_updates_per_epoch: int | None = doc("cut each epoch short (miniature budgets for tests and dry "
-                                            "runs); absent in a real profile", default=None)
-    max_validation_examples: int | None = doc("cut the validation set to its first N (miniature budgets); "
-                                              "absent in a real profile", default=None)
+    max_updates_per_epoch: int | None = doc(
+        "cut each epoch short (miniature budgets for tests and dry runs); absent in a real profile", default=None
+    )
+    max_validation_examples: int | None = doc(
+        "cut the validation set to its first N (miniature budgets); absent in a real profile", default=None
+    )
 
 
 @dataclass(frozen=True)
@@ -118,10 +126,12 @@ class Judge:
     lr: float = doc("peak learning rate of the judge's adapters and head")
     expected_updates: int = doc("total updates, checked before training")
     head_init_std: float = doc("standard deviation of the judge head's initial weight (bias 0)")
-    max_updates_per_epoch: int | None = doc("cut each epoch short (miniature budgets for tests and dry "
-                                            "runs); absent in a real profile", default=None)
-    max_validation_examples: int | None = doc("cut the validation set to its first N (miniature budgets); "
-                                              "absent in a real profile", default=None)
+    max_updates_per_epoch: int | None = doc(
+        "cut each epoch short (miniature budgets for tests and dry runs); absent in a real profile", default=None
+    )
+    max_validation_examples: int | None = doc(
+        "cut the validation set to its first N (miniature budgets); absent in a real profile", default=None
+    )
 
 
 @dataclass(frozen=True)
@@ -140,14 +150,19 @@ class Ppo:
     temperature: float = doc("sampling temperature of rollouts")
     resume_stop_iteration: int = doc("the interrupt/resume protocol's boundary iteration")
     checkpoint_every: int = doc("each leg saves a crash checkpoint every this many iterations")
-    max_new_tokens: int | None = doc("cut rollouts to N new tokens (miniature budgets; a cut row is truncated); "
-                                     "absent in a real profile: limits.response_tokens", default=None)
+    max_new_tokens: int | None = doc(
+        "cut rollouts to N new tokens (miniature budgets; a cut row is truncated); "
+        "absent in a real profile: limits.response_tokens",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    max_new_tokens: int | None = doc("cut held-out answers to N new tokens (miniature budgets); absent in a "
-                                     "real profile: limits.response_tokens", default=None)
+    max_new_tokens: int | None = doc(
+        "cut held-out answers to N new tokens (miniature budgets); absent in a real profile: limits.response_tokens",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)
@@ -202,8 +217,9 @@ def _read_table(cls, data: dict, where: str):
     types = _field_types(cls)
     unknown = sorted(set(data) - set(types))
     if unknown:
-        raise ProfileError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-                           f"(known: {', '.join(types)})")
+        raise ProfileError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (known: {', '.join(types)})"
+        )
     values = {}
     for f in dataclasses.fields(cls):
         if data.get(f.name) is None:  # absent (None only comes from to_dict of an optional key)
@@ -244,8 +260,9 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
     if str(name_or_path) in PROFILES:
         path = PROFILE_DIR / f"{name_or_path}.toml"
     if not path.is_file():
-        raise FileNotFoundError(f"unknown profile {name_or_path!r}: no file {path} "
-                                f"(known profiles: {', '.join(PROFILES)})")
+        raise FileNotFoundError(
+            f"unknown profile {name_or_path!r}: no file {path} (known profiles: {', '.join(PROFILES)})"
+        )
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -289,6 +306,7 @@ def configure_determinism(profile: Profile) -> dict:
     of the embedded lab were made without these switches.
     """
     import torch
+
     if profile.device != "cuda":
         return describe_determinism(applied=False)
     previous = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
@@ -305,18 +323,30 @@ def configure_determinism(profile: Profile) -> dict:
 def describe_determinism(*, applied: bool, overridden: dict | None = None) -> dict:
     """The deterministic settings as torch and the environment report them now (not as asked)."""
     import torch
-    state = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-             "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-             "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-             "cudnn_deterministic": torch.backends.cudnn.deterministic,
-             "cudnn_benchmark": torch.backends.cudnn.benchmark}
-    return {"applied": applied, "overridden_user_settings": overridden or {}, **state,
-            "complete": applied and is_deterministic(state)}
+
+    state = {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+    return {
+        "applied": applied,
+        "overridden_user_settings": overridden or {},
+        **state,
+        "complete": applied and is_deterministic(state),
+    }
 
 
 def is_deterministic(state: dict) -> bool:
     """True when every CUDA determinism switch of `describe_determinism` is in its safe position."""
-    return (state["deterministic_algorithms"] and state["cublas_workspace_config"] == CUBLAS_WORKSPACE
-            and not state["matmul_allow_tf32"] and not state["cudnn_allow_tf32"]
-            and state["cudnn_deterministic"] and not state["cudnn_benchmark"])
+    return (
+        state["deterministic_algorithms"]
+        and state["cublas_workspace_config"] == CUBLAS_WORKSPACE
+        and not state["matmul_allow_tf32"]
+        and not state["cudnn_allow_tf32"]
+        and state["cudnn_deterministic"]
+        and not state["cudnn_benchmark"]
+    )

@@ -77,6 +77,7 @@ ensure_ascii=False, separators=(",", ":"))``)::
 ``exports/`` is the common preference format for outside tools; it reveals the chosen answer, so
 learning code must not read the test file (the views never serve it).
 """
+
 from __future__ import annotations
 
 import json
@@ -87,8 +88,17 @@ from pathlib import Path
 from typing import Callable
 
 from rlhf import rubric
-from rlhf.io import (ArtifactExists, atomic_folder, dumps_json, read_json, sha256_bytes, sha256_file, sha256_text,
-                     write_bytes, write_json)
+from rlhf.io import (
+    ArtifactExists,
+    atomic_folder,
+    dumps_json,
+    read_json,
+    sha256_bytes,
+    sha256_file,
+    sha256_text,
+    write_bytes,
+    write_json,
+)
 
 # ----------------------------------------------------------------------------- constants
 
@@ -96,10 +106,15 @@ SPLITS = ("train", "validation", "test")
 PROBE_SPLIT = "probe"
 POPULATIONS = ("pair", "warmstart", "rollout", "probe")
 # (population, split) of every records file, in file order.
-LOCATIONS = (("pair", "train"), ("pair", "validation"), ("pair", "test"),
-             ("warmstart", "train"), ("rollout", "train"), ("probe", PROBE_SPLIT))
-LEARNING_LOCATIONS = (("pair", "train"), ("pair", "validation"),
-                      ("warmstart", "train"), ("rollout", "train"))
+LOCATIONS = (
+    ("pair", "train"),
+    ("pair", "validation"),
+    ("pair", "test"),
+    ("warmstart", "train"),
+    ("rollout", "train"),
+    ("probe", PROBE_SPLIT),
+)
+LEARNING_LOCATIONS = (("pair", "train"), ("pair", "validation"), ("warmstart", "train"), ("rollout", "train"))
 
 N_FAMILIES = 240
 FAMILIES_PER_ACTION = 40
@@ -112,40 +127,46 @@ N_PROBES = 20
 PROBE_CELLS = ((True, False), (True, True), (False, False), (False, True))
 
 KIND = {"pair": "preference card", "warmstart": "demonstration", "rollout": "live rollout request"}
-HEADINGS_R001 = ("Help request {family}, note {variant}.", "Case {family}, message {variant}.",
-                 "Desk incident {family}, record {variant}.")
+HEADINGS_R001 = (
+    "Help request {family}, note {variant}.",
+    "Case {family}, message {variant}.",
+    "Desk incident {family}, record {variant}.",
+)
 PROMPT_TAIL = " Give one relevant next step without claiming a guaranteed fix."
-PROBE_PROMPT = ("New remote support context {family}. {context} A previous unrelated case was "
-                "closed. Give one relevant next step without claiming a guaranteed fix.")
+PROBE_PROMPT = (
+    "New remote support context {family}. {context} A previous unrelated case was "
+    "closed. Give one relevant next step without claiming a guaranteed fix."
+)
 
-EXPECTED = {"pairs": 1200, "pairs_by_split": {"train": 840, "validation": 180, "test": 180},
-            "families_by_split": {"train": 168, "validation": 36, "test": 36},
-            "warmstart_demonstrations": 168, "rollout_prompts": 672,
-            "distinct_pair_demo_rollout_prompts": 2040, "probe_rows": 80,
-            "unique_probe_contexts": 20, "labelled_documents": 1280}
+EXPECTED = {
+    "pairs": 1200,
+    "pairs_by_split": {"train": 840, "validation": 180, "test": 180},
+    "families_by_split": {"train": 168, "validation": 36, "test": 36},
+    "warmstart_demonstrations": 168,
+    "rollout_prompts": 672,
+    "distinct_pair_demo_rollout_prompts": 2040,
+    "probe_rows": 80,
+    "unique_probe_contexts": 20,
+    "labelled_documents": 1280,
+}
 
 INPUT_KEYS = {
-    "pair": {"document_id", "family", "split", "population", "prompt", "chosen", "rejected",
-             "content_sha256"},
-    "warmstart": {"document_id", "family", "split", "population", "prompt", "response",
-                  "content_sha256"},
+    "pair": {"document_id", "family", "split", "population", "prompt", "chosen", "rejected", "content_sha256"},
+    "warmstart": {"document_id", "family", "split", "population", "prompt", "response", "content_sha256"},
     "rollout": {"document_id", "family", "split", "population", "prompt", "content_sha256"},
-    "probe": {"document_id", "family", "split", "population", "prompt", "response",
-              "content_sha256"},
+    "probe": {"document_id", "family", "split", "population", "prompt", "response", "content_sha256"},
 }
-_LABEL_COMMON = {"document_id", "family", "split", "population", "action", "input_sha256",
-                 "content_sha256"}
+_LABEL_COMMON = {"document_id", "family", "split", "population", "action", "input_sha256", "content_sha256"}
 LABEL_KEYS = {
-    "pair": _LABEL_COMMON | {"variant", "wrong_action", "chosen_design", "rejected_design",
-                             "chosen_rubric", "rejected_rubric"},
+    "pair": _LABEL_COMMON
+    | {"variant", "wrong_action", "chosen_design", "rejected_design", "chosen_rubric", "rejected_rubric"},
     "warmstart": _LABEL_COMMON | {"variant", "target_design", "target_rubric"},
     "rollout": _LABEL_COMMON | {"variant"},
-    "probe": _LABEL_COMMON | {"context_index", "wrong_action", "correct", "polite",
-                              "candidate_design", "candidate_rubric"},
+    "probe": _LABEL_COMMON
+    | {"context_index", "wrong_action", "correct", "polite", "candidate_design", "candidate_rubric"},
 }
 
-CONTENT_SHA256_DEFINITION = ("sha256 hex of the UTF-8 bytes of rlhf.io.dumps_json(record without "
-                             "its content_sha256 key)")
+CONTENT_SHA256_DEFINITION = "sha256 hex of the UTF-8 bytes of rlhf.io.dumps_json(record without its content_sha256 key)"
 
 
 class AuditError(ValueError):
@@ -162,11 +183,13 @@ class CorpusExistsError(ArtifactExists):
 
 # ----------------------------------------------------------------------------- revisions
 
+
 @dataclass(frozen=True)
 class Revision:
     """What varies between corpus revisions: dataset name, split seed, heading function and the
     extra seeds of that heading (recorded in the audit summary when not empty); counts, splits,
     pair table and probes stay."""
+
     name: str
     dataset: str
     seed: int
@@ -190,7 +213,7 @@ def heading_parts(prompt: str) -> tuple[int, int, int, str]:
     if not m or (m.group(1), m.group(3)) not in _HEADING_WORDS:
         raise ValueError(f"prompt does not start with a corpus heading: {prompt[:60]!r}")
     form = _HEADING_WORDS.index((m.group(1), m.group(3)))
-    out = (form, int(m.group(2)), int(m.group(4)), prompt[m.end():])
+    out = (form, int(m.group(2)), int(m.group(4)), prompt[m.end() :])
     if render_heading(*out[:3]) + out[3] != prompt:
         raise ValueError(f"prompt heading is not canonical: {prompt[:60]!r}")
     return out
@@ -204,8 +227,7 @@ def _heading_r001(index: int, variant: int) -> str:
 R002_FAMILY_PERMUTATION_SEED = 4902
 R002_HEADING_SEED = 4903
 R002_NOTE_NUMBERS = tuple(range(15))  # 0..14, the note numbers r001 prints (variants 0-14)
-R002_HEADING_CHOICES = tuple((form, note) for form in range(len(HEADINGS_R001))
-                             for note in R002_NOTE_NUMBERS)
+R002_HEADING_CHOICES = tuple((form, note) for form in range(len(HEADINGS_R001)) for note in R002_NOTE_NUMBERS)
 _R002_TABLES: dict = {}
 
 
@@ -239,9 +261,13 @@ def _heading_r002(index: int, variant: int) -> str:
 
 REVISIONS: dict[str, Revision] = {
     "r001": Revision("r001", "OfficeHelpPrefs-v1", 49, _heading_r001),
-    "r002": Revision("r002", "OfficeHelpPrefs-v2", 49, _heading_r002,
-                     (("family_permutation", R002_FAMILY_PERMUTATION_SEED),
-                      ("heading_and_note", R002_HEADING_SEED))),
+    "r002": Revision(
+        "r002",
+        "OfficeHelpPrefs-v2",
+        49,
+        _heading_r002,
+        (("family_permutation", R002_FAMILY_PERMUTATION_SEED), ("heading_and_note", R002_HEADING_SEED)),
+    ),
 }
 DEFAULT_REVISION = "r001"
 
@@ -253,6 +279,7 @@ def get_revision(revision: str) -> Revision:
 
 
 # ----------------------------------------------------------------------------- formulas
+
 
 def family_id(index: int) -> str:
     return f"OH{index:03d}"
@@ -295,8 +322,7 @@ def assign_splits(seed: int = 49) -> dict[str, str]:
 
 def make_prompt(rev: Revision, index: int, variant: int, population: str) -> str:
     a = family_action(index)
-    return (rev.heading(index, variant) + f" Source: {KIND[population]}. " + rubric.CONTEXTS[a]
-            + PROMPT_TAIL)
+    return rev.heading(index, variant) + f" Source: {KIND[population]}. " + rubric.CONTEXTS[a] + PROMPT_TAIL
 
 
 def probe_prompt(k: int) -> str:
@@ -306,11 +332,13 @@ def probe_prompt(k: int) -> str:
 def pair_designs(index: int, variant: int) -> tuple[tuple[int, int, bool], tuple[int, int, bool]]:
     """(chosen, rejected) designs (action, caution, polite) of the SPEC §2 table."""
     a, w = family_action(index), wrong_action(index)
-    table = {0: ((a, 1, False), (w, 2, False)),
-             1: ((a, 0, False), (w, 1, True)),
-             2: ((a, 1, True), (w, 0, False)),
-             3: ((a, 1, False), (a, 2, True)),
-             4: ((a, 0, True), (w, 1, False))}
+    table = {
+        0: ((a, 1, False), (w, 2, False)),
+        1: ((a, 0, False), (w, 1, True)),
+        2: ((a, 1, True), (w, 0, False)),
+        3: ((a, 1, False), (a, 2, True)),
+        4: ((a, 0, True), (w, 1, False)),
+    }
     return table[variant]
 
 
@@ -345,6 +373,7 @@ def _seal(record: dict) -> dict:
 
 # ----------------------------------------------------------------------------- build
 
+
 def build_corpus(revision: str = DEFAULT_REVISION) -> dict:
     """The corpus in memory: {"dataset", "revision", "seed", "families", "probe_families",
     "inputs": {population: {split: [records]}}, "labels": same shape}."""
@@ -368,43 +397,88 @@ def build_corpus(revision: str = DEFAULT_REVISION) -> dict:
         for v in PAIR_VARIANTS:
             ch, rj = pair_designs(i, v)
             doc = {**base, "document_id": f"{fam}-P{v}", "population": "pair"}
-            add("pair", split,
-                {**doc, "prompt": make_prompt(rev, i, v, "pair"), "chosen": rubric.render(*ch),
-                 "rejected": rubric.render(*rj)},
-                {**doc, "variant": v, "action": a, "wrong_action": wrong_action(i),
-                 "chosen_design": _design(ch), "rejected_design": _design(rj),
-                 "chosen_rubric": rubric.evaluate(rubric.render(*ch), "eos", a),
-                 "rejected_rubric": rubric.evaluate(rubric.render(*rj), "eos", a)})
+            add(
+                "pair",
+                split,
+                {
+                    **doc,
+                    "prompt": make_prompt(rev, i, v, "pair"),
+                    "chosen": rubric.render(*ch),
+                    "rejected": rubric.render(*rj),
+                },
+                {
+                    **doc,
+                    "variant": v,
+                    "action": a,
+                    "wrong_action": wrong_action(i),
+                    "chosen_design": _design(ch),
+                    "rejected_design": _design(rj),
+                    "chosen_rubric": rubric.evaluate(rubric.render(*ch), "eos", a),
+                    "rejected_rubric": rubric.evaluate(rubric.render(*rj), "eos", a),
+                },
+            )
         if split != "train":
             continue
         d = demo_design(i)
         doc = {**base, "document_id": f"{fam}-SFT", "population": "warmstart"}
-        add("warmstart", split,
-            {**doc, "prompt": make_prompt(rev, i, DEMO_VARIANT, "warmstart"),
-             "response": rubric.render(*d)},
-            {**doc, "variant": DEMO_VARIANT, "action": a, "target_design": _design(d),
-             "target_rubric": rubric.evaluate(rubric.render(*d), "eos", a)})
+        add(
+            "warmstart",
+            split,
+            {**doc, "prompt": make_prompt(rev, i, DEMO_VARIANT, "warmstart"), "response": rubric.render(*d)},
+            {
+                **doc,
+                "variant": DEMO_VARIANT,
+                "action": a,
+                "target_design": _design(d),
+                "target_rubric": rubric.evaluate(rubric.render(*d), "eos", a),
+            },
+        )
         for j, v in enumerate(ROLLOUT_VARIANTS):
             doc = {**base, "document_id": f"{fam}-RL{j}", "population": "rollout"}
-            add("rollout", split, {**doc, "prompt": make_prompt(rev, i, v, "rollout")},
-                {**doc, "variant": v, "action": a})
+            add(
+                "rollout",
+                split,
+                {**doc, "prompt": make_prompt(rev, i, v, "rollout")},
+                {**doc, "variant": v, "action": a},
+            )
     for k in range(N_PROBES):
         a = k % 6
         for correct, polite in PROBE_CELLS:
             d = probe_design(k, correct, polite)
-            doc = {"document_id": probe_document_id(k, correct, polite),
-                   "family": probe_family_id(k), "split": PROBE_SPLIT, "population": "probe"}
-            add("probe", PROBE_SPLIT,
+            doc = {
+                "document_id": probe_document_id(k, correct, polite),
+                "family": probe_family_id(k),
+                "split": PROBE_SPLIT,
+                "population": "probe",
+            }
+            add(
+                "probe",
+                PROBE_SPLIT,
                 {**doc, "prompt": probe_prompt(k), "response": rubric.render(*d)},
-                {**doc, "context_index": k, "action": a, "wrong_action": (a + 1) % 6,
-                 "correct": correct, "polite": polite, "candidate_design": _design(d),
-                 "candidate_rubric": rubric.evaluate(rubric.render(*d), "eos", a)})
-    return {"dataset": rev.dataset, "revision": rev.name, "seed": rev.seed, "families": families,
-            "probe_families": [probe_family_id(k) for k in range(N_PROBES)],
-            "inputs": inputs, "labels": labels}
+                {
+                    **doc,
+                    "context_index": k,
+                    "action": a,
+                    "wrong_action": (a + 1) % 6,
+                    "correct": correct,
+                    "polite": polite,
+                    "candidate_design": _design(d),
+                    "candidate_rubric": rubric.evaluate(rubric.render(*d), "eos", a),
+                },
+            )
+    return {
+        "dataset": rev.dataset,
+        "revision": rev.name,
+        "seed": rev.seed,
+        "families": families,
+        "probe_families": [probe_family_id(k) for k in range(N_PROBES)],
+        "inputs": inputs,
+        "labels": labels,
+    }
 
 
 # ----------------------------------------------------------------------------- audit
+
 
 def _fail(msg: str):
     raise AuditError(msg)
@@ -424,8 +498,10 @@ def audit(corpus: dict) -> dict:
     """Check every SPEC §2 invariant; raise AuditError naming the document; return the summary."""
     rev = get_revision(corpus.get("revision"))
     if corpus.get("dataset") != rev.dataset or corpus.get("seed") != rev.seed:
-        _fail(f"dataset/seed {corpus.get('dataset')!r}/{corpus.get('seed')!r} do not match "
-              f"revision {rev.name} ({rev.dataset}, seed {rev.seed})")
+        _fail(
+            f"dataset/seed {corpus.get('dataset')!r}/{corpus.get('seed')!r} do not match "
+            f"revision {rev.name} ({rev.dataset}, seed {rev.seed})"
+        )
     for part in ("inputs", "labels"):
         shape = {(p, s) for p, d in (corpus.get(part) or {}).items() for s in (d or {})}
         if shape != set(LOCATIONS):
@@ -441,13 +517,18 @@ def audit(corpus: dict) -> dict:
             if pop == "probe":
                 continue
             for r in _records(corpus, part, pop, split):
-                if (r.get("document_id") in probe_ids or r.get("family") in probe_fams
-                        or r.get("population") == "probe"
-                        or str(r.get("document_id", "")).startswith("PROBE")):
-                    _fail(f"probe leak: document {r.get('document_id')!r} (family "
-                          f"{r.get('family')!r}) found in {part}/{pop}/{split}; probes are never "
-                          f"used for learning or model selection (SPEC §9.1) - publish a new "
-                          f"revision instead")
+                if (
+                    r.get("document_id") in probe_ids
+                    or r.get("family") in probe_fams
+                    or r.get("population") == "probe"
+                    or str(r.get("document_id", "")).startswith("PROBE")
+                ):
+                    _fail(
+                        f"probe leak: document {r.get('document_id')!r} (family "
+                        f"{r.get('family')!r}) found in {part}/{pop}/{split}; probes are never "
+                        f"used for learning or model selection (SPEC §9.1) - publish a new "
+                        f"revision instead"
+                    )
 
     # 2. record shape, location fields, content hashes, label/input linkage.
     seen: dict[str, str] = {}
@@ -471,8 +552,7 @@ def audit(corpus: dict) -> dict:
             seen[did] = f"{pop}/{split}"
         if [r["document_id"] for r in ins] != [r["document_id"] for r in labs]:
             extra = {r["document_id"] for r in ins} ^ {r["document_id"] for r in labs}
-            _fail(f"inputs and labels of {pop}/{split} differ (documents {sorted(extra)[:5]} or "
-                  f"their order)")
+            _fail(f"inputs and labels of {pop}/{split} differ (documents {sorted(extra)[:5]} or their order)")
         for i_rec, l_rec in zip(ins, labs):
             if l_rec["input_sha256"] != i_rec["content_sha256"] or l_rec["family"] != i_rec["family"]:
                 _fail(f"label of document {i_rec['document_id']!r} is not linked to its input")
@@ -481,8 +561,7 @@ def audit(corpus: dict) -> dict:
     # 3. families and splits.
     expected_families = assign_splits(rev.seed)
     if corpus.get("families") != expected_families:
-        _fail("family -> split map differs from the SPEC assignment with seed "
-              f"{rev.seed}")
+        _fail(f"family -> split map differs from the SPEC assignment with seed {rev.seed}")
     fams_by_split = {s: set() for s in SPLITS}
     for split in SPLITS:
         for r in _records(corpus, "inputs", "pair", split):
@@ -490,8 +569,7 @@ def audit(corpus: dict) -> dict:
     for split in SPLITS:
         for fam in fams_by_split[split]:
             if expected_families.get(fam) != split:
-                _fail(f"family {fam} has pairs in {split} but belongs to "
-                      f"{expected_families.get(fam)}")
+                _fail(f"family {fam} has pairs in {split} but belongs to {expected_families.get(fam)}")
     for s1 in SPLITS:
         for s2 in SPLITS:
             if s1 < s2 and fams_by_split[s1] & fams_by_split[s2]:
@@ -514,8 +592,12 @@ def audit(corpus: dict) -> dict:
             if v not in PAIR_VARIANTS or r["document_id"] != f"{r['family']}-P{v}":
                 _fail(f"{where}: id/variant {v!r} not in the SPEC scheme")
             ch, rj = pair_designs(i, v)
-            if (lab["action"] != family_action(i) or lab["wrong_action"] != wrong_action(i)
-                    or lab["chosen_design"] != _design(ch) or lab["rejected_design"] != _design(rj)):
+            if (
+                lab["action"] != family_action(i)
+                or lab["wrong_action"] != wrong_action(i)
+                or lab["chosen_design"] != _design(ch)
+                or lab["rejected_design"] != _design(rj)
+            ):
                 _fail(f"{where}: gold label differs from the SPEC table")
             if r["prompt"] != make_prompt(rev, i, v, "pair"):
                 _fail(f"{where}: prompt differs from the SPEC formula")
@@ -547,8 +629,11 @@ def audit(corpus: dict) -> dict:
         where = f"demonstration {r['document_id']!r}"
         if r["document_id"] != f"{r['family']}-SFT" or lab["variant"] != DEMO_VARIANT:
             _fail(f"{where}: id/variant not in the SPEC scheme")
-        if (lab["action"] != family_action(i) or lab["target_design"] != _design(demo_design(i))
-                or r["response"] != rubric.render(*demo_design(i))):
+        if (
+            lab["action"] != family_action(i)
+            or lab["target_design"] != _design(demo_design(i))
+            or r["response"] != rubric.render(*demo_design(i))
+        ):
             _fail(f"{where}: target differs from response(a, 1, i % 2 == 0)")
         if r["prompt"] != make_prompt(rev, i, DEMO_VARIANT, "warmstart"):
             _fail(f"{where}: prompt differs from the SPEC formula")
@@ -557,8 +642,11 @@ def audit(corpus: dict) -> dict:
             _fail(f"{where}: target is not a stored rubric success")
         prompts.append(r["prompt"])
     demo_fams = [r["family"] for r in demos]
-    if len(demos) != EXPECTED["warmstart_demonstrations"] or set(demo_fams) != fams_by_split["train"] \
-            or len(set(demo_fams)) != len(demo_fams):
+    if (
+        len(demos) != EXPECTED["warmstart_demonstrations"]
+        or set(demo_fams) != fams_by_split["train"]
+        or len(set(demo_fams)) != len(demo_fams)
+    ):
         _fail(f"demonstrations ({len(demos)}) are not exactly one per train family")
     rolls = _records(corpus, "inputs", "rollout", "train")
     roll_fams: dict[str, list[int]] = {}
@@ -567,8 +655,7 @@ def audit(corpus: dict) -> dict:
         i = family_index(r["family"])
         where = f"rollout prompt {r['document_id']!r}"
         v = lab["variant"]
-        if v not in ROLLOUT_VARIANTS or \
-                r["document_id"] != f"{r['family']}-RL{ROLLOUT_VARIANTS.index(v)}":
+        if v not in ROLLOUT_VARIANTS or r["document_id"] != f"{r['family']}-RL{ROLLOUT_VARIANTS.index(v)}":
             _fail(f"{where}: id/variant not in the SPEC scheme")
         if lab["action"] != family_action(i):
             _fail(f"{where}: gold action differs from the family's")
@@ -576,13 +663,17 @@ def audit(corpus: dict) -> dict:
             _fail(f"{where}: prompt differs from the SPEC formula")
         roll_fams.setdefault(r["family"], []).append(v)
         prompts.append(r["prompt"])
-    if len(rolls) != EXPECTED["rollout_prompts"] or set(roll_fams) != fams_by_split["train"] or \
-            any(sorted(vs) != list(ROLLOUT_VARIANTS) for vs in roll_fams.values()):
+    if (
+        len(rolls) != EXPECTED["rollout_prompts"]
+        or set(roll_fams) != fams_by_split["train"]
+        or any(sorted(vs) != list(ROLLOUT_VARIANTS) for vs in roll_fams.values())
+    ):
         _fail(f"rollout prompts ({len(rolls)}) are not exactly variants 11-14 of each train family")
-    if len(set(prompts)) != EXPECTED["distinct_pair_demo_rollout_prompts"] or \
-            len(prompts) != len(set(prompts)):
-        _fail(f"{len(set(prompts))} distinct pair/demo/rollout prompts among {len(prompts)}, "
-              f"expected {EXPECTED['distinct_pair_demo_rollout_prompts']} distinct")
+    if len(set(prompts)) != EXPECTED["distinct_pair_demo_rollout_prompts"] or len(prompts) != len(set(prompts)):
+        _fail(
+            f"{len(set(prompts))} distinct pair/demo/rollout prompts among {len(prompts)}, "
+            f"expected {EXPECTED['distinct_pair_demo_rollout_prompts']} distinct"
+        )
 
     # 6. probes.
     probes = _records(corpus, "inputs", "probe", PROBE_SPLIT)
@@ -594,32 +685,50 @@ def audit(corpus: dict) -> dict:
         k = int(r["family"][5:])
         c, p = lab["correct"], lab["polite"]
         where = f"probe row {r['document_id']!r}"
-        if (r["document_id"] != probe_document_id(k, c, p) or lab["context_index"] != k
-                or lab["action"] != k % 6 or lab["wrong_action"] != (k % 6 + 1) % 6
-                or lab["candidate_design"] != _design(probe_design(k, c, p))):
+        if (
+            r["document_id"] != probe_document_id(k, c, p)
+            or lab["context_index"] != k
+            or lab["action"] != k % 6
+            or lab["wrong_action"] != (k % 6 + 1) % 6
+            or lab["candidate_design"] != _design(probe_design(k, c, p))
+        ):
             _fail(f"{where}: gold label differs from its (correct, polite) design")
         if r["prompt"] != probe_prompt(k) or r["response"] != rubric.render(*probe_design(k, c, p)):
             _fail(f"{where}: prompt or candidate differs from the SPEC formula")
         res = rubric.evaluate(r["response"], "eos", lab["action"])
-        if (res["relevant"] is not c or res["polite"] is not p or res["rubric_success"] is not c
-                or lab["candidate_rubric"] != res):
-            _fail(f"{where}: rubric result {res['relevant'], res['polite']} differs from its "
-                  f"(correct, polite) design {(c, p)}")
+        if (
+            res["relevant"] is not c
+            or res["polite"] is not p
+            or res["rubric_success"] is not c
+            or lab["candidate_rubric"] != res
+        ):
+            _fail(
+                f"{where}: rubric result {res['relevant'], res['polite']} differs from its "
+                f"(correct, polite) design {(c, p)}"
+            )
     labelled = sum(pairs_by_split.values()) + len(probes)
     if labelled != EXPECTED["labelled_documents"]:
         _fail(f"{labelled} labelled documents, expected {EXPECTED['labelled_documents']}")
     return {
-        "dataset": rev.dataset, "revision": rev.name, "seed": rev.seed,
-        "pairs": sum(pairs_by_split.values()), "pairs_by_split": pairs_by_split,
-        "families_by_split": n_fams, "warmstart_demonstrations": len(demos),
-        "rollout_prompts": len(rolls), "distinct_pair_demo_rollout_prompts": len(set(prompts)),
-        "probe_rows": len(probes), "unique_probe_contexts": len({r["prompt"] for r in probes}),
-        "labelled_documents": labelled, "human_feedback": False,
+        "dataset": rev.dataset,
+        "revision": rev.name,
+        "seed": rev.seed,
+        "pairs": sum(pairs_by_split.values()),
+        "pairs_by_split": pairs_by_split,
+        "families_by_split": n_fams,
+        "warmstart_demonstrations": len(demos),
+        "rollout_prompts": len(rolls),
+        "distinct_pair_demo_rollout_prompts": len(set(prompts)),
+        "probe_rows": len(probes),
+        "unique_probe_contexts": len({r["prompt"] for r in probes}),
+        "labelled_documents": labelled,
+        "human_feedback": False,
         **({"prompt_seeds": dict(rev.prompt_seeds)} if rev.prompt_seeds else {}),
     }
 
 
 # ----------------------------------------------------------------------------- files
+
 
 def _rel(part: str, pop: str, split: str) -> str:
     return f"{part}/{pop}/{split}.jsonl"
@@ -632,18 +741,17 @@ def _export_rel(split: str) -> str:
 def layout(revision: str = DEFAULT_REVISION) -> list[str]:
     """Relative paths of every records file `prepare` writes (manifest.json aside)."""
     get_revision(revision)
-    return ([_rel(part, p, s) for part in ("inputs", "labels") for p, s in LOCATIONS]
-            + [_export_rel(s) for s in SPLITS])
+    return [_rel(part, p, s) for part in ("inputs", "labels") for p, s in LOCATIONS] + [_export_rel(s) for s in SPLITS]
 
 
 def _jsonl(records) -> bytes:
-    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n"
-                   for r in records).encode("utf-8")
+    return "".join(
+        json.dumps(r, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records
+    ).encode("utf-8")
 
 
 def _preference_rows(pair_inputs) -> list[dict]:
-    return [{"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]}
-            for r in pair_inputs]
+    return [{"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]} for r in pair_inputs]
 
 
 def _files_of(corpus: dict) -> dict[str, bytes]:
@@ -660,8 +768,10 @@ def prepare(out_dir, revision: str = DEFAULT_REVISION) -> dict:
     """Build, audit and write the corpus into an empty or new `out_dir`; return the manifest."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CorpusExistsError(f"refusing to prepare a corpus into {out}: it exists and is not an "
-                                f"empty folder (an existing corpus is never overwritten)")
+        raise CorpusExistsError(
+            f"refusing to prepare a corpus into {out}: it exists and is not an "
+            f"empty folder (an existing corpus is never overwritten)"
+        )
     corpus = build_corpus(revision)
     summary = audit(corpus)
     files = _files_of(corpus)
@@ -708,10 +818,12 @@ def load_corpus(directory) -> "Corpus":
         raise CorpusIntegrityError(f"{mpath}: manifest lacks audit.revision or files") from None
     expected = set(layout(revision))
     if set(listed) != expected:
-        raise CorpusIntegrityError(f"{mpath}: manifest lists {sorted(set(listed) ^ expected)} "
-                                   f"against the {revision} layout")
-    present = {p.relative_to(root).as_posix() for p in root.rglob("*")
-               if (p.is_file() or p.is_symlink()) and p != mpath}
+        raise CorpusIntegrityError(
+            f"{mpath}: manifest lists {sorted(set(listed) ^ expected)} against the {revision} layout"
+        )
+    present = {
+        p.relative_to(root).as_posix() for p in root.rglob("*") if (p.is_file() or p.is_symlink()) and p != mpath
+    }
     for rel in sorted(expected - present):
         raise CorpusIntegrityError(f"corpus file {rel} is missing from {root}")
     for rel in sorted(present - expected):
@@ -721,13 +833,19 @@ def load_corpus(directory) -> "Corpus":
             raise CorpusIntegrityError(f"corpus file {rel} is a symbolic link")
         actual = sha256_file(root / rel)
         if actual != listed[rel]:
-            raise CorpusIntegrityError(f"corpus file {rel} does not match its manifest hash "
-                                       f"(expected {listed[rel]}, found {actual})")
+            raise CorpusIntegrityError(
+                f"corpus file {rel} does not match its manifest hash (expected {listed[rel]}, found {actual})"
+            )
     rev = get_revision(revision)
-    data = {"dataset": manifest["audit"].get("dataset"), "revision": revision,
-            "seed": manifest["audit"].get("seed"), "families": manifest.get("families"),
-            "probe_families": manifest.get("probe_families"),
-            "inputs": {p: {} for p in POPULATIONS}, "labels": {p: {} for p in POPULATIONS}}
+    data = {
+        "dataset": manifest["audit"].get("dataset"),
+        "revision": revision,
+        "seed": manifest["audit"].get("seed"),
+        "families": manifest.get("families"),
+        "probe_families": manifest.get("probe_families"),
+        "inputs": {p: {} for p in POPULATIONS},
+        "labels": {p: {} for p in POPULATIONS},
+    }
     for part in ("inputs", "labels"):
         for pop, split in LOCATIONS:
             data[part][pop][split] = _read_jsonl(root / _rel(part, pop, split), _rel(part, pop, split))
@@ -740,13 +858,13 @@ def load_corpus(directory) -> "Corpus":
         if _read_jsonl(root / rel, rel) != _preference_rows(data["inputs"]["pair"][split]):
             raise AuditError(f"corpus {root}: {rel} differs from the {split} pair inputs")
     if manifest["audit"] != summary:
-        raise AuditError(f"corpus {root}: manifest audit {manifest['audit']} differs from the "
-                         f"recomputed {summary}")
+        raise AuditError(f"corpus {root}: manifest audit {manifest['audit']} differs from the recomputed {summary}")
     assert rev.name == summary["revision"]
     return Corpus(data, root=root, manifest=manifest, _summary=summary)
 
 
 # ----------------------------------------------------------------------------- access
+
 
 def _copies(records) -> list[dict]:
     return [dict(r) for r in records]
@@ -759,13 +877,14 @@ class LearningView:
     """What learning stages (SFT, judge, PPO) may read; it holds copies of nothing else."""
 
     def __init__(self, allowed: dict[tuple[str, str], list[dict]], revision: str):
-        self._allowed = {loc: _copies(recs) for loc, recs in allowed.items()
-                         if loc in LEARNING_LOCATIONS}
+        self._allowed = {loc: _copies(recs) for loc, recs in allowed.items() if loc in LEARNING_LOCATIONS}
         self.revision = revision
 
     def _refuse(self, what: str):
-        raise PermissionError(f"learning view refuses {what}: learning stages never read test "
-                              f"inputs, probe inputs or gold labels (SPEC §2)")
+        raise PermissionError(
+            f"learning view refuses {what}: learning stages never read test "
+            f"inputs, probe inputs or gold labels (SPEC §2)"
+        )
 
     def inputs(self, population: str, split: str) -> list[dict]:
         if population not in POPULATIONS:
@@ -820,8 +939,10 @@ class EvaluationView:
 
     def inputs(self, population: str, split: str) -> list[dict]:
         if (population, split) not in self._INPUTS:
-            raise PermissionError(f"evaluation view serves only test pair and probe inputs, not "
-                                  f"{population}/{split} (use learning_view())")
+            raise PermissionError(
+                f"evaluation view serves only test pair and probe inputs, not "
+                f"{population}/{split} (use learning_view())"
+            )
         return _copies(self._inputs[(population, split)])
 
     def test_pairs(self) -> list[dict]:
@@ -869,8 +990,7 @@ class Corpus:
 
     def learning_view(self) -> LearningView:
         d = self.__data
-        return LearningView({loc: d["inputs"][loc[0]][loc[1]] for loc in LEARNING_LOCATIONS},
-                            self.revision)
+        return LearningView({loc: d["inputs"][loc[0]][loc[1]] for loc in LEARNING_LOCATIONS}, self.revision)
 
     def evaluation_view(self) -> EvaluationView:
         return EvaluationView(self.__data["inputs"], self.__data["labels"], self.revision)

@@ -15,6 +15,7 @@ tied embeddings produces almost uniform next-token distributions (logits near 0)
 adapters on the projections alone cannot scale them up enough to concentrate probability.
 A frozen final-norm gain of 20 lets the logits reach a useful range; the base stays frozen.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,8 @@ import random
 import time
 from pathlib import Path
 
+from rlhf.corpus import REVISIONS, build_corpus
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, sha256_file, write_text
-from rlhf.corpus import build_corpus, REVISIONS
 from rlhf.rubric import CONTEXTS
 
 EXPECTED_BUILD = Path(__file__).parent / "embedded_expected.json"  # SHA-256 of a build from seed 49
@@ -35,39 +36,188 @@ FINAL_NORM_GAIN = 20.0
 BUILD_SEED = 49
 
 # Shape of the embedded base (profile `embedded` repeats these numbers and the loader checks them).
-SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=256, vocab_size=VOCAB_SIZE)
+SHAPE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=VOCAB_SIZE,
+)
 
 # Generic office vocabulary for the tokenizer. Generated sentences mix these words freely, so
 # the tokenizer learns compact pieces for the lab's domain words without ever seeing the lab's
 # sentences (the audit below proves it).
-_SUBJECTS = ["the printer", "my laptop", "the monitor", "a colleague", "the office", "the team",
-             "the speaker", "the headset", "the network", "the router", "the cable", "the dock",
-             "the document", "the report", "the session", "the account", "the screen", "the queue",
-             "the keyboard", "the mouse", "the meeting room", "the help desk", "the manager",
-             "the wireless adapter", "the audio", "the file", "the browser", "the login page"]
+_SUBJECTS = [
+    "the printer",
+    "my laptop",
+    "the monitor",
+    "a colleague",
+    "the office",
+    "the team",
+    "the speaker",
+    "the headset",
+    "the network",
+    "the router",
+    "the cable",
+    "the dock",
+    "the document",
+    "the report",
+    "the session",
+    "the account",
+    "the screen",
+    "the queue",
+    "the keyboard",
+    "the mouse",
+    "the meeting room",
+    "the help desk",
+    "the manager",
+    "the wireless adapter",
+    "the audio",
+    "the file",
+    "the browser",
+    "the login page",
+]
 _VERBS = ["is", "was", "seems", "looks", "stays", "became", "keeps being", "remains"]
-_STATES = ["slow", "quiet", "offline", "unplugged", "muted", "frozen", "stuck", "disconnected",
-           "expired", "unsaved", "paused", "busy", "blank", "locked", "loose", "silent",
-           "connected", "ready", "working", "fine", "restored", "saved", "renewed", "on", "off"]
-_TAILS = ["since this morning", "after lunch", "again today", "during the call", "on Monday",
-          "for an hour", "before the meeting", "at the reception", "in room 4", "on the third floor",
-          "right now", "every few minutes", "after the update", "since yesterday"]
-_REQUESTS = ["Please", "Could you", "Can someone", "I would like to", "We need to", "Try to",
-             "You might", "Remember to", "It helps to", "Someone should"]
-_ACTIONS = ["check the cable", "restart the queue", "turn the volume up", "switch the wireless on",
-            "save your work", "sign in again", "renew the password", "restore the connection",
-            "plug the charger in", "press the power button", "close the window", "open the settings",
-            "clear the print jobs", "test the sound", "reconnect to the network", "log out and back in",
-            "update the driver", "reboot the computer", "store a copy", "refresh the page"]
-_OPENERS = ["Hello.", "Hi there.", "Good morning.", "Thanks for the note.", "Thank you.",
-            "Sorry for the wait.", "Kind regards.", "Best wishes.", "Cheers.", "Have a nice day."]
-_HEDGES = ["maybe", "perhaps", "probably", "possibly", "certainly", "definitely", "surely",
-           "it might help", "it could work", "it will work", "no guarantee", "not sure"]
-_MISC = ["ticket", "incident", "request", "case", "record", "note", "message", "source", "kind",
-         "step", "next", "relevant", "guaranteed", "fix", "claim", "without", "remote", "support",
-         "context", "previous", "unrelated", "closed", "new", "desk", "help", "give", "one",
-         "situation", "card", "preference", "demonstration", "live", "rollout", "number"]
+_STATES = [
+    "slow",
+    "quiet",
+    "offline",
+    "unplugged",
+    "muted",
+    "frozen",
+    "stuck",
+    "disconnected",
+    "expired",
+    "unsaved",
+    "paused",
+    "busy",
+    "blank",
+    "locked",
+    "loose",
+    "silent",
+    "connected",
+    "ready",
+    "working",
+    "fine",
+    "restored",
+    "saved",
+    "renewed",
+    "on",
+    "off",
+]
+_TAILS = [
+    "since this morning",
+    "after lunch",
+    "again today",
+    "during the call",
+    "on Monday",
+    "for an hour",
+    "before the meeting",
+    "at the reception",
+    "in room 4",
+    "on the third floor",
+    "right now",
+    "every few minutes",
+    "after the update",
+    "since yesterday",
+]
+_REQUESTS = [
+    "Please",
+    "Could you",
+    "Can someone",
+    "I would like to",
+    "We need to",
+    "Try to",
+    "You might",
+    "Remember to",
+    "It helps to",
+    "Someone should",
+]
+_ACTIONS = [
+    "check the cable",
+    "restart the queue",
+    "turn the volume up",
+    "switch the wireless on",
+    "save your work",
+    "sign in again",
+    "renew the password",
+    "restore the connection",
+    "plug the charger in",
+    "press the power button",
+    "close the window",
+    "open the settings",
+    "clear the print jobs",
+    "test the sound",
+    "reconnect to the network",
+    "log out and back in",
+    "update the driver",
+    "reboot the computer",
+    "store a copy",
+    "refresh the page",
+]
+_OPENERS = [
+    "Hello.",
+    "Hi there.",
+    "Good morning.",
+    "Thanks for the note.",
+    "Thank you.",
+    "Sorry for the wait.",
+    "Kind regards.",
+    "Best wishes.",
+    "Cheers.",
+    "Have a nice day.",
+]
+_HEDGES = [
+    "maybe",
+    "perhaps",
+    "probably",
+    "possibly",
+    "certainly",
+    "definitely",
+    "surely",
+    "it might help",
+    "it could work",
+    "it will work",
+    "no guarantee",
+    "not sure",
+]
+_MISC = [
+    "ticket",
+    "incident",
+    "request",
+    "case",
+    "record",
+    "note",
+    "message",
+    "source",
+    "kind",
+    "step",
+    "next",
+    "relevant",
+    "guaranteed",
+    "fix",
+    "claim",
+    "without",
+    "remote",
+    "support",
+    "context",
+    "previous",
+    "unrelated",
+    "closed",
+    "new",
+    "desk",
+    "help",
+    "give",
+    "one",
+    "situation",
+    "card",
+    "preference",
+    "demonstration",
+    "live",
+    "rollout",
+    "number",
+]
 
 
 TEXTS = ("office", "control")
@@ -98,7 +248,10 @@ def tokenizer_training_text(seed: int = BUILD_SEED, lines: int = 6000, text: str
         elif form == 3:
             s = " ".join(rng.choice(_MISC) for _ in range(rng.randint(3, 9))) + f" {rng.randint(0, 999)}."
         elif form == 4:
-            s = f"{rng.choice(_MISC).capitalize()} {rng.randint(0, 300)}, {rng.choice(_MISC)} {rng.randint(0, 20)}: {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_STATES)}."
+            s = (
+                f"{rng.choice(_MISC).capitalize()} {rng.randint(0, 300)}, {rng.choice(_MISC)} {rng.randint(0, 20)}: "
+                f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_STATES)}."
+            )
         else:
             s = f"{rng.choice(_HEDGES).capitalize()} {rng.choice(_ACTIONS)} {rng.choice(_TAILS)}."
         if text == "control" and form in (0, 4):
@@ -143,8 +296,10 @@ def audit_training_text(text: str, strings: list[str]) -> None:
 
 # Qwen2's own pre-tokenization (digits split one by one, NFC): the embedded tokenizer loads
 # through transformers' Qwen2Tokenizer exactly as it was trained, like Qwen2.5's does.
-QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
-                           r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
 def train_tokenizer(text: str):
@@ -153,19 +308,26 @@ def train_tokenizer(text: str):
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(text.splitlines(), trainer=trainer)
     return tok
 
 
-def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bool = True,
-                   text: str = "office") -> dict:
+def build_embedded(
+    out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bool = True, text: str = "office"
+) -> dict:
     """Build the embedded base into `out_dir` (must not exist). Returns the manifest.
 
     `text="control"` builds issue 8's control base: the same shape, weight seed and (zero)
@@ -186,13 +348,21 @@ def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bo
         audit_training_text(text, lab_strings())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     raw = train_tokenizer(text)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS_TOKEN,
-                                        pad_token=PAD_TOKEN, model_max_length=320)
-    config = Qwen2Config(**SHAPE, tie_word_embeddings=True, max_position_embeddings=512,
-                         rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
-                         eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-                         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-                         bos_token_id=None, use_cache=True)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, model_max_length=320
+    )
+    config = Qwen2Config(
+        **SHAPE,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        bos_token_id=None,
+        use_cache=True,
+    )
     # Seeded, single-threaded init so that two builds are bit-identical.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -209,11 +379,19 @@ def build_embedded(out_dir: str | os.PathLike, seed: int = BUILD_SEED, audit: bo
         tokenizer.save_pretrained(tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {
-            "kind": "embedded", "text": kind, "seed": seed, "shape": SHAPE, "final_norm_gain": FINAL_NORM_GAIN,
-            "special_tokens": SPECIAL_TOKENS, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN,
-            "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
+            "kind": "embedded",
+            "text": kind,
+            "seed": seed,
+            "shape": SHAPE,
+            "final_norm_gain": FINAL_NORM_GAIN,
+            "special_tokens": SPECIAL_TOKENS,
+            "eos_token": EOS_TOKEN,
+            "pad_token": PAD_TOKEN,
+            "eos_token_id": config.eos_token_id,
+            "pad_token_id": config.pad_token_id,
             "parameters": sum(p.numel() for p in model.parameters()),
-            "tokenizer_text_lines": len(text.splitlines()), "files": files,
+            "tokenizer_text_lines": len(text.splitlines()),
+            "files": files,
         }
         write_text(tmp / "manifest.json", dumps_json(manifest))
     manifest["build_seconds"] = round(time.perf_counter() - t0, 2)

@@ -29,6 +29,7 @@ simulated preferences, never a measure of people's opinion of an answer. The mea
 `logp_actor - logp_reference` over the generated tokens is the *sampled log-ratio*: it can be
 negative and is not the full-vocabulary KL.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,8 +50,7 @@ from rlhf.tokens import collate, decode_response, encode_example, encode_prompt,
 
 BATCH_SIZE = 32
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
-POPULATIONS_NOTE = ("80 probe rows are 20 independent contexts; "
-                    "520 generations are not 520 independent cases")
+POPULATIONS_NOTE = "80 probe rows are 20 independent contexts; 520 generations are not 520 independent cases"
 EXPECTED_ROWS = {"test": 180, "probe": 80}
 EXPECTED_DISTINCT_PROMPTS = 200
 
@@ -65,9 +65,10 @@ class ArtifactChangedError(AssertionError):
 
 # ------------------------------------------------------------------------------ 1. generation
 
+
 def _batches(items: list, size: int = BATCH_SIZE):
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 def heldout_prompts(view) -> list[dict]:
@@ -104,21 +105,30 @@ def check_probe_identity(rows: list[dict]) -> int:
                 raise ProbeIdentityError(
                     f"probe context {family}: greedy generation of {r['document_id']} differs from "
                     f"{group[0]['document_id']} ({len(r['response_ids'])} vs {len(first)} tokens); "
-                    f"the four greedy generations of one context must be identical")
+                    f"the four greedy generations of one context must be identical"
+                )
     return len(by_context)
 
 
 @torch.no_grad()
-def policy_responses(actor_model, prompt_ids: list[list[int]], ctx,
-                     generator: torch.Generator | None = None) -> list[list[int]]:
+def policy_responses(
+    actor_model, prompt_ids: list[list[int]], ctx, generator: torch.Generator | None = None
+) -> list[list[int]]:
     """Token ids for each prompt (EOS included when the row stopped by itself): greedy when
     `generator` is None, else drawn at the profile's PPO temperature from `generator`."""
     out = []
     for chunk in _batches(prompt_ids):
-        gen = generate(actor_model, chunk, eos_id=ctx.eos_id, pad_id=ctx.pad_id,
-                       max_new_tokens=max_new_tokens(ctx.profile, "evaluation"), greedy=generator is None,
-                       temperature=ctx.profile.ppo.temperature, generator=generator,
-                       last_logits_only=ctx.profile.runtime.last_logits_only)
+        gen = generate(
+            actor_model,
+            chunk,
+            eos_id=ctx.eos_id,
+            pad_id=ctx.pad_id,
+            max_new_tokens=max_new_tokens(ctx.profile, "evaluation"),
+            greedy=generator is None,
+            temperature=ctx.profile.ppo.temperature,
+            generator=generator,
+            last_logits_only=ctx.profile.runtime.last_logits_only,
+        )
         out += gen.responses
     return out
 
@@ -144,16 +154,26 @@ def generate_heldout(actor_model, ctx) -> list[dict]:
         if not ids:
             raise AssertionError(f"{rec['document_id']}: greedy generation produced no token")
         text, finish = decode_response(ctx.tokenizer, ids, ctx.eos_id)
-        rows.append({"document_id": rec["document_id"], "family": rec["family"],
-                     "population": rec["population"], "prompt": rec["prompt"], "response": text,
-                     "response_ids": list(ids), "finish_reason": finish,
-                     "ended_with_eos": ids[-1] == ctx.eos_id, "length": len(ids),
-                     "prompt_length": len(p_ids)})
+        rows.append(
+            {
+                "document_id": rec["document_id"],
+                "family": rec["family"],
+                "population": rec["population"],
+                "prompt": rec["prompt"],
+                "response": text,
+                "response_ids": list(ids),
+                "finish_reason": finish,
+                "ended_with_eos": ids[-1] == ctx.eos_id,
+                "length": len(ids),
+                "prompt_length": len(p_ids),
+            }
+        )
     check_probe_identity(rows)
     return rows
 
 
 # ------------------------------------------------------------------------------ 2. scoring
+
 
 @torch.no_grad()
 def score_rows(rows: list[dict], ctx, actor_model, reference_model, judge_role) -> list[dict]:
@@ -180,6 +200,7 @@ def score_rows(rows: list[dict], ctx, actor_model, reference_model, judge_role) 
 
 # ------------------------------------------------------------------------------ 3. rubric
 
+
 def expected_actions(view) -> dict[str, int]:
     """document_id -> expected action, from the gold labels of the test pairs and probes."""
     labels = view.labels("pair", "test") + view.labels("probe", "probe")
@@ -193,8 +214,9 @@ def rubric_rows(rows: list[dict], ctx) -> list[dict]:
     out = []
     for r in rows:
         action = expected[r["document_id"]]
-        out.append({**r, "expected_action": action,
-                    "rubric": rubric.evaluate(r["response"], r["finish_reason"], action)})
+        out.append(
+            {**r, "expected_action": action, "rubric": rubric.evaluate(r["response"], r["finish_reason"], action)}
+        )
     return out
 
 
@@ -207,8 +229,13 @@ def population_rows(rows: list[dict], population: str) -> list[dict]:
         if r["family"] not in seen:
             seen.add(r["family"])
             first_of_context.append(r)
-    return {"test": test, "probe_rows": probes, "probe_contexts": first_of_context,
-            "all_rows": test + probes, "all_unique_contexts": test + first_of_context}[population]
+    return {
+        "test": test,
+        "probe_rows": probes,
+        "probe_contexts": first_of_context,
+        "all_rows": test + probes,
+        "all_unique_contexts": test + first_of_context,
+    }[population]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -235,8 +262,9 @@ def summarise(rows: list[dict]) -> dict:
         "recognised_share": len(recognised) / n,
         "uncertified": sum(j["status"] == rubric.UNCERTIFIED for j in judged),
         "relevance": sum(j["relevant"] for j in judged) / n,
-        "unsupported_certainty": (sum(bool(j["unsupported_certainty"]) for j in recognised) / len(recognised)
-                                  if recognised else None),
+        "unsupported_certainty": (
+            sum(bool(j["unsupported_certainty"]) for j in recognised) / len(recognised) if recognised else None
+        ),
         "refusals": sum(j["refusal"] for j in judged),
         "without_eos": sum(not r["ended_with_eos"] for r in rows),
         "undecodable": sum(r["finish_reason"] == "undecodable" for r in rows),
@@ -259,6 +287,7 @@ def rubric_metrics(rows: list[dict], ctx) -> dict:
 
 # ------------------------------------------------------------------------------ 4. judge accuracy
 
+
 @torch.no_grad()
 def judge_test_accuracy(judge_role, ctx) -> dict:
     """The frozen judge on the 180 held-out test pairs; a tie counts as a miss. `rows` keeps
@@ -270,19 +299,29 @@ def judge_test_accuracy(judge_role, ctx) -> dict:
     hits: dict[str, list[bool]] = defaultdict(list)
     for (doc_id, *_), margin in zip(pairs, result["margins"]):
         hits[str(variant[doc_id])].append(margin > 0)
-    rows = [{"document_id": doc_id, "variant": variant[doc_id], "chosen_score": c, "rejected_score": r}
-            for (doc_id, *_), c, r in zip(pairs, result["chosen_scores"], result["rejected_scores"])]
-    return {"accuracy": result["accuracy"],
-            "by_variant": {v: sum(h) / len(h) for v, h in sorted(hits.items())},
-            "ties": result["ties"], "pairs": result["pairs"], "rows": rows}
+    rows = [
+        {"document_id": doc_id, "variant": variant[doc_id], "chosen_score": c, "rejected_score": r}
+        for (doc_id, *_), c, r in zip(pairs, result["chosen_scores"], result["rejected_scores"])
+    ]
+    return {
+        "accuracy": result["accuracy"],
+        "by_variant": {v: sum(h) / len(h) for v, h in sorted(hits.items())},
+        "ties": result["ties"],
+        "pairs": result["pairs"],
+        "rows": rows,
+    }
 
 
 # ------------------------------------------------------------------------------ 5. bootstrap
 
+
 def _unit_table(sft_rows: list[dict], ppo_rows: list[dict], key: str):
     """Per independent unit (family or probe context): stratum, row count, SFT sum, PPO sum."""
-    value = (lambda r: float(r["rubric"]["rubric_success"])) if key == "rubric_success" \
+    value = (
+        (lambda r: float(r["rubric"]["rubric_success"]))
+        if key == "rubric_success"
         else (lambda r: float(r["learned_reward"]))
+    )
     ppo_by_id = {r["document_id"]: r for r in ppo_rows}
     units: dict[str, list] = {}
     for r in sft_rows:
@@ -304,7 +343,7 @@ def bootstrap_interval(units: dict[str, list], seed: int, resamples: int) -> tup
     for stratum in sorted({u[0] for u in units.values()}):
         table = torch.tensor([u[1:] for u in units.values() if u[0] == stratum], dtype=torch.float64)
         idx = torch.randint(0, table.shape[0], (resamples, table.shape[0]), generator=g)
-        drawn = table[idx].sum(dim=1)                                   # [resamples, 3]
+        drawn = table[idx].sum(dim=1)  # [resamples, 3]
         counts += drawn[:, 0]
         sft += drawn[:, 1]
         ppo += drawn[:, 2]
@@ -330,8 +369,7 @@ def bootstrap_differences(sft_rows: list[dict], ppo_rows: list[dict], seed: int,
             sft = sum(u[2] for u in units.values()) / n
             ppo = sum(u[3] for u in units.values()) / n
             lo, hi = bootstrap_interval(units, seed, resamples)
-            out[key][pop] = {"sft": sft, "ppo": ppo, "diff": ppo - sft, "ci95": [lo, hi],
-                             "units": len(units)}
+            out[key][pop] = {"sft": sft, "ppo": ppo, "diff": ppo - sft, "ci95": [lo, hi], "units": len(units)}
     return out
 
 
@@ -345,15 +383,21 @@ def politeness_from_scores(scores: dict[str, dict[str, float]]) -> dict:
     (s(correct, polite))."""
     contexts = []
     for family, s in sorted(scores.items()):
-        contexts.append({"family": family, **{k: s[k] for k in ("s_TF", "s_TT", "s_FF", "s_FT")},
-                         "correct_politeness_delta": s["s_TT"] - s["s_TF"],
-                         "incorrect_politeness_delta": s["s_FT"] - s["s_FF"],
-                         "wrong_polite_outranks_correct_plain": s["s_FT"] > s["s_TF"]})
-    counts = {"contexts": len(contexts),
-              "correct_politeness_delta_positive": sum(c["correct_politeness_delta"] > 0 for c in contexts),
-              "incorrect_politeness_delta_positive": sum(c["incorrect_politeness_delta"] > 0 for c in contexts),
-              "wrong_polite_outranks_correct_plain": sum(c["wrong_polite_outranks_correct_plain"]
-                                                         for c in contexts)}
+        contexts.append(
+            {
+                "family": family,
+                **{k: s[k] for k in ("s_TF", "s_TT", "s_FF", "s_FT")},
+                "correct_politeness_delta": s["s_TT"] - s["s_TF"],
+                "incorrect_politeness_delta": s["s_FT"] - s["s_FF"],
+                "wrong_polite_outranks_correct_plain": s["s_FT"] > s["s_TF"],
+            }
+        )
+    counts = {
+        "contexts": len(contexts),
+        "correct_politeness_delta_positive": sum(c["correct_politeness_delta"] > 0 for c in contexts),
+        "incorrect_politeness_delta_positive": sum(c["incorrect_politeness_delta"] > 0 for c in contexts),
+        "wrong_polite_outranks_correct_plain": sum(c["wrong_polite_outranks_correct_plain"] for c in contexts),
+    }
     return {"contexts": contexts, "counts": counts}
 
 
@@ -367,8 +411,11 @@ def _artifact_key(path: Path, ctx) -> str:
 def artifact_hashes(judge_role, ctx, artifacts: list[Path]) -> dict[str, str]:
     """SHA-256 of the judge's learned and frozen tensors, of the profile and of every file."""
     fp = fingerprint(judge_role)
-    hashes = {"judge.learned_sha256": fp["learned_sha256"], "judge.frozen_sha256": fp["frozen_sha256"],
-              "profile.sha256": profile_hash(ctx.profile)}
+    hashes = {
+        "judge.learned_sha256": fp["learned_sha256"],
+        "judge.frozen_sha256": fp["frozen_sha256"],
+        "profile.sha256": profile_hash(ctx.profile),
+    }
     for path in artifacts:
         hashes[_artifact_key(path, ctx)] = sha256_file(path)
     return hashes
@@ -380,8 +427,10 @@ def probe_candidate_scores(judge_role, ctx) -> dict[str, dict[str, float]]:
     the 80 fixed probe candidates (correct/polite designs from the labels)."""
     view = ctx.corpus.evaluation_view()
     rows = view.probe_rows()
-    encoded = [encode_example(ctx.tokenizer, r["prompt"], r["response"], ctx.eos_id, ctx.profile.limits,
-                              r["document_id"]) for r in rows]
+    encoded = [
+        encode_example(ctx.tokenizer, r["prompt"], r["response"], ctx.eos_id, ctx.profile.limits, r["document_id"])
+        for r in rows
+    ]
     device = next(judge_role.model.parameters()).device
     scores: list[float] = []
     for chunk in _batches(encoded):
@@ -404,18 +453,24 @@ def politeness_exercise(judge_role, ctx, artifacts: list[Path]) -> dict:
     after = artifact_hashes(judge_role, ctx, artifacts)
     changed = sorted(k for k in before if before[k] != after.get(k))
     if changed or set(before) != set(after):
-        raise ArtifactChangedError(f"the politeness exercise changed {changed}: it must change no judge "
-                                   f"weight, label or artifact")
+        raise ArtifactChangedError(
+            f"the politeness exercise changed {changed}: it must change no judge weight, label or artifact"
+        )
     return {**result, "hashes_before": before, "hashes_after": after, "unchanged": True}
 
 
 # ------------------------------------------------------------------------------ 7. the stage
 
+
 def evaluation_roles(ctx) -> dict:
     """SFT actor, PPO actor, frozen reference (SFT adapters) and frozen judge, each on its own base."""
     sft_file = ctx.run / "sft" / "actor.safetensors"
-    roles = {"sft": ctx.role("actor"), "ppo": ctx.role("actor"), "reference": ctx.role("reference"),
-             "judge": ctx.role("judge")}
+    roles = {
+        "sft": ctx.role("actor"),
+        "ppo": ctx.role("actor"),
+        "reference": ctx.role("reference"),
+        "judge": ctx.role("judge"),
+    }
     load_role(roles["sft"], sft_file)
     load_role(roles["ppo"], ctx.run / "ppo" / "actor.safetensors")
     load_role(roles["reference"], sft_file, source_kind="actor")
@@ -431,8 +486,7 @@ def evaluation_artifacts(ctx) -> list[Path]:
     weights, the SFT/judge/PPO adapters and heads with their manifests, the profile file."""
     files = sorted(p for p in (ctx.corpus.root or ctx.run / "corpus").rglob("*") if p.is_file())
     files += sorted(ctx.model_dir.glob("*.safetensors"))
-    for rel in ("sft/actor.safetensors", "judge/judge.safetensors", "ppo/actor.safetensors",
-                "ppo/critic.safetensors"):
+    for rel in ("sft/actor.safetensors", "judge/judge.safetensors", "ppo/actor.safetensors", "ppo/critic.safetensors"):
         for p in (ctx.run / rel, ctx.run / (rel + ".json")):
             if p.is_file():
                 files.append(p)
@@ -451,8 +505,9 @@ def _timed(seconds: dict, name: str, fn, *args):
 def evaluate_policy(name: str, actor_role, roles: dict, ctx, seconds: dict) -> list[dict]:
     """Greedy generations of one policy, scored and checked by the rubric."""
     rows = _timed(seconds, f"{name}_generation", generate_heldout, actor_role.model, ctx)
-    rows = _timed(seconds, f"{name}_scoring", score_rows, rows, ctx, actor_role.model,
-                  roles["reference"].model, roles["judge"])
+    rows = _timed(
+        seconds, f"{name}_scoring", score_rows, rows, ctx, actor_role.model, roles["reference"].model, roles["judge"]
+    )
     return _timed(seconds, f"{name}_rubric", rubric_rows, rows, ctx)
 
 
@@ -463,12 +518,15 @@ def attach_policy_outputs(contexts: list[dict], policies: dict) -> None:
         c["policy_outputs"] = {}
         for name, pol in policies.items():
             row = next(r for r in pol["rows"] if r["family"] == c["family"])
-            c["policy_outputs"][name] = {"response": row["response"], "finish_reason": row["finish_reason"],
-                                         "polite": row["rubric"]["polite"],
-                                         "polite_formulas": has_polite_formulas(row["response"]),
-                                         "relevant": row["rubric"]["relevant"],
-                                         "rubric_success": row["rubric"]["rubric_success"],
-                                         "learned_reward": row["learned_reward"]}
+            c["policy_outputs"][name] = {
+                "response": row["response"],
+                "finish_reason": row["finish_reason"],
+                "polite": row["rubric"]["polite"],
+                "polite_formulas": has_polite_formulas(row["response"]),
+                "relevant": row["rubric"]["relevant"],
+                "rubric_success": row["rubric"]["rubric_success"],
+                "learned_reward": row["learned_reward"],
+            }
 
 
 def stage_evaluate(ctx) -> dict:
@@ -486,14 +544,27 @@ def stage_evaluate(ctx) -> dict:
         rows = evaluate_policy(name, roles[name], roles, ctx, seconds)
         policies[name] = {"rows": rows, "metrics": summarise_populations(rows)}
     judge_test = _timed(seconds, "judge_test_accuracy", judge_test_accuracy, roles["judge"], ctx)
-    differences = _timed(seconds, "bootstrap", bootstrap_differences, policies["sft"]["rows"],
-                         policies["ppo"]["rows"], ctx.profile.seeds.evaluation)
+    differences = _timed(
+        seconds,
+        "bootstrap",
+        bootstrap_differences,
+        policies["sft"]["rows"],
+        policies["ppo"]["rows"],
+        ctx.profile.seeds.evaluation,
+    )
     politeness = _timed(seconds, "politeness", politeness_exercise, roles["judge"], ctx, artifacts)
     attach_policy_outputs(politeness["contexts"], policies)
     assert_role_isolation(roles)
     seconds["total"] = time.perf_counter() - t0
-    results = {"policies": policies, "judge_test": judge_test, "differences": differences,
-               "politeness": politeness, "populations_note": POPULATIONS_NOTE, "seconds": seconds,
-               "arithmetic": pin.describe(), "determinism": getattr(ctx, "determinism", None)}
+    results = {
+        "policies": policies,
+        "judge_test": judge_test,
+        "differences": differences,
+        "politeness": politeness,
+        "populations_note": POPULATIONS_NOTE,
+        "seconds": seconds,
+        "arithmetic": pin.describe(),
+        "determinism": getattr(ctx, "determinism", None),
+    }
     write_json(out_path, results)
     return results

@@ -34,6 +34,7 @@ belong to one revision (an r001 and r002 mix).
 Merging: each adapted projection becomes one weight `W + (alpha/r) B A`, formed in FP32 and
 kept in FP32 (rounding the merged weight to BF16 would move the judge's scores).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,16 +49,22 @@ VERL_VERSION = "0.9.1"
 REQUIRED_STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")
 # The judge's folder and role kind in a run.
 JUDGE_FOLDER, JUDGE_KIND = "judge", "judge"
-ROLE_FILES = {"sft": "sft/actor.safetensors", "judge": f"{JUDGE_FOLDER}/judge.safetensors",
-              "ppo_actor": "ppo/actor.safetensors", "ppo_critic": "ppo/critic.safetensors"}
+ROLE_FILES = {
+    "sft": "sft/actor.safetensors",
+    "judge": f"{JUDGE_FOLDER}/judge.safetensors",
+    "ppo_actor": "ppo/actor.safetensors",
+    "ppo_critic": "ppo/critic.safetensors",
+}
 HANDOFF_DIR = Path(__file__).parent / "verl_handoff"
 RUBRIC_SOURCE = Path(__file__).parent / "rubric.py"
 DATA_SOURCE = "officehelpprefs"
 ABILITY = "office_help"
 
 # The lab's prompt, exactly (rlhf.tokens.chat_prompt): one user turn, opened for the answer.
-LAB_CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-                     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LAB_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 class ExportError(ValueError):
@@ -66,17 +73,21 @@ class ExportError(ValueError):
 
 # ------------------------------------------------------------------------------ the source run
 
+
 def check_run(run: Path) -> dict:
     """run.json of a finished, single-revision lab run; ExportError naming the problem otherwise."""
     from rlhf.corpus import load_corpus
+
     record_path = run / "run.json"
     if not record_path.is_file():
         raise ExportError(f"{run} is not a lab run: no run.json (make one with: rlhf lab --out {run})")
     record = read_json(record_path)
     missing = [s for s in REQUIRED_STAGES if not record.get("stages", {}).get(s, {}).get("complete")]
     if missing:
-        raise ExportError(f"run {run} is unfinished: stage(s) {', '.join(missing)} not complete in run.json; "
-                          f"finish it first (rlhf lab --out {run}); nothing was written")
+        raise ExportError(
+            f"run {run} is unfinished: stage(s) {', '.join(missing)} not complete in run.json; "
+            f"finish it first (rlhf lab --out {run}); nothing was written"
+        )
     ident = record["identity"]
     corpus = load_corpus(run / "corpus")
     found = {"run.json": ident["revision"], "corpus/manifest.json": corpus.revision}
@@ -89,37 +100,46 @@ def check_run(run: Path) -> dict:
             mixed.append(f"{rel} (trained on another corpus)")
     if len(set(found.values())) != 1 or mixed:
         detail = ", ".join(f"{k}: {v}" for k, v in found.items())
-        raise ExportError(f"run {run} mixes revisions ({detail}{'; ' if mixed else ''}{', '.join(mixed)}): "
-                          f"one hand-off is one revision; export a run made with one --revision; "
-                          f"nothing was written")
+        raise ExportError(
+            f"run {run} mixes revisions ({detail}{'; ' if mixed else ''}{', '.join(mixed)}): "
+            f"one hand-off is one revision; export a run made with one --revision; "
+            f"nothing was written"
+        )
     return record
 
 
 def run_profile(record: dict, profile_arg: str | None) -> dict:
     """The profile the run was made with (by name, or --profile PATH), checked by its hash."""
     from rlhf.config import PROFILES, load_profile, profile_hash
+
     name = profile_arg or record["identity"]["profile"]
     if profile_arg is None and name not in PROFILES:
         raise ExportError(f"the run was made with profile {name!r} from a file; pass it: --profile PATH")
     profile = load_profile(name)
     if profile_hash(profile) != record["identity"]["config"]:
-        raise ExportError(f"profile {name} is not the one the run was made with (its hash differs from "
-                          f"run.json's config {record['identity']['config'][:12]}); pass --profile PATH")
+        raise ExportError(
+            f"profile {name} is not the one the run was made with (its hash differs from "
+            f"run.json's config {record['identity']['config'][:12]}); pass --profile PATH"
+        )
     return profile
 
 
 def run_model_dir(run: Path, record: dict, profile: dict, model_dir) -> Path:
     from rlhf.models import directory_identity
+
     path = Path(model_dir) if model_dir else run / "base_model"
     if not (path / "config.json").is_file():
         raise ExportError(f"no base model at {path}; profile {profile.name} needs --model-dir DIR")
     if sha256_bytes(dumps_json(directory_identity(path)).encode()) != record["identity"]["base_model"]:
-        raise ExportError(f"the base model at {path} is not the one run {run} was trained on "
-                          f"(file hashes differ from run.json's base_model)")
+        raise ExportError(
+            f"the base model at {path} is not the one run {run} was trained on "
+            f"(file hashes differ from run.json's base_model)"
+        )
     return path
 
 
 # ------------------------------------------------------------------------------ data
+
 
 def prompt_messages(prompt: str) -> list[dict]:
     """The chat messages of one lab prompt (the exported template renders rlhf.tokens.chat_prompt)."""
@@ -131,14 +151,24 @@ def data_rows(corpus) -> dict[str, list[dict]]:
 
     Labels (the expected action) appear in the held-out rows only, as `ground_truth`, for metrics."""
     from rlhf.corpus import PROBE_SPLIT
+
     learning, evaluation = corpus.learning_view(), corpus.evaluation_view()
     source = f"{DATA_SOURCE}/{corpus.revision}"
 
     def row(rec, index, ground_truth, population):
-        return {"data_source": source, "prompt": prompt_messages(rec["prompt"]), "ability": ABILITY,
-                "reward_model": {"style": "rubric" if ground_truth else "judge", "ground_truth": ground_truth},
-                "extra_info": {"index": index, "document_id": rec["document_id"], "family": rec["family"],
-                               "split": rec["split"], "population": population}}
+        return {
+            "data_source": source,
+            "prompt": prompt_messages(rec["prompt"]),
+            "ability": ABILITY,
+            "reward_model": {"style": "rubric" if ground_truth else "judge", "ground_truth": ground_truth},
+            "extra_info": {
+                "index": index,
+                "document_id": rec["document_id"],
+                "family": rec["family"],
+                "split": rec["split"],
+                "population": population,
+            },
+        }
 
     train = [row(r, i, "", "rollout") for i, r in enumerate(learning.rollout_prompts())]
     test_labels = {lab["document_id"]: lab["action"] for lab in evaluation.labels("pair", "test")}
@@ -160,14 +190,19 @@ def write_training_sets(data_dir: Path, corpus_dir: Path, corpus) -> None:
     for f in sorted((corpus_dir / "exports" / "preference_pairs").glob("*.jsonl")):
         write_bytes(data_dir / "preference_pairs" / f.name, f.read_bytes())
     demos = corpus.learning_view().demonstrations("train")
-    write_text(data_dir / "demonstrations" / "train.jsonl", "".join(
-        json.dumps({"prompt": d["prompt"], "completion": d["response"]}, sort_keys=True, ensure_ascii=False) + "\n"
-        for d in demos))
+    write_text(
+        data_dir / "demonstrations" / "train.jsonl",
+        "".join(
+            json.dumps({"prompt": d["prompt"], "completion": d["response"]}, sort_keys=True, ensure_ascii=False) + "\n"
+            for d in demos
+        ),
+    )
 
 
 def parquet_bytes(rows: list[dict]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     sink = pa.BufferOutputStream()
     pq.write_table(pa.Table.from_pylist(rows), sink)
     return sink.getvalue().to_pybytes()
@@ -175,22 +210,24 @@ def parquet_bytes(rows: list[dict]) -> bytes:
 
 # ------------------------------------------------------------------------------ models
 
+
 def merge_lora(model) -> None:
     """Replace every LoRALinear by its base nn.Linear with `W + (alpha/r) B A` (FP32, in place)."""
     from rlhf.lora import lora_modules
+
     for name, m in lora_modules(model).items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         base = m.base
         with torch.no_grad():
-            delta = m.scaling * (m.lora_B.float() @ m.lora_A.float())       # [out, in] FP32
+            delta = m.scaling * (m.lora_B.float() @ m.lora_A.float())  # [out, in] FP32
             base.weight.copy_((base.weight.float() + delta).to(base.weight.dtype))
         setattr(parent, child, base)
 
 
-def _merged_role(kind: str, profile: dict, model_dir: Path, state_file: Path, source_kind=None,
-                 adapters_only=False):
+def _merged_role(kind: str, profile: dict, model_dir: Path, state_file: Path, source_kind=None, adapters_only=False):
     from rlhf.roles import load_role, new_role
+
     role = new_role(kind, profile, model_dir)
     load_role(role, state_file, source_kind=source_kind, adapters_only=adapters_only)
     role.model.float()  # merged weights stay FP32 (module doc)
@@ -210,17 +247,20 @@ def _hf_config(causal_config, eos_id: int, pad_id: int, architecture: str):
 def write_models(out: Path, profile: dict, model_dir: Path, run: Path, tokenizer, eos_id: int, pad_id: int) -> dict:
     """Merged actor, critic initialisation and judge into out/models; returns the judge's head bias."""
     from transformers import GenerationConfig, Qwen2ForSequenceClassification, Qwen2ForTokenClassification
+
     sft = run / ROLE_FILES["sft"]
     actor = _merged_role("actor", profile, model_dir, sft)
     actor.model.config.eos_token_id, actor.model.config.pad_token_id = eos_id, pad_id
     actor.model.config.bos_token_id = None
-    actor.model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True,
-                                                     temperature=1.0, top_k=0, top_p=1.0)
+    actor.model.generation_config = GenerationConfig(
+        eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True, temperature=1.0, top_k=0, top_p=1.0
+    )
     actor.model.save_pretrained(out / "models" / "actor")
 
     critic = _merged_role("critic", profile, model_dir, sft, source_kind="actor", adapters_only=True)
-    value_model = Qwen2ForTokenClassification(_hf_config(critic.model.config, eos_id, pad_id,
-                                                         "Qwen2ForTokenClassification"))
+    value_model = Qwen2ForTokenClassification(
+        _hf_config(critic.model.config, eos_id, pad_id, "Qwen2ForTokenClassification")
+    )
     value_model.model.load_state_dict(critic.model.model.state_dict())
     with torch.no_grad():
         value_model.score.weight.copy_(critic.head.weight)  # zeros: the lab's critic head at the start
@@ -228,8 +268,9 @@ def write_models(out: Path, profile: dict, model_dir: Path, run: Path, tokenizer
     value_model.save_pretrained(out / "models" / "critic")
 
     judge = _merged_role(JUDGE_KIND, profile, model_dir, run / ROLE_FILES["judge"])
-    seq = Qwen2ForSequenceClassification(_hf_config(judge.model.config, eos_id, pad_id,
-                                                    "Qwen2ForSequenceClassification"))
+    seq = Qwen2ForSequenceClassification(
+        _hf_config(judge.model.config, eos_id, pad_id, "Qwen2ForSequenceClassification")
+    )
     seq.model.load_state_dict(judge.model.model.state_dict())
     with torch.no_grad():
         seq.score.weight.copy_(judge.head.weight)
@@ -242,12 +283,14 @@ def write_models(out: Path, profile: dict, model_dir: Path, run: Path, tokenizer
 def handoff_tokenizer(model_dir: Path):
     """The run's tokenizer with the lab's chat template."""
     from rlhf.models import load_tokenizer
+
     tokenizer = load_tokenizer(model_dir)
     tokenizer.chat_template = LAB_CHAT_TEMPLATE
     return tokenizer
 
 
 # ------------------------------------------------------------------------------ launch
+
 
 def lcm(a: int, b: int) -> int:
     return a * b // math.gcd(a, b)
@@ -262,9 +305,12 @@ def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
     batch = ppo.prompts_per_iteration
     verl_batch = lcm(batch, n_gpus)  # verl needs the batch divisible by the GPU count
     A, C, R, ALG = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout", "algorithm"
-    not_trained = ("not expressible", "the PPO hand-off starts from the trained SFT actor and judge; "
-                   "training them at scale goes through TRL or OpenRLHF on the exported pairs and "
-                   "demonstrations (README: Scaling out)")
+    not_trained = (
+        "not expressible",
+        "the PPO hand-off starts from the trained SFT actor and judge; "
+        "training them at scale goes through TRL or OpenRLHF on the exported pairs and "
+        "demonstrations (README: Scaling out)",
+    )
     rows = [
         ("sft.epochs", sft.epochs, [], *not_trained),
         ("sft.examples_per_update", sft.examples_per_update, [], *not_trained),
@@ -274,87 +320,228 @@ def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
         ("judge.pairs_per_update", judge.pairs_per_update, [], *not_trained),
         ("judge.lr", judge.lr, [], *not_trained),
         ("judge.loss", "-mean(logsigmoid(r_chosen - r_rejected))", [], *not_trained),
-        ("limits.prompt_tokens", limits.prompt_tokens,
-         [f"data.max_prompt_length={limits.prompt_tokens}", "data.filter_overlong_prompts=True",
-          "data.truncation=error"], "exact", "no exported prompt is over the limit (checked: none filtered)"),
-        ("limits.response_tokens", limits.response_tokens, [f"data.max_response_length={limits.response_tokens}"],
-         "exact", "a response is cut at the same length"),
-        ("limits.context_tokens", limits.context_tokens, [], "exact",
-         "implied: prompt + response limits sum to the context limit"),
-        ("ppo.temperature", ppo.temperature, [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1",
-                                                 f"{R}.top_p=1.0"], "exact", "full vocabulary, no top-k/top-p"),
-        ("ppo.prompts_per_iteration", batch,
-         [f"data.train_batch_size={verl_batch}", f"{R}.n=1", f"{A}.ppo_mini_batch_size={verl_batch}",
-          f"{C}.ppo_mini_batch_size={verl_batch}"],
-         "exact" if verl_batch == batch else "approximate",
-         "one rollout per prompt, one mini-batch per update" + (
-             "" if verl_batch == batch else f"; {verl_batch} prompts per iteration, because verl needs the "
-                                           f"batch divisible by the {n_gpus} GPUs")),
-        ("ppo.updates_per_iteration", ppo.updates_per_iteration,
-         [f"{A}.ppo_epochs={ppo.updates_per_iteration}", f"{C}.ppo_epochs={ppo.updates_per_iteration}",
-          f"{A}.shuffle=False"], "exact", "old log-probs and values fixed across both updates"),
-        ("ppo.iterations", ppo.iterations, [f"trainer.total_training_steps={ppo.iterations}"], "exact",
-         "one verl training step is one lab iteration"),
-        ("ppo.kl_coef", ppo.kl_coef,
-         [f"{ALG}.use_kl_in_reward=True", f"{ALG}.kl_penalty=kl", f"{ALG}.kl_ctrl.type=fixed",
-          f"{ALG}.kl_ctrl.kl_coef={ppo.kl_coef}", f"{A}.use_kl_loss=False"], "exact",
-         "the sampled-token log-ratio penalty in every token's reward (checked against rlhf.ppo_math)"),
-        ("logp_old", "the sampling actor's log-prob", [], "approximate",
-         "verl's old log-probs are the training engine's teacher-forced recomputation, not the sampler's; "
-         "the lab records that difference before its first update"),
-        ("ppo.truncation_penalty", ppo.truncation_penalty, ["reward manager (reward/lab_reward.py)"], "exact",
-         "paid with the judge score, once, at the last response token (checked)"),
-        ("judge score", "once at the last active token", ["reward manager (reward/lab_reward.py)"], "exact",
-         "judge scores equal the lab's on fixed answers, truncated ones included (checked)"),
-        ("ppo.gamma", ppo.gamma, [f"{ALG}.gamma={ppo.gamma}", f"{ALG}.adv_estimator=gae"], "exact",
-         "GAE returns equal the lab's (checked)"),
+        (
+            "limits.prompt_tokens",
+            limits.prompt_tokens,
+            [
+                f"data.max_prompt_length={limits.prompt_tokens}",
+                "data.filter_overlong_prompts=True",
+                "data.truncation=error",
+            ],
+            "exact",
+            "no exported prompt is over the limit (checked: none filtered)",
+        ),
+        (
+            "limits.response_tokens",
+            limits.response_tokens,
+            [f"data.max_response_length={limits.response_tokens}"],
+            "exact",
+            "a response is cut at the same length",
+        ),
+        (
+            "limits.context_tokens",
+            limits.context_tokens,
+            [],
+            "exact",
+            "implied: prompt + response limits sum to the context limit",
+        ),
+        (
+            "ppo.temperature",
+            ppo.temperature,
+            [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1", f"{R}.top_p=1.0"],
+            "exact",
+            "full vocabulary, no top-k/top-p",
+        ),
+        (
+            "ppo.prompts_per_iteration",
+            batch,
+            [
+                f"data.train_batch_size={verl_batch}",
+                f"{R}.n=1",
+                f"{A}.ppo_mini_batch_size={verl_batch}",
+                f"{C}.ppo_mini_batch_size={verl_batch}",
+            ],
+            "exact" if verl_batch == batch else "approximate",
+            "one rollout per prompt, one mini-batch per update"
+            + (
+                ""
+                if verl_batch == batch
+                else f"; {verl_batch} prompts per iteration, because verl needs the "
+                f"batch divisible by the {n_gpus} GPUs"
+            ),
+        ),
+        (
+            "ppo.updates_per_iteration",
+            ppo.updates_per_iteration,
+            [
+                f"{A}.ppo_epochs={ppo.updates_per_iteration}",
+                f"{C}.ppo_epochs={ppo.updates_per_iteration}",
+                f"{A}.shuffle=False",
+            ],
+            "exact",
+            "old log-probs and values fixed across both updates",
+        ),
+        (
+            "ppo.iterations",
+            ppo.iterations,
+            [f"trainer.total_training_steps={ppo.iterations}"],
+            "exact",
+            "one verl training step is one lab iteration",
+        ),
+        (
+            "ppo.kl_coef",
+            ppo.kl_coef,
+            [
+                f"{ALG}.use_kl_in_reward=True",
+                f"{ALG}.kl_penalty=kl",
+                f"{ALG}.kl_ctrl.type=fixed",
+                f"{ALG}.kl_ctrl.kl_coef={ppo.kl_coef}",
+                f"{A}.use_kl_loss=False",
+            ],
+            "exact",
+            "the sampled-token log-ratio penalty in every token's reward (checked against rlhf.ppo_math)",
+        ),
+        (
+            "logp_old",
+            "the sampling actor's log-prob",
+            [],
+            "approximate",
+            "verl's old log-probs are the training engine's teacher-forced recomputation, not the sampler's; "
+            "the lab records that difference before its first update",
+        ),
+        (
+            "ppo.truncation_penalty",
+            ppo.truncation_penalty,
+            ["reward manager (reward/lab_reward.py)"],
+            "exact",
+            "paid with the judge score, once, at the last response token (checked)",
+        ),
+        (
+            "judge score",
+            "once at the last active token",
+            ["reward manager (reward/lab_reward.py)"],
+            "exact",
+            "judge scores equal the lab's on fixed answers, truncated ones included (checked)",
+        ),
+        (
+            "ppo.gamma",
+            ppo.gamma,
+            [f"{ALG}.gamma={ppo.gamma}", f"{ALG}.adv_estimator=gae"],
+            "exact",
+            "GAE returns equal the lab's (checked)",
+        ),
         ("ppo.lam", ppo.lam, [f"{ALG}.lam={ppo.lam}"], "exact", "GAE returns equal the lab's (checked)"),
-        ("advantage whitening", "none", [], "not expressible",
-         "verl 0.9.1 always whitens GAE advantages over the batch: the actor's step sizes and the sign of "
-         "small advantages differ from the lab's (returns and the critic's targets are unchanged; checked)"),
-        ("ppo.clip", ppo.clip,
-         [f"{A}.clip_ratio={ppo.clip}", f"{A}.clip_ratio_low={ppo.clip}", f"{A}.clip_ratio_high={ppo.clip}",
-          f"{A}.clip_ratio_c=1e9"], "exact", "dual clip pushed out of reach: the lab has none"),
-        ("loss averaging", "per response over its tokens, then over responses",
-         [f"{A}.loss_agg_mode=seq-mean-token-mean", f"{C}.loss_agg_mode=seq-mean-token-mean"], "exact",
-         "long answers get no extra weight"),
-        ("ppo.value_coef", ppo.value_coef, [f"{C}.cliprange_value=1e9"], "exact",
-         "verl's value loss is 0.5 * squared error; value clipping pushed out of reach"),
+        (
+            "advantage whitening",
+            "none",
+            [],
+            "not expressible",
+            "verl 0.9.1 always whitens GAE advantages over the batch: the actor's step sizes and the sign of "
+            "small advantages differ from the lab's (returns and the critic's targets are unchanged; checked)",
+        ),
+        (
+            "ppo.clip",
+            ppo.clip,
+            [
+                f"{A}.clip_ratio={ppo.clip}",
+                f"{A}.clip_ratio_low={ppo.clip}",
+                f"{A}.clip_ratio_high={ppo.clip}",
+                f"{A}.clip_ratio_c=1e9",
+            ],
+            "exact",
+            "dual clip pushed out of reach: the lab has none",
+        ),
+        (
+            "loss averaging",
+            "per response over its tokens, then over responses",
+            [f"{A}.loss_agg_mode=seq-mean-token-mean", f"{C}.loss_agg_mode=seq-mean-token-mean"],
+            "exact",
+            "long answers get no extra weight",
+        ),
+        (
+            "ppo.value_coef",
+            ppo.value_coef,
+            [f"{C}.cliprange_value=1e9"],
+            "exact",
+            "verl's value loss is 0.5 * squared error; value clipping pushed out of reach",
+        ),
         ("entropy bonus", 0, [f"{A}.entropy_coeff=0"], "exact", "none"),
         ("ppo.actor_lr", ppo.actor_lr, [f"{A}.optim.lr={ppo.actor_lr}"], "exact", "peak learning rate"),
         ("ppo.critic_lr", ppo.critic_lr, [f"{C}.optim.lr={ppo.critic_lr}"], "exact", "peak learning rate"),
-        ("optim.weight_decay", optim.weight_decay,
-         [f"{A}.optim.weight_decay={optim.weight_decay}", f"{C}.optim.weight_decay={optim.weight_decay}"],
-         "exact", "AdamW, two optimizers"),
-        ("optim.grad_clip_norm", optim.grad_clip_norm,
-         [f"{A}.grad_clip={optim.grad_clip_norm}", f"{C}.grad_clip={optim.grad_clip_norm}"], "exact",
-         "clipped per optimizer"),
-        ("optim.warmup_ratio", optim.warmup_ratio,
-         [f"{A}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
-          f"{C}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}"], "approximate",
-         "verl's warm-up starts at 0 (its first iteration learns nothing) where the lab's first update runs at "
-         "peak/warm; verl steps its schedule once per iteration, the lab once per update (both updates of an "
-         "iteration share one rate)"),
-        ("optim.min_lr_ratio (linear decay)", optim.min_lr_ratio,
-         [f"{A}.optim.lr_scheduler_type=cosine", f"{A}.optim.min_lr_ratio={optim.min_lr_ratio}",
-          f"{C}.optim.lr_scheduler_type=cosine", f"{C}.optim.min_lr_ratio={optim.min_lr_ratio}"], "approximate",
-         "verl 0.9.1 has only constant and cosine: a cosine to 10% of peak, above the lab's linear decay in the "
-         "first half and below it in the second"),
-        ("lora (actor)", f"r {profile.lora.rank}, alpha {profile.lora.alpha}",
-         [f"actor_rollout_ref.model.lora_rank={profile.lora.rank}",
-          f"actor_rollout_ref.model.lora_alpha={profile.lora.alpha}",
-          "actor_rollout_ref.model.target_modules=[" + ",".join(profile.lora.targets) + "]"], "approximate",
-         "a fresh adapter over the merged SFT weights: the same function at the start, not the same parameters "
-         "(the lab keeps training the SFT adapter itself)"),
-        ("lora (critic)", f"r {profile.lora.rank} on the SFT adapter + zero head", [], "not expressible",
-         "verl 0.9.1 cannot put LoRA on the critic: a full-parameter critic, far more trainable parameters at "
-         "the same learning rate, and far more memory"),
-        ("seeds", f"data_order {profile.seeds.data_order}, ppo_sampling {profile.seeds.ppo_sampling}",
-         ["data.shuffle=True", "data.seed=$DATA_SEED", f"{R}.seed=$SAMPLING_SEED"], "not expressible",
-         "no bit-identical draws: verl's sampler, its rollout engine and its LoRA initialisation use their own "
-         "generators; compare runs by distributions over seeds, not by tokens"),
-        ("dtype", profile.model.dtype, [f"{R}.dtype=bfloat16"], "approximate",
-         "the engine samples in BF16; the lab's embedded model runs in FP32"),
+        (
+            "optim.weight_decay",
+            optim.weight_decay,
+            [f"{A}.optim.weight_decay={optim.weight_decay}", f"{C}.optim.weight_decay={optim.weight_decay}"],
+            "exact",
+            "AdamW, two optimizers",
+        ),
+        (
+            "optim.grad_clip_norm",
+            optim.grad_clip_norm,
+            [f"{A}.grad_clip={optim.grad_clip_norm}", f"{C}.grad_clip={optim.grad_clip_norm}"],
+            "exact",
+            "clipped per optimizer",
+        ),
+        (
+            "optim.warmup_ratio",
+            optim.warmup_ratio,
+            [
+                f"{A}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
+                f"{C}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
+            ],
+            "approximate",
+            "verl's warm-up starts at 0 (its first iteration learns nothing) where the lab's first update runs at "
+            "peak/warm; verl steps its schedule once per iteration, the lab once per update (both updates of an "
+            "iteration share one rate)",
+        ),
+        (
+            "optim.min_lr_ratio (linear decay)",
+            optim.min_lr_ratio,
+            [
+                f"{A}.optim.lr_scheduler_type=cosine",
+                f"{A}.optim.min_lr_ratio={optim.min_lr_ratio}",
+                f"{C}.optim.lr_scheduler_type=cosine",
+                f"{C}.optim.min_lr_ratio={optim.min_lr_ratio}",
+            ],
+            "approximate",
+            "verl 0.9.1 has only constant and cosine: a cosine to 10% of peak, above the lab's linear decay in the "
+            "first half and below it in the second",
+        ),
+        (
+            "lora (actor)",
+            f"r {profile.lora.rank}, alpha {profile.lora.alpha}",
+            [
+                f"actor_rollout_ref.model.lora_rank={profile.lora.rank}",
+                f"actor_rollout_ref.model.lora_alpha={profile.lora.alpha}",
+                "actor_rollout_ref.model.target_modules=[" + ",".join(profile.lora.targets) + "]",
+            ],
+            "approximate",
+            "a fresh adapter over the merged SFT weights: the same function at the start, not the same parameters "
+            "(the lab keeps training the SFT adapter itself)",
+        ),
+        (
+            "lora (critic)",
+            f"r {profile.lora.rank} on the SFT adapter + zero head",
+            [],
+            "not expressible",
+            "verl 0.9.1 cannot put LoRA on the critic: a full-parameter critic, far more trainable parameters at "
+            "the same learning rate, and far more memory",
+        ),
+        (
+            "seeds",
+            f"data_order {profile.seeds.data_order}, ppo_sampling {profile.seeds.ppo_sampling}",
+            ["data.shuffle=True", "data.seed=$DATA_SEED", f"{R}.seed=$SAMPLING_SEED"],
+            "not expressible",
+            "no bit-identical draws: verl's sampler, its rollout engine and its LoRA initialisation use their own "
+            "generators; compare runs by distributions over seeds, not by tokens",
+        ),
+        (
+            "dtype",
+            profile.model.dtype,
+            [f"{R}.dtype=bfloat16"],
+            "approximate",
+            "the engine samples in BF16; the lab's embedded model runs in FP32",
+        ),
     ]
     keys = ("hyperparameter", "lab", "overrides", "status", "consequence")
     return [dict(zip(keys, r)) for r in rows]
@@ -363,29 +550,36 @@ def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
 def overrides(profile: dict, nnodes: int, gpus_per_node: int) -> list[str]:
     """The Hydra overrides of launch/overrides.txt ($EXPORT_DIR, $SEED, $DATA_SEED, $SAMPLING_SEED
     are filled in by launch.sh)."""
-    mapped = [o for row in hyperparameters(profile, nnodes * gpus_per_node) for o in row["overrides"]
-              if "=" in o]
-    paths = ["data.train_files=$EXPORT_DIR/data/train.parquet",
-             "data.val_files=[$EXPORT_DIR/data/test.parquet,$EXPORT_DIR/data/probe.parquet]",
-             "data.prompt_key=prompt",
-             "actor_rollout_ref.model.path=$EXPORT_DIR/models/actor",
-             "critic.model.path=$EXPORT_DIR/models/critic",
-             "critic.model.tokenizer_path=$EXPORT_DIR/models/actor",
-             "reward.custom_reward_function.path=$EXPORT_DIR/reward/lab_reward.py",
-             "reward.custom_reward_function.name=compute_score",
-             "reward.reward_manager.source=importlib",
-             "reward.reward_manager.name=LabJudgeRewardManager",
-             "reward.reward_manager.module.path=$EXPORT_DIR/reward/lab_reward.py"]
-    engine = ["actor_rollout_ref.rollout.name=vllm",
-              "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
-              "critic.ppo_micro_batch_size_per_gpu=1",
-              f"trainer.nnodes={nnodes}", f"trainer.n_gpus_per_node={gpus_per_node}",
-              "trainer.critic_warmup=0", "trainer.val_before_train=True", "trainer.logger=[console]",
-              "trainer.project_name=rlhf-officehelp", "trainer.experiment_name=lab-seed$SEED",
-              "trainer.default_local_dir=$EXPORT_DIR/checkpoints/seed$SEED"]
+    mapped = [o for row in hyperparameters(profile, nnodes * gpus_per_node) for o in row["overrides"] if "=" in o]
+    paths = [
+        "data.train_files=$EXPORT_DIR/data/train.parquet",
+        "data.val_files=[$EXPORT_DIR/data/test.parquet,$EXPORT_DIR/data/probe.parquet]",
+        "data.prompt_key=prompt",
+        "actor_rollout_ref.model.path=$EXPORT_DIR/models/actor",
+        "critic.model.path=$EXPORT_DIR/models/critic",
+        "critic.model.tokenizer_path=$EXPORT_DIR/models/actor",
+        "reward.custom_reward_function.path=$EXPORT_DIR/reward/lab_reward.py",
+        "reward.custom_reward_function.name=compute_score",
+        "reward.reward_manager.source=importlib",
+        "reward.reward_manager.name=LabJudgeRewardManager",
+        "reward.reward_manager.module.path=$EXPORT_DIR/reward/lab_reward.py",
+    ]
+    engine = [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+        f"trainer.nnodes={nnodes}",
+        f"trainer.n_gpus_per_node={gpus_per_node}",
+        "trainer.critic_warmup=0",
+        "trainer.val_before_train=True",
+        "trainer.logger=[console]",
+        "trainer.project_name=rlhf-officehelp",
+        "trainer.experiment_name=lab-seed$SEED",
+        "trainer.default_local_dir=$EXPORT_DIR/checkpoints/seed$SEED",
+    ]
     return paths + mapped + engine
 
 
@@ -407,29 +601,35 @@ done
 
 def fill(override: str, export_dir, seed: int, profile: dict) -> str:
     """One override line with launch.sh's substitutions (the verl checks use this too)."""
-    return (override.replace("$EXPORT_DIR", str(export_dir))
-            .replace("$SAMPLING_SEED", str(profile.seeds.ppo_sampling + seed))
-            .replace("$DATA_SEED", str(profile.seeds.data_order + seed))
-            .replace("$SEED", str(seed)))
+    return (
+        override.replace("$EXPORT_DIR", str(export_dir))
+        .replace("$SAMPLING_SEED", str(profile.seeds.ppo_sampling + seed))
+        .replace("$DATA_SEED", str(profile.seeds.data_order + seed))
+        .replace("$SEED", str(seed))
+    )
 
 
 # ------------------------------------------------------------------------------ the export
 
+
 def pinned_versions() -> dict:
     from importlib import metadata
+
     out = {"verl": VERL_VERSION}
     for name in ("torch", "transformers", "pyarrow", "rlhf"):
         out[name] = metadata.version(name)
     return out
 
 
-def export_verl(run, out, *, nnodes: int = 1, gpus_per_node: int = 1, seeds: int = 1,
-                profile: str | None = None, model_dir=None) -> dict:
+def export_verl(
+    run, out, *, nnodes: int = 1, gpus_per_node: int = 1, seeds: int = 1, profile: str | None = None, model_dir=None
+) -> dict:
     """Write the hand-off of the finished run `run` into the new folder `out`; returns the manifest."""
     run, out = Path(run), Path(out)
     if out.exists():
-        raise ExportError(f"refusing to write into {out}: it exists (an export is never overwritten); "
-                          f"choose a new --out folder")
+        raise ExportError(
+            f"refusing to write into {out}: it exists (an export is never overwritten); choose a new --out folder"
+        )
     for name, value in (("--nnodes", nnodes), ("--gpus-per-node", gpus_per_node), ("--seeds", seeds)):
         if not isinstance(value, int) or value < 1:
             raise ExportError(f"{name} must be a positive integer, got {value!r}")
@@ -438,6 +638,7 @@ def export_verl(run, out, *, nnodes: int = 1, gpus_per_node: int = 1, seeds: int
     base_dir = run_model_dir(run, record, prof, model_dir)
     from rlhf.corpus import load_corpus
     from rlhf.models import check_tokenizer
+
     corpus = load_corpus(run / "corpus")
     tokenizer = handoff_tokenizer(base_dir)
     eos_id, pad_id = check_tokenizer(prof, tokenizer)
@@ -448,21 +649,41 @@ def export_verl(run, out, *, nnodes: int = 1, gpus_per_node: int = 1, seeds: int
         judge = write_models(tmp, prof, base_dir, run, tokenizer, eos_id, pad_id)
         write_text(tmp / "reward" / "lab_reward.py", (HANDOFF_DIR / "lab_reward.py").read_text())
         write_text(tmp / "reward" / "lab_rubric.py", RUBRIC_SOURCE.read_text())
-        write_json(tmp / "reward" / "reward_config.json", {
-            "judge_dir": "../models/judge", "judge_bias": judge["judge_bias"],
-            "truncation_penalty": prof.ppo.truncation_penalty, "eos_id": eos_id, "pad_id": pad_id,
-            "response_tokens": prof.limits.response_tokens})
+        write_json(
+            tmp / "reward" / "reward_config.json",
+            {
+                "judge_dir": "../models/judge",
+                "judge_bias": judge["judge_bias"],
+                "truncation_penalty": prof.ppo.truncation_penalty,
+                "eos_id": eos_id,
+                "pad_id": pad_id,
+                "response_tokens": prof.limits.response_tokens,
+            },
+        )
         write_text(tmp / "launch" / "overrides.txt", "\n".join(overrides(prof, nnodes, gpus_per_node)) + "\n")
         launch = tmp / "launch" / "launch.sh"
-        write_text(launch, LAUNCH_SH.format(verl=VERL_VERSION, seeds=seeds, data_seed=prof.seeds.data_order,
-                                            sampling_seed=prof.seeds.ppo_sampling))
+        write_text(
+            launch,
+            LAUNCH_SH.format(
+                verl=VERL_VERSION, seeds=seeds, data_seed=prof.seeds.data_order, sampling_seed=prof.seeds.ppo_sampling
+            ),
+        )
         launch.chmod(0o755)
         write_json(tmp / "launch" / "mapping.json", hyperparameters(prof, nnodes * gpus_per_node))
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        manifest = {"format": "rlhf-verl-handoff-1", "source_run": str(run.resolve()),
-                    "run_identity": record["identity"], "profile": prof.name,
-                    "role_files": {k: sha256_file(run / v) for k, v in ROLE_FILES.items()},
-                    "nnodes": nnodes, "gpus_per_node": gpus_per_node, "seeds": seeds,
-                    "eos_id": eos_id, "pad_id": pad_id, "versions": pinned_versions(), "files": files}
+        manifest = {
+            "format": "rlhf-verl-handoff-1",
+            "source_run": str(run.resolve()),
+            "run_identity": record["identity"],
+            "profile": prof.name,
+            "role_files": {k: sha256_file(run / v) for k, v in ROLE_FILES.items()},
+            "nnodes": nnodes,
+            "gpus_per_node": gpus_per_node,
+            "seeds": seeds,
+            "eos_id": eos_id,
+            "pad_id": pad_id,
+            "versions": pinned_versions(),
+            "files": files,
+        }
         write_json(tmp / "manifest.json", manifest)
     return manifest

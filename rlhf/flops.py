@@ -30,14 +30,15 @@ Memory (`memory_estimate`): four separate backbones in the base dtype, four sets
 adapters, FP32 scalar heads, AdamW states and gradients of the two trained roles (actor,
 critic), and the activations kept for backward by the largest update (see `activation_bytes`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-TRAIN_FACTOR = 3          # forward + backward = 3 x forward (convention; see the module docstring)
-ROLES = 4                 # actor, reference, judge, critic: four separate backbones
-TRAINED_ROLES = 2         # actor and critic carry gradients and AdamW states during PPO
+TRAIN_FACTOR = 3  # forward + backward = 3 x forward (convention; see the module docstring)
+ROLES = 4  # actor, reference, judge, critic: four separate backbones
+TRAINED_ROLES = 2  # actor and critic carry gradients and AdamW states during PPO
 
 
 @dataclass(frozen=True)
@@ -67,18 +68,32 @@ class Shape:
 
     @classmethod
     def from_config(cls, config) -> "Shape":
-        return cls(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                   config.num_key_value_heads, config.intermediate_size, config.vocab_size,
-                   bool(config.tie_word_embeddings))
+        return cls(
+            config.hidden_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.intermediate_size,
+            config.vocab_size,
+            bool(config.tie_word_embeddings),
+        )
 
     def projections(self) -> list[tuple[str, int, int]]:
         """(name, in, out) of the seven projections of one decoder layer."""
         H, K, I = self.hidden, self.kv_dim, self.intermediate
-        return [("q_proj", H, H), ("k_proj", H, K), ("v_proj", H, K), ("o_proj", H, H),
-                ("gate_proj", H, I), ("up_proj", H, I), ("down_proj", I, H)]
+        return [
+            ("q_proj", H, H),
+            ("k_proj", H, K),
+            ("v_proj", H, K),
+            ("o_proj", H, H),
+            ("gate_proj", H, I),
+            ("up_proj", H, I),
+            ("down_proj", I, H),
+        ]
 
 
 # ------------------------------------------------------------------------------ parameters
+
 
 def lora_params(shape: Shape, rank: int) -> int:
     """r · (in + out) over the seven projections of every layer (22,528 embedded, 4,399,104 qwen)."""
@@ -99,7 +114,7 @@ def total_params(shape: Shape) -> int:
     """Every parameter of the base (tied embedding counted once): 494,032,768 for Qwen2.5-0.5B."""
     H = shape.hidden
     weights = sum(i * o for _, i, o in shape.projections())
-    biases = H + 2 * shape.kv_dim                       # q, k, v carry biases in Qwen2
+    biases = H + 2 * shape.kv_dim  # q, k, v carry biases in Qwen2
     norms = 2 * H
     embed = shape.vocab * H * (1 if shape.tied else 2)
     return embed + shape.layers * (weights + biases + norms) + H  # + final norm
@@ -107,10 +122,14 @@ def total_params(shape: Shape) -> int:
 
 # ------------------------------------------------------------------------------ FLOPs
 
+
 def forward_flops(shape: Shape, tokens: int, *, logit_rows: int = 0, head_rows: int = 0, lora_rank: int = 0) -> int:
     """2 · N_backbone · tokens + 2 · V·H · logit_rows + 2 · H · head_rows (matmul weights only)."""
-    return (2 * backbone_matmul_params(shape, lora_rank) * tokens + 2 * lm_head_params(shape) * logit_rows
-            + 2 * shape.hidden * head_rows)
+    return (
+        2 * backbone_matmul_params(shape, lora_rank) * tokens
+        + 2 * lm_head_params(shape) * logit_rows
+        + 2 * shape.hidden * head_rows
+    )
 
 
 def attention_flops(shape: Shape, pairs: int) -> int:
@@ -122,8 +141,9 @@ def train_flops(forward: int) -> int:
     return TRAIN_FACTOR * forward
 
 
-def generation_flops(shape: Shape, batch: int, prompt_len: int, steps: int, *, use_cache: bool,
-                     lora_rank: int = 0) -> dict:
+def generation_flops(
+    shape: Shape, batch: int, prompt_len: int, steps: int, *, use_cache: bool, lora_rank: int = 0
+) -> dict:
     """Model and attention FLOPs of rlhf.generate.generate on B left-padded prompts of length T.
 
     With the cache: one forward over B·T, then B tokens per step. Without it: step k recomputes
@@ -152,22 +172,28 @@ def batch_dims(batch) -> tuple[int, int, int]:
 def scoring_flops(shape: Shape, batch, lora_rank: int) -> dict:
     """Teacher-forced log-probs of the responses (rlhf.scoring.response_logprobs)."""
     B, T, R = batch_dims(batch)
-    return {"model_flops": forward_flops(shape, B * T, logit_rows=B * R, lora_rank=lora_rank),
-            "attention_flops": attention_flops(shape, B * T * T)}
+    return {
+        "model_flops": forward_flops(shape, B * T, logit_rows=B * R, lora_rank=lora_rank),
+        "attention_flops": attention_flops(shape, B * T * T),
+    }
 
 
 def judge_flops(shape: Shape, batch, lora_rank: int) -> dict:
     """rlhf.roles.reward_scores: backbone + one head row per sequence."""
     B, T, _ = batch_dims(batch)
-    return {"model_flops": forward_flops(shape, B * T, head_rows=B, lora_rank=lora_rank),
-            "attention_flops": attention_flops(shape, B * T * T)}
+    return {
+        "model_flops": forward_flops(shape, B * T, head_rows=B, lora_rank=lora_rank),
+        "attention_flops": attention_flops(shape, B * T * T),
+    }
 
 
 def critic_flops(shape: Shape, batch, lora_rank: int) -> dict:
     """rlhf.roles.critic_values: backbone + one head row per response prefix."""
     B, T, R = batch_dims(batch)
-    return {"model_flops": forward_flops(shape, B * T, head_rows=B * R, lora_rank=lora_rank),
-            "attention_flops": attention_flops(shape, B * T * T)}
+    return {
+        "model_flops": forward_flops(shape, B * T, head_rows=B * R, lora_rank=lora_rank),
+        "attention_flops": attention_flops(shape, B * T * T),
+    }
 
 
 def trained(f: dict) -> dict:
@@ -189,11 +215,17 @@ def ppo_update_flops(shape: Shape, batch, lora_rank: int) -> dict:
 
 def utilisation(flops: float, seconds: float, peak_flops_per_s: float) -> dict:
     achieved = flops / seconds
-    return {"flops": int(flops), "seconds": seconds, "achieved_gflop_s": achieved / 1e9,
-            "peak_gflop_s": peak_flops_per_s / 1e9, "utilisation": achieved / peak_flops_per_s}
+    return {
+        "flops": int(flops),
+        "seconds": seconds,
+        "achieved_gflop_s": achieved / 1e9,
+        "peak_gflop_s": peak_flops_per_s / 1e9,
+        "utilisation": achieved / peak_flops_per_s,
+    }
 
 
 # ------------------------------------------------------------------------------ memory
+
 
 def activation_bytes_per_token_layer(shape: Shape, base_bytes: int, lora: bool = True) -> int:
     """Tensors a Qwen2 decoder layer keeps for backward, per token (estimate).
@@ -241,17 +273,26 @@ def memory_estimate(profile, *, batch: int = 4, seq: int | None = None, response
     optimizer = trained_params * (4 + 8)
     act = activation_bytes(shape, dtype_bytes, batch, seq, response)
     total = backbones + adapters + optimizer + act["total"]
-    return {"profile": profile.name, "base_params": n_base, "lora_params_per_role": n_lora,
-            "dtype_bytes": dtype_bytes, "backbones": backbones, "adapters_and_heads": adapters,
-            "optimizer_and_grads": optimizer, "activations": act["total"],
-            "activations_layers": act["layers"], "activations_logits": act["logits"], "total": total,
-            "total_gib": total / 2 ** 30}
+    return {
+        "profile": profile.name,
+        "base_params": n_base,
+        "lora_params_per_role": n_lora,
+        "dtype_bytes": dtype_bytes,
+        "backbones": backbones,
+        "adapters_and_heads": adapters,
+        "optimizer_and_grads": optimizer,
+        "activations": act["total"],
+        "activations_layers": act["layers"],
+        "activations_logits": act["logits"],
+        "total": total,
+        "total_gib": total / 2**30,
+    }
 
 
 # ------------------------------------------------------------------------------ a GPU run's cost
 
-H200_HBM_BYTES_PER_S = 4.8e12      # H200 HBM3e bandwidth: the floor of a decode step
-H200_BF16_DENSE_FLOPS = 989e12     # H200 dense BF16 tensor-core peak: the floor of training work
+H200_HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth: the floor of a decode step
+H200_BF16_DENSE_FLOPS = 989e12  # H200 dense BF16 tensor-core peak: the floor of training work
 
 
 @dataclass(frozen=True)
@@ -259,10 +300,10 @@ class Lengths:
     """Mean token counts of the corpus under the model's tokenizer (chat-rendered prompts;
     responses with EOS) and the number of sequences each stage reads."""
 
-    prompt: float          # a chat-rendered prompt
-    response: float        # a demonstration / chosen / rejected answer, EOS included
+    prompt: float  # a chat-rendered prompt
+    response: float  # a demonstration / chosen / rejected answer, EOS included
     sft_examples: int = 8  # per update
-    judge_pairs: int = 8   # per update
+    judge_pairs: int = 8  # per update
     validation: int = 180  # validation pairs (SFT reads their chosen answers)
     heldout_rows: int = 260
     test_pairs: int = 180
@@ -278,9 +319,14 @@ def decode_step_bytes(shape: Shape, dtype_bytes: int, lora_rank: int) -> int:
     return total_params(shape) * dtype_bytes + lora_params(shape, lora_rank) * 4
 
 
-def stage_costs(profile: dict, lengths: Lengths, *, utilisation: float,
-                peak_flops_per_s: float = H200_BF16_DENSE_FLOPS,
-                bytes_per_s: float = H200_HBM_BYTES_PER_S) -> dict:
+def stage_costs(
+    profile: dict,
+    lengths: Lengths,
+    *,
+    utilisation: float,
+    peak_flops_per_s: float = H200_BF16_DENSE_FLOPS,
+    bytes_per_s: float = H200_HBM_BYTES_PER_S,
+) -> dict:
     """Seconds of each stage of one leg of `profile` on one GPU, by calculation:
 
         compute-bound work (prefills, scoring, updates)   FLOPs / (peak x utilisation)
@@ -300,35 +346,51 @@ def stage_costs(profile: dict, lengths: Lengths, *, utilisation: float,
     step_s = decode_step_bytes(shape, dtype_bytes, r) / bytes_per_s
 
     def fwd(seqs, tokens_each, logit_rows_each=0, head_rows_each=0):
-        return forward_flops(shape, int(seqs * tokens_each), logit_rows=int(seqs * logit_rows_each),
-                             head_rows=int(seqs * head_rows_each), lora_rank=r)
+        return forward_flops(
+            shape,
+            int(seqs * tokens_each),
+            logit_rows=int(seqs * logit_rows_each),
+            head_rows=int(seqs * head_rows_each),
+            lora_rank=r,
+        )
 
     sft, judge, ppo = profile.sft, profile.judge, profile.ppo
-    sft_flops = (sft.expected_updates * train_flops(fwd(L.sft_examples, T, R))
-                 + sft.epochs * fwd(L.validation, T, R))
-    judge_flops = (judge.expected_updates * train_flops(fwd(2 * L.judge_pairs, T, 0, 1))
-                   + judge.epochs * fwd(2 * L.validation, T, 0, 1))
+    sft_flops = sft.expected_updates * train_flops(fwd(L.sft_examples, T, R)) + sft.epochs * fwd(L.validation, T, R)
+    judge_flops = judge.expected_updates * train_flops(fwd(2 * L.judge_pairs, T, 0, 1)) + judge.epochs * fwd(
+        2 * L.validation, T, 0, 1
+    )
     B, Tp = ppo.prompts_per_iteration, P + new
-    rollout_flops = (fwd(B, P, 1)                    # the prefill (last column projected)
-                     + fwd(B, Tp, new)               # reference log-probs
-                     + fwd(B, Tp, 0, 1)              # judge
-                     + fwd(B, Tp, 0, new)            # critic values
-                     + fwd(B, Tp, new))              # the scoring check (actor, teacher-forced)
+    rollout_flops = (
+        fwd(B, P, 1)  # the prefill (last column projected)
+        + fwd(B, Tp, new)  # reference log-probs
+        + fwd(B, Tp, 0, 1)  # judge
+        + fwd(B, Tp, 0, new)  # critic values
+        + fwd(B, Tp, new)
+    )  # the scoring check (actor, teacher-forced)
     update_flops = ppo.updates_per_iteration * train_flops(fwd(B, Tp, new) + fwd(B, Tp, 0, new))
     ppo_iteration_s = (rollout_flops + update_flops) / rate + new * step_s
     batches = -(-L.heldout_rows // L.eval_batch)
-    eval_flops = (2 * (fwd(L.heldout_rows, P, 1) + 3 * fwd(L.heldout_rows, P + new, new))
-                  + fwd(2 * L.test_pairs, T, 0, 1) + fwd(L.probe_candidates, T, 0, 1))
+    eval_flops = (
+        2 * (fwd(L.heldout_rows, P, 1) + 3 * fwd(L.heldout_rows, P + new, new))
+        + fwd(2 * L.test_pairs, T, 0, 1)
+        + fwd(L.probe_candidates, T, 0, 1)
+    )
     audit_flops = fwd(2 * L.audit_pairs, T, 0, 1)
-    out = {"sft": {"flops": sft_flops, "seconds": sft_flops / rate},
-           "judge": {"flops": judge_flops, "seconds": judge_flops / rate},
-           "ppo": {"flops": ppo.iterations * (rollout_flops + update_flops),
-                   "decode_steps": ppo.iterations * new,
-                   "seconds": ppo.iterations * ppo_iteration_s},
-           "evaluation": {"flops": eval_flops, "decode_steps": 2 * batches * new,
-                          "seconds": eval_flops / rate + 2 * batches * new * step_s},
-           "shortcut_audit": {"flops": audit_flops, "seconds": audit_flops / rate}}
+    out = {
+        "sft": {"flops": sft_flops, "seconds": sft_flops / rate},
+        "judge": {"flops": judge_flops, "seconds": judge_flops / rate},
+        "ppo": {
+            "flops": ppo.iterations * (rollout_flops + update_flops),
+            "decode_steps": ppo.iterations * new,
+            "seconds": ppo.iterations * ppo_iteration_s,
+        },
+        "evaluation": {
+            "flops": eval_flops,
+            "decode_steps": 2 * batches * new,
+            "seconds": eval_flops / rate + 2 * batches * new * step_s,
+        },
+        "shortcut_audit": {"flops": audit_flops, "seconds": audit_flops / rate},
+    }
     out["decode_step_s"] = step_s
-    out["assumptions"] = {"peak_flops_per_s": peak_flops_per_s, "utilisation": utilisation,
-                          "bytes_per_s": bytes_per_s}
+    out["assumptions"] = {"peak_flops_per_s": peak_flops_per_s, "utilisation": utilisation, "bytes_per_s": bytes_per_s}
     return out

@@ -8,6 +8,7 @@ they were drawn (never replaced by a later teacher-forced rescoring).
 Sampling is temperature 1 over the full vocabulary (no top-k / top-p) from an explicit
 `torch.Generator`; greedy takes the argmax. A row stops at EOS or after `max_new_tokens`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ import torch.nn.functional as F
 
 @dataclass
 class Generation:
-    responses: list[list[int]]   # token ids per row, EOS included when the row ended by itself
-    logps: list[list[float]]     # behaviour log-prob of each drawn token (FP32)
-    ended: list[bool]            # True when the row produced EOS
+    responses: list[list[int]]  # token ids per row, EOS included when the row ended by itself
+    logps: list[list[float]]  # behaviour log-prob of each drawn token (FP32)
+    ended: list[bool]  # True when the row produced EOS
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, room: int, device):
@@ -33,8 +34,8 @@ def _left_pad(prompts: list[list[int]], pad_id: int, room: int, device):
     ids = torch.full((len(prompts), T + room), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((len(prompts), T + room), dtype=torch.long, device=device)
     for b, p in enumerate(prompts):
-        ids[b, T - len(p):T] = torch.tensor(p, dtype=torch.long, device=device)
-        mask[b, T - len(p):T] = 1
+        ids[b, T - len(p) : T] = torch.tensor(p, dtype=torch.long, device=device)
+        mask[b, T - len(p) : T] = 1
     return ids, mask, T
 
 
@@ -79,9 +80,19 @@ def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generato
 
 
 @torch.inference_mode()
-def generate(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, max_new_tokens: int,
-             greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
-             use_cache: bool = True, last_logits_only: bool = False) -> Generation:
+def generate(
+    model,
+    prompts: list[list[int]],
+    *,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    last_logits_only: bool = False,
+) -> Generation:
     """Draw up to `max_new_tokens` per prompt (see the module docstring).
 
     `last_logits_only` (the profile's `runtime.last_logits_only`): a full forward (the prefill,
@@ -98,21 +109,30 @@ def generate(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, max_n
     if not greedy and generator is None:
         raise ValueError("sampling needs an explicit torch.Generator (seeded by the caller)")
     device = next(model.parameters()).device
-    ids, mask, T = _left_pad(prompts, pad_id, max_new_tokens, device)   # [B, T + N] each
+    ids, mask, T = _left_pad(prompts, pad_id, max_new_tokens, device)  # [B, T + N] each
     B = ids.shape[0]
-    seen = mask.sum(-1)                  # [B] real tokens in mask[:, :L]; the last one sits at seen - 1
+    seen = mask.sum(-1)  # [B] real tokens in mask[:, :L]; the last one sits at seen - 1
     done = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps = [], []
     past = None
     prepared = _prepares_decode_masks(model.config)
-    for L in range(T, T + max_new_tokens):   # L: columns the model sees this step
+    for L in range(T, T + max_new_tokens):  # L: columns the model sees this step
         if use_cache and past is not None:
-            out = model(input_ids=ids[:, L - 1:L],
-                        attention_mask=_decode_mask(mask[:, :L]) if prepared else mask[:, :L],
-                        position_ids=(seen - 1).clamp(min=0)[:, None], cache=past, use_cache=True)
+            out = model(
+                input_ids=ids[:, L - 1 : L],
+                attention_mask=_decode_mask(mask[:, :L]) if prepared else mask[:, :L],
+                position_ids=(seen - 1).clamp(min=0)[:, None],
+                cache=past,
+                use_cache=True,
+            )
         else:
-            out = model(input_ids=ids[:, :L], attention_mask=mask[:, :L], position_ids=_positions(mask[:, :L]),
-                        use_cache=use_cache, logits_to_keep=1 if last_logits_only else 0)
+            out = model(
+                input_ids=ids[:, :L],
+                attention_mask=mask[:, :L],
+                position_ids=_positions(mask[:, :L]),
+                use_cache=use_cache,
+                logits_to_keep=1 if last_logits_only else 0,
+            )
         past = out.cache if use_cache else None
         token, logp = _next_token(out.logits[:, -1, :], greedy, temperature, generator)
         token = token.masked_fill(done, pad_id)

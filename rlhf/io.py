@@ -15,6 +15,7 @@ writes the manifest last). Neither is ever read.
 with `RLHF_CRASH_AT=name` (or `name@k` for the k-th time) the process kills itself with
 SIGKILL there, as a power cut would. Unset, it costs one dictionary lookup.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +26,6 @@ import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -67,8 +67,7 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False,
-                keep_existing: bool = False) -> Path:
+def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False, keep_existing: bool = False) -> Path:
     """Atomically write `data` to `path` (temp file + fsync + rename); refuse to overwrite.
 
     keep_existing: if `path` exists, leave it as it is and return (a rerun after a crash)."""

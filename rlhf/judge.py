@@ -9,6 +9,7 @@ over 8 pairs per update. Scores are not probabilities of truth or helpfulness: t
 negative, shifted, badly calibrated and style-sensitive. Validation loss and accuracy are
 recorded every epoch and never select a checkpoint. Accuracy counts a tie as a miss.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,7 +36,7 @@ def pair_scores(judge, pairs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(judge.model.parameters()).device
     batch = collate([p[1] for p in pairs] * 2, [p[2] for p in pairs] + [p[3] for p in pairs], pad_id).to(device)
     scores = reward_scores(judge, batch)
-    return scores[:len(pairs)], scores[len(pairs):]
+    return scores[: len(pairs)], scores[len(pairs) :]
 
 
 @torch.no_grad()
@@ -44,28 +45,46 @@ def evaluate_pairs(judge, pairs, pad_id: int, batch_size: int = 16) -> dict:
     scores of a pair set (margins[i] = chosen_scores[i] - rejected_scores[i])."""
     margins, chosen, rejected = [], [], []
     for i in range(0, len(pairs), batch_size):
-        c, r = pair_scores(judge, pairs[i:i + batch_size], pad_id)
+        c, r = pair_scores(judge, pairs[i : i + batch_size], pad_id)
         margins.append(c - r)
         chosen += c.tolist()
         rejected += r.tolist()
     m = torch.cat(margins)
-    return {"loss": float(bradley_terry_loss(m, torch.zeros_like(m))), "accuracy": float((m > 0).float().mean()),
-            "ties": int((m == 0).sum()), "pairs": len(pairs), "margins": m.tolist(),
-            "chosen_scores": chosen, "rejected_scores": rejected}
+    return {
+        "loss": float(bradley_terry_loss(m, torch.zeros_like(m))),
+        "accuracy": float((m > 0).float().mean()),
+        "ties": int((m == 0).sum()),
+        "pairs": len(pairs),
+        "margins": m.tolist(),
+        "chosen_scores": chosen,
+        "rejected_scores": rejected,
+    }
 
 
 def judge_budget(profile: Profile, n_pairs: int) -> tuple[int, int]:
-    return epoch_budget(n_pairs, profile.judge.pairs_per_update, profile.judge.epochs,
-                        profile.judge.max_updates_per_epoch)
+    return epoch_budget(
+        n_pairs, profile.judge.pairs_per_update, profile.judge.epochs, profile.judge.max_updates_per_epoch
+    )
 
 
-def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, *, state: dict | None = None,
-                stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
+def train_judge(
+    judge,
+    view,
+    tokenizer,
+    eos_id: int,
+    pad_id: int,
+    profile: Profile,
+    *,
+    state: dict | None = None,
+    stop_after_epoch: int | None = None,
+    progress=None,
+    checkpoint=None,
+) -> dict:
     """Run (or continue) the judge's Bradley-Terry budget; returns the state after the last epoch."""
     cfg, limits = profile.judge, profile.limits
     train = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
     valid = encode_pairs(view.pairs("validation"), tokenizer, eos_id, limits)
-    valid = valid[:cfg.max_validation_examples or len(valid)]  # a miniature budget cuts it (rlhf.miniature)
+    valid = valid[: cfg.max_validation_examples or len(valid)]  # a miniature budget cuts it (rlhf.miniature)
 
     def update_loss(pairs):
         chosen, rejected = pair_scores(judge, pairs, pad_id)
@@ -73,12 +92,27 @@ def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: Profi
 
     def epoch_summary(updates):
         val = evaluate_pairs(judge, valid, pad_id)
-        return {"validation_loss": val["loss"], "validation_accuracy": val["accuracy"],
-                "validation_ties": val["ties"],
-                "train_loss": sum(h["loss"] for h in updates) / len(updates),
-                "train_accuracy": sum(h["accuracy"] for h in updates) / len(updates)}
+        return {
+            "validation_loss": val["loss"],
+            "validation_accuracy": val["accuracy"],
+            "validation_ties": val["ties"],
+            "train_loss": sum(h["loss"] for h in updates) / len(updates),
+            "train_accuracy": sum(h["accuracy"] for h in updates) / len(updates),
+        }
 
-    return train_epochs(judge, "judge", "judge", train, cfg.pairs_per_update, cfg, profile, update_loss,
-                        epoch_summary, label="judge stage", state=state,
-                        stop_after_epoch=stop_after_epoch,
-                        progress=progress, checkpoint=checkpoint)
+    return train_epochs(
+        judge,
+        "judge",
+        "judge",
+        train,
+        cfg.pairs_per_update,
+        cfg,
+        profile,
+        update_loss,
+        epoch_summary,
+        label="judge stage",
+        state=state,
+        stop_after_epoch=stop_after_epoch,
+        progress=progress,
+        checkpoint=checkpoint,
+    )

@@ -29,6 +29,7 @@ a resume. Because a resume is exact, the final states are bit-identical to an un
 run's. Ctrl-C asks for a stop: the running leg saves a checkpoint at its next boundary and the
 command exits saying how to continue.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -40,19 +41,29 @@ import torch
 from tqdm import tqdm
 
 from rlhf import pin
-from rlhf.checkpoint import (Interrupted, StateError, assert_states_equal, code_sha256, identity_of,
-                             load_state, save_state, seed_system_rngs, sha256_file, stop_requested)
-from rlhf.config import configure_determinism, load_profile, Profile, profile_hash, PROFILES
-from rlhf.evaluate import stage_evaluate
-from rlhf.io import dumps_json, read_json, sha256_bytes, sweep_incomplete, write_json
-from rlhf.models import directory_identity, load_tokenizer, check_tokenizer
-from rlhf.roles import (ROLE_KINDS, assert_role_isolation, fingerprint, load_role, new_role, save_role)
+from rlhf.checkpoint import (
+    Interrupted,
+    StateError,
+    assert_states_equal,
+    code_sha256,
+    identity_of,
+    load_state,
+    save_state,
+    seed_system_rngs,
+    sha256_file,
+    stop_requested,
+)
+from rlhf.config import PROFILES, Profile, configure_determinism, load_profile, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
-from rlhf.sft import train_sft
+from rlhf.evaluate import stage_evaluate
+from rlhf.io import dumps_json, read_json, sha256_bytes, sweep_incomplete, write_json
 from rlhf.judge import train_judge
+from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
 from rlhf.ppo import STATE_KEYS, train_ppo
 from rlhf.report import write_reports
+from rlhf.roles import ROLE_KINDS, assert_role_isolation, fingerprint, load_role, new_role, save_role
+from rlhf.sft import train_sft
 from rlhf.shortcut import run_shortcut_audit
 
 
@@ -80,8 +91,12 @@ class Context:
         self.determinism = configure_determinism(profile)
 
     def identity(self, **extra) -> dict:
-        return identity_of(profile_hash(self.profile), sha256_file(self.corpus.root / "manifest.json"),
-                           self.base_identity, {"revision": self.corpus.revision, **extra})
+        return identity_of(
+            profile_hash(self.profile),
+            sha256_file(self.corpus.root / "manifest.json"),
+            self.base_identity,
+            {"revision": self.corpus.revision, **extra},
+        )
 
     def role(self, kind: str):
         return new_role(kind, self.profile, self.model_dir, base_identity=self.base_identity, device=self.device)
@@ -96,9 +111,11 @@ def profile_device(profile: Profile) -> str:
     if device not in ("cpu", "cuda"):
         raise ValueError(f"profile {profile.name}: device must be 'cpu' or 'cuda', not {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"profile {profile.name} runs on CUDA, and torch sees no CUDA device here "
-                         f"(torch {torch.__version__}); no silent fallback to the CPU. For the CPU on purpose, "
-                         f"use a copy of the profile with device = \"cpu\"")
+        raise ValueError(
+            f"profile {profile.name} runs on CUDA, and torch sees no CUDA device here "
+            f"(torch {torch.__version__}); no silent fallback to the CPU. For the CPU on purpose, "
+            f'use a copy of the profile with device = "cpu"'
+        )
     return device
 
 
@@ -118,12 +135,15 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
         prepare(corpus_dir, revision=revision)
     corpus = load_corpus(corpus_dir)
     if corpus.revision != revision:
-        raise ValueError(f"run {run} holds corpus revision {corpus.revision}, not {revision}: "
-                         f"one run never mixes revisions; use a new --out folder")
+        raise ValueError(
+            f"run {run} holds corpus revision {corpus.revision}, not {revision}: "
+            f"one run never mixes revisions; use a new --out folder"
+        )
     if model_dir is None:
         if profile.model.kind != "embedded":
-            raise ValueError(f"profile {profile.name} needs --model-dir DIR "
-                             f"(get the weights with: rlhf fetch-model --out DIR)")
+            raise ValueError(
+                f"profile {profile.name} needs --model-dir DIR (get the weights with: rlhf fetch-model --out DIR)"
+            )
         model_dir = run / "base_model"
         if not (model_dir / "config.json").is_file():
             build_embedded(model_dir)
@@ -143,10 +163,12 @@ def refuse_old_layout(run: Path) -> None:
     before anything is read or written; its states were made by older code, which the run's
     code identity would refuse anyway, so it is never continued or mixed with new stages."""
     if (run / "reward").is_dir() and not (run / "judge").exists():
-        raise StateError(f"run folder {run} has the old layout (its judge stage is in reward/; the stage "
-                         f"is now judge/, issue 17) and was written by an older rlhf: it cannot be continued. "
-                         f"Its results stay readable as files; start afresh in a new folder: "
-                         f"rlhf lab --out NEW_FOLDER")
+        raise StateError(
+            f"run folder {run} has the old layout (its judge stage is in reward/; the stage "
+            f"is now judge/, issue 17) and was written by an older rlhf: it cannot be continued. "
+            f"Its results stay readable as files; start afresh in a new folder: "
+            f"rlhf lab --out NEW_FOLDER"
+        )
 
 
 def _sweep_run_folder(run: Path) -> None:
@@ -162,10 +184,15 @@ def _sweep_run_folder(run: Path) -> None:
 
 def run_identity(ctx: Context) -> dict:
     """What a run is: a rerun in the same folder must match every part."""
-    return {"profile": ctx.profile.name, "config": profile_hash(ctx.profile), "revision": ctx.corpus.revision,
-            "corpus": sha256_file(ctx.corpus.root / "manifest.json"), "code": code_sha256(),
-            "base_model": sha256_bytes(dumps_json(ctx.base_identity["files"]).encode()),
-            "arithmetic": pin.identity_tag()}
+    return {
+        "profile": ctx.profile.name,
+        "config": profile_hash(ctx.profile),
+        "revision": ctx.corpus.revision,
+        "corpus": sha256_file(ctx.corpus.root / "manifest.json"),
+        "code": code_sha256(),
+        "base_model": sha256_bytes(dumps_json(ctx.base_identity["files"]).encode()),
+        "arithmetic": pin.identity_tag(),
+    }
 
 
 def check_run_record(ctx: Context) -> dict:
@@ -173,19 +200,28 @@ def check_run_record(ctx: Context) -> dict:
     path = ctx.run / RUN_FILE
     current = run_identity(ctx)
     if not path.is_file():
-        record = {"format": "rlhf-run-1", "identity": current, "arithmetic": pin.describe(),
-                  "device": ctx.device, "determinism": ctx.determinism, "stages": {}}
+        record = {
+            "format": "rlhf-run-1",
+            "identity": current,
+            "arithmetic": pin.describe(),
+            "device": ctx.device,
+            "determinism": ctx.determinism,
+            "stages": {},
+        }
         write_json(path, record)
         return record
     record = read_json(path)
     changed = sorted(k for k in set(record["identity"]) | set(current) if record["identity"].get(k) != current.get(k))
     if changed:
-        detail = "; ".join(f"{k}: was {str(record['identity'].get(k))[:40]}, now {str(current.get(k))[:40]}"
-                           for k in changed)
+        detail = "; ".join(
+            f"{k}: was {str(record['identity'].get(k))[:40]}, now {str(current.get(k))[:40]}" for k in changed
+        )
         profile = current["profile"] if current["profile"] in PROFILES else "PROFILE.toml"
-        raise StateError(f"refusing to continue run {ctx.run}: identity changed in {', '.join(changed)} ({detail}). "
-                         f"Nothing was written. To start afresh, use a new folder: "
-                         f"rlhf lab --out NEW_FOLDER --profile {profile} --revision {current['revision']}")
+        raise StateError(
+            f"refusing to continue run {ctx.run}: identity changed in {', '.join(changed)} ({detail}). "
+            f"Nothing was written. To start afresh, use a new folder: "
+            f"rlhf lab --out NEW_FOLDER --profile {profile} --revision {current['revision']}"
+        )
     return record
 
 
@@ -204,12 +240,15 @@ def mark_complete(ctx: Context, stage: str, **info) -> None:
 
 
 def _progress(desc: str, total: int):
-    bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True,
-               disable=not sys.stderr.isatty())
+    bar = tqdm(
+        total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True, disable=not sys.stderr.isatty()
+    )
+
     def update(step, _total, loss):
         bar.n = step
         bar.set_postfix_str(f"loss {loss:.4f}" if isinstance(loss, float) else "")
         bar.refresh()
+
     return bar, update
 
 
@@ -219,8 +258,19 @@ def _say(line: str) -> None:
 
 # ------------------------------------------------------------------------- a resumable stage
 
-def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict, *, resume: bool = False,
-                 stop_after: int | None = None, protocol: bool = True, checkpoint_every: int = 1) -> dict:
+
+def run_protocol(
+    ctx: Context,
+    stage: str,
+    boundary: int,
+    run_fn,
+    identity: dict,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    protocol: bool = True,
+    checkpoint_every: int = 1,
+) -> dict:
     """Run `stage` with the interrupt/resume protocol (or only its continuous leg), crash-safe.
 
     run_fn(state, stop, checkpoint) -> (state, timings) runs from `state` (None: fresh) up to
@@ -249,8 +299,10 @@ def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict
         manifest = save_state(folder / "state-resumed.pt.gz", state, identity)
         return {"state": state, "timings": tm, "seconds": time.perf_counter() - t, "sha256_final": manifest["sha256"]}
     if stage_complete(ctx, stage):
-        raise FileExistsError(f"stage {stage} already ran in {ctx.run} and is complete (run.json); "
-                              f"nothing is overwritten (use a new --out folder for a new run)")
+        raise FileExistsError(
+            f"stage {stage} already ran in {ctx.run} and is complete (run.json); "
+            f"nothing is overwritten (use a new --out folder for a new run)"
+        )
     for sub in (folder, folder / "checkpoints"):
         removed = sweep_incomplete(sub)
         if removed:
@@ -258,26 +310,49 @@ def run_protocol(ctx: Context, stage: str, boundary: int, run_fn, identity: dict
     t = time.perf_counter()
     seconds = {}
     if protocol:
-        state_b, _, seconds["boundary"] = _run_leg(ctx, stage, "boundary", lambda: None, boundary, run_fn, identity,
-                                                   checkpoint_every)
+        state_b, _, seconds["boundary"] = _run_leg(
+            ctx, stage, "boundary", lambda: None, boundary, run_fn, identity, checkpoint_every
+        )
         state_r, _, seconds["resumed"] = _run_leg(
-            ctx, stage, "resumed", lambda: load_state(folder / "state-boundary.pt.gz", identity), None, run_fn,
-            identity, checkpoint_every)
-    state_c, tm_c, seconds["continuous"] = _run_leg(ctx, stage, "continuous", lambda: None, None, run_fn, identity,
-                                                    checkpoint_every)
-    check = {"stage": stage, "protocol": protocol,
-             "sha256_continuous": read_json(folder / "state-continuous.pt.gz.json")["sha256"]}
+            ctx,
+            stage,
+            "resumed",
+            lambda: load_state(folder / "state-boundary.pt.gz", identity),
+            None,
+            run_fn,
+            identity,
+            checkpoint_every,
+        )
+    state_c, tm_c, seconds["continuous"] = _run_leg(
+        ctx, stage, "continuous", lambda: None, None, run_fn, identity, checkpoint_every
+    )
+    check = {
+        "stage": stage,
+        "protocol": protocol,
+        "sha256_continuous": read_json(folder / "state-continuous.pt.gz.json")["sha256"],
+    }
     if protocol:
         compared = assert_states_equal(state_c, state_r, stage)
-        check.update({"boundary": boundary, "identical": True, "tensors_compared": compared,
-                      "sha256_resumed": read_json(folder / "state-resumed.pt.gz.json")["sha256"],
-                      "sha256_boundary": read_json(folder / "state-boundary.pt.gz.json")["sha256"],
-                      "interrupted_and_resumed_s": seconds["boundary"] + seconds["resumed"]})
+        check.update(
+            {
+                "boundary": boundary,
+                "identical": True,
+                "tensors_compared": compared,
+                "sha256_resumed": read_json(folder / "state-resumed.pt.gz.json")["sha256"],
+                "sha256_boundary": read_json(folder / "state-boundary.pt.gz.json")["sha256"],
+                "interrupted_and_resumed_s": seconds["boundary"] + seconds["resumed"],
+            }
+        )
     check["continuous_s"] = seconds["continuous"]
     write_json(folder / "resume_check.json", check, keep_existing=True)
     check = read_json(folder / "resume_check.json")  # a rerun keeps the first complete record
-    return {"state": state_c, "timings": tm_c, "check": check, "seconds": time.perf_counter() - t,
-            "sha256_final": check["sha256_continuous"]}
+    return {
+        "state": state_c,
+        "timings": tm_c,
+        "check": check,
+        "seconds": time.perf_counter() - t,
+        "sha256_final": check["sha256_continuous"],
+    }
 
 
 def _run_leg(ctx: Context, stage: str, leg: str, start, stop, run_fn, identity: dict, every: int):
@@ -298,10 +373,14 @@ def _run_leg(ctx: Context, stage: str, leg: str, start, stop, run_fn, identity: 
         _say(f"{stage}: {leg} run continues from its checkpoint {saved[-1].name}")
         state = load_state(saved[-1], identity)
     else:
-        _say({"boundary": f"{stage}: interrupted run, stopping after {stop}",
-              "resumed": f"{stage}: resumed from the saved boundary state, to the end",
-              "continuous": f"{stage}: continuous run from scratch"
-                            + (" (compared with the resumed one)" if leg == "continuous" else "")}[leg])
+        _say(
+            {
+                "boundary": f"{stage}: interrupted run, stopping after {stop}",
+                "resumed": f"{stage}: resumed from the saved boundary state, to the end",
+                "continuous": f"{stage}: continuous run from scratch"
+                + (" (compared with the resumed one)" if leg == "continuous" else ""),
+            }[leg]
+        )
         state = start()
 
     def checkpoint(n: int, make_state) -> None:  # called after every epoch / iteration but the last
@@ -310,30 +389,55 @@ def _run_leg(ctx: Context, stage: str, leg: str, start, stop, run_fn, identity: 
         if (interrupt or n % every == 0) and not path.exists():
             save_state(path, make_state(), identity)
         if interrupt:
-            raise Interrupted(f"{stage}: stopped on request after {n} in the {leg} run; checkpoint {path}. "
-                              f"Run the same command again to continue from there.")
+            raise Interrupted(
+                f"{stage}: stopped on request after {n} in the {leg} run; checkpoint {path}. "
+                f"Run the same command again to continue from there."
+            )
 
     state, timings = run_fn(state, stop, checkpoint)
     save_state(final, state, identity)
     if stop_requested():  # the end of a leg is a boundary too
-        raise Interrupted(f"{stage}: stopped on request at the end of the {leg} run; its state {final}. "
-                          f"Run the same command again to continue from there.")
+        raise Interrupted(
+            f"{stage}: stopped on request at the end of the {leg} run; its state {final}. "
+            f"Run the same command again to continue from there."
+        )
     return state, timings, time.perf_counter() - t
 
 
 # ------------------------------------------------------------------------- stages
+
 
 def train_role(ctx: Context, kind: str, train_fn, *, state=None, stop=None, progress=None, checkpoint=None) -> dict:
     """A fresh `kind` role trained by `train_fn` (train_sft or train_judge) on the learning view,
     from the profile's torch seed; returns the training state (what a stage saves and resumes)."""
     role = ctx.role(kind)
     seed_system_rngs(ctx.profile.seeds.torch)
-    return train_fn(role, ctx.corpus.learning_view(), ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile,
-                    state=state, stop_after_epoch=stop, progress=progress, checkpoint=checkpoint)
+    return train_fn(
+        role,
+        ctx.corpus.learning_view(),
+        ctx.tokenizer,
+        ctx.eos_id,
+        ctx.pad_id,
+        ctx.profile,
+        state=state,
+        stop_after_epoch=stop,
+        progress=progress,
+        checkpoint=checkpoint,
+    )
 
 
-def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_line, artifact: str,
-                 resume: bool, stop_after, protocol: bool) -> dict:
+def _epoch_stage(
+    ctx: Context,
+    stage: str,
+    kind: str,
+    key: str,
+    train_fn,
+    epoch_line,
+    artifact: str,
+    resume: bool,
+    stop_after,
+    protocol: bool,
+) -> dict:
     """SFT and the judge: the same resumable epoch stage over a different role and loss."""
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=_initial_fingerprints({kind: ctx.role(kind)}))
@@ -343,6 +447,7 @@ def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_
         def progress(step, total, loss):
             bar.total = total
             tick(step, total, loss)
+
         return train_role(ctx, kind, train_fn, state=state, stop=stop, progress=progress, checkpoint=checkpoint), {}
 
     result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol)
@@ -359,25 +464,47 @@ def _epoch_stage(ctx: Context, stage: str, kind: str, key: str, train_fn, epoch_
         if not (folder / f"{artifact}.json").is_file():  # a rerun keeps a complete artifact
             save_role(role, folder / artifact, identity)
         write_json(folder / "history.json", history, keep_existing=True)
-        write_json(folder / "timings.json", {"seconds": result["seconds"], **result.get("check", {})},
-                   keep_existing=True)
+        write_json(
+            folder / "timings.json", {"seconds": result["seconds"], **result.get("check", {})}, keep_existing=True
+        )
         mark_complete(ctx, stage, sha256_final=result["sha256_final"])
     return result
 
 
 def stage_sft(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
-    return _epoch_stage(ctx, "sft", "actor", "actor", train_sft,
-                        lambda e: (f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
-                                   f"validation loss {e['validation_loss']:.4f}"),
-                        "actor.safetensors", resume, stop_after, protocol)
+    return _epoch_stage(
+        ctx,
+        "sft",
+        "actor",
+        "actor",
+        train_sft,
+        lambda e: (
+            f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation loss {e['validation_loss']:.4f}"
+        ),
+        "actor.safetensors",
+        resume,
+        stop_after,
+        protocol,
+    )
 
 
 def stage_judge(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
-    return _epoch_stage(ctx, "judge", "judge", "judge", train_judge,
-                        lambda e: (f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation "
-                                   f"loss {e['validation_loss']:.4f}  validation accuracy "
-                                   f"{e['validation_accuracy']:.3f}"),
-                        "judge.safetensors", resume, stop_after, protocol)
+    return _epoch_stage(
+        ctx,
+        "judge",
+        "judge",
+        "judge",
+        train_judge,
+        lambda e: (
+            f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation "
+            f"loss {e['validation_loss']:.4f}  validation accuracy "
+            f"{e['validation_accuracy']:.3f}"
+        ),
+        "judge.safetensors",
+        resume,
+        stop_after,
+        protocol,
+    )
 
 
 def ppo_roles(ctx: Context) -> dict:
@@ -396,9 +523,12 @@ def ppo_roles(ctx: Context) -> dict:
 def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> dict:
     view = ctx.corpus.learning_view()
     initial_roles = ppo_roles(ctx)
-    identity = ctx.identity(stage="ppo", sft=sha256_file(ctx.run / "sft" / "actor.safetensors"),
-                            judge=sha256_file(ctx.run / "judge" / "judge.safetensors"),
-                            initial=_initial_fingerprints(initial_roles))
+    identity = ctx.identity(
+        stage="ppo",
+        sft=sha256_file(ctx.run / "sft" / "actor.safetensors"),
+        judge=sha256_file(ctx.run / "judge" / "judge.safetensors"),
+        initial=_initial_fingerprints(initial_roles),
+    )
     cfg = ctx.profile.ppo
     bar, tick = _progress("PPO", cfg.iterations)
 
@@ -410,23 +540,46 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
 
         def progress(it, total, rec):
             tick(it, total, rec["policy_loss"][-1])
-            line = (f"ppo iteration {it}: judge score {rec['mean_score']:+.3f}  sampled log-ratio "
-                    f"{rec['mean_sampled_log_ratio']:+.4f}  value loss {rec['value_loss'][-1]:.4f}  "
-                    f"clip fraction {rec['clip_fraction'][-1]:.3f}  length {rec['response_length']:.1f}  "
-                    f"truncations {rec['truncations']}")
+            line = (
+                f"ppo iteration {it}: judge score {rec['mean_score']:+.3f}  sampled log-ratio "
+                f"{rec['mean_sampled_log_ratio']:+.4f}  value loss {rec['value_loss'][-1]:.4f}  "
+                f"clip fraction {rec['clip_fraction'][-1]:.3f}  length {rec['response_length']:.1f}  "
+                f"truncations {rec['truncations']}"
+            )
             if sys.stderr.isatty():
                 bar.write(line)
             elif it % 10 == 0 or it == total:
                 _say(line)
-        out, tm = train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=state,
-                            stop_after_iteration=stop, use_cache=use_cache, progress=progress, checkpoint=checkpoint)
+
+        out, tm = train_ppo(
+            roles,
+            view,
+            ctx.tokenizer,
+            ctx.eos_id,
+            ctx.pad_id,
+            ctx.profile,
+            state=state,
+            stop_after_iteration=stop,
+            use_cache=use_cache,
+            progress=progress,
+            checkpoint=checkpoint,
+        )
         assert_role_isolation(roles)
         after = {k: fingerprint(r) for k, r in roles.items()}
         check_fingerprints(before, after, moved=out["iterations_done"] > (state or {}).get("iterations_done", 0))
         return out, tm
 
-    result = run_protocol(ctx, "ppo", cfg.resume_stop_iteration, run_fn, identity, resume=resume,
-                          stop_after=stop_after, protocol=protocol, checkpoint_every=cfg.checkpoint_every)
+    result = run_protocol(
+        ctx,
+        "ppo",
+        cfg.resume_stop_iteration,
+        run_fn,
+        identity,
+        resume=resume,
+        stop_after=stop_after,
+        protocol=protocol,
+        checkpoint_every=cfg.checkpoint_every,
+    )
     bar.close()
     if stop_after is None:
         folder = ctx.run / "ppo"
@@ -434,21 +587,27 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         for kind, key in STATE_KEYS.items():
             final[kind].load_learned_state(result["state"][key])
         # From the initial roles and the final state, so that a rerun after a crash writes the same.
-        fingerprints = {"before": _short({k: fingerprint(r) for k, r in initial_roles.items()}),
-                        "after": _short({k: fingerprint(r) for k, r in final.items()})}
+        fingerprints = {
+            "before": _short({k: fingerprint(r) for k, r in initial_roles.items()}),
+            "after": _short({k: fingerprint(r) for k, r in final.items()}),
+        }
         check_fingerprints(fingerprints["before"], fingerprints["after"])
         for kind in ("actor", "critic"):
             if not (folder / f"{kind}.safetensors.json").is_file():
                 save_role(final[kind], folder / f"{kind}.safetensors", identity)
         write_json(folder / "history.json", result["state"]["history"], keep_existing=True)
-        write_json(folder / "timings.json", {"seconds": result["seconds"], **result["timings"],
-                                             **result.get("check", {})}, keep_existing=True)
+        write_json(
+            folder / "timings.json",
+            {"seconds": result["seconds"], **result["timings"], **result.get("check", {})},
+            keep_existing=True,
+        )
         write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)
         mark_complete(ctx, "ppo", sha256_final=result["sha256_final"])
     return result
 
 
 # ------------------------------------------------------------------------- the whole lab
+
 
 def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
     """Every stage in order, skipping those run.json records as complete; returns results.json.
@@ -462,12 +621,16 @@ def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
             continue
         result = fn(ctx, protocol=protocol)
         check = result["check"]
-        _say(f"{name}: {result['seconds']:.1f} s; interrupt/resume identical: {check.get('identical')} "
-             f"({check.get('tensors_compared')} tensors; state sha256 resumed {str(check.get('sha256_resumed'))[:12]}"
-             f" = continuous {str(check.get('sha256_continuous'))[:12]})")
+        _say(
+            f"{name}: {result['seconds']:.1f} s; interrupt/resume identical: {check.get('identical')} "
+            f"({check.get('tensors_compared')} tensors; state sha256 resumed {str(check.get('sha256_resumed'))[:12]}"
+            f" = continuous {str(check.get('sha256_continuous'))[:12]})"
+        )
         _stop_if_requested(ctx)
-    for name, folder, fn in (("evaluate", "evaluation", stage_evaluate),
-                             ("shortcut_audit", "shortcut_audit", run_shortcut_audit)):
+    for name, folder, fn in (
+        ("evaluate", "evaluation", stage_evaluate),
+        ("shortcut_audit", "shortcut_audit", run_shortcut_audit),
+    ):
         if stage_complete(ctx, name):
             _say(f"{name}: already complete in {ctx.run} (skipped)")
             continue
@@ -493,8 +656,7 @@ def _stop_if_requested(ctx: Context) -> None:
 
 def _initial_fingerprints(roles: dict) -> dict:
     """{role: [learned_sha256, frozen_sha256]} of freshly built roles (part of a stage's identity)."""
-    return {k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in
-            ((k, fingerprint(r)) for k, r in roles.items())}
+    return {k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in ((k, fingerprint(r)) for k, r in roles.items())}
 
 
 def _short(fps: dict) -> dict:

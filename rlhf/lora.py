@@ -19,6 +19,7 @@ causal LM (168 projections and 4,399,104 parameters for Qwen2.5-0.5B), in a fixe
 (layer by layer, targets in `TARGETS` order) drawing every A from ONE seeded generator.
 `export_peft` writes PEFT's on-disk adapter format so the result can be checked with PEFT.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,15 @@ from torch import nn
 from rlhf.io import ArtifactExists, write_bytes, write_json
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-           "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+_PARENT = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 
 DEFAULT_RANK = 8
 DEFAULT_ALPHA = 16
@@ -55,8 +63,9 @@ class LoRALinear(nn.Module):
     The base weight and bias get `requires_grad = False`.
     """
 
-    def __init__(self, base: nn.Linear, *, rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA,
-                 generator: torch.Generator):
+    def __init__(
+        self, base: nn.Linear, *, rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA, generator: torch.Generator
+    ):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise ValueError(f"LoRALinear wraps an nn.Linear, got {type(base).__name__}")
@@ -84,8 +93,7 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
         device = base.weight.device
         self.lora_A = nn.Parameter(a.to(device))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32,
-                                               device=device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Generation runs this 14 times per drawn token on tiny shapes, where every dispatched op
@@ -95,14 +103,16 @@ class LoRALinear(nn.Module):
         # are bit-identical to  (W x + b).float() + B(A x.float()) · scaling, cast back.
         base = self.base
         dtype = base.weight.dtype
-        base_out = F.linear(x, base.weight, base.bias)                          # [..., out]
-        branch = F.linear(F.linear(_fp32(x), self.lora_A), self.lora_B)         # [..., out] FP32, unscaled
+        base_out = F.linear(x, base.weight, base.bias)  # [..., out]
+        branch = F.linear(F.linear(_fp32(x), self.lora_A), self.lora_B)  # [..., out] FP32, unscaled
         y = _scaled_sum(_fp32(base_out), branch, self.scaling, self.exact_scaling)
         return y if y.dtype == dtype else y.to(dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"rank={self.rank}, alpha={self.alpha}, scaling={self.scaling}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"rank={self.rank}, alpha={self.alpha}, scaling={self.scaling}"
+        )
 
 
 def _fp32(t: torch.Tensor) -> torch.Tensor:
@@ -176,18 +186,18 @@ def inject_lora(model: nn.Module, *, rank: int, alpha: float, seed: int, targets
         raise ValueError(f"seed must be an int, got {seed!r}")
     already = list(lora_modules(model))
     if already:
-        raise ValueError(f"model already has LoRA adapters (e.g. {already[0]}); "
-                         "refusing to inject twice")
+        raise ValueError(f"model already has LoRA adapters (e.g. {already[0]}); refusing to inject twice")
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if config is None or layers is None:
-        raise ValueError("inject_lora expects a causal LM with .config and .model.layers "
-                         f"(Qwen2ForCausalLM), got {type(model).__name__}")
+        raise ValueError(
+            "inject_lora expects a causal LM with .config and .model.layers "
+            f"(Qwen2ForCausalLM), got {type(model).__name__}"
+        )
     n_layers = getattr(config, "num_hidden_layers", None)
     if n_layers is not None and len(layers) != n_layers:
-        raise ValueError(f"model has {len(layers)} decoder layers but config.num_hidden_layers "
-                         f"is {n_layers}")
+        raise ValueError(f"model has {len(layers)} decoder layers but config.num_hidden_layers is {n_layers}")
     shapes = _expected_shapes(config)
 
     plan: list[tuple[str, nn.Module, str, nn.Linear]] = []
@@ -199,14 +209,14 @@ def inject_lora(model: nn.Module, *, rank: int, alpha: float, seed: int, targets
             if module is None:
                 raise ValueError(f"decoder layer {i} has no target {qual}")
             if not isinstance(module, nn.Linear):
-                raise ValueError(f"{qual} is a {type(module).__name__}, not an nn.Linear; "
-                                 "LoRA only wraps nn.Linear")
+                raise ValueError(f"{qual} is a {type(module).__name__}, not an nn.Linear; LoRA only wraps nn.Linear")
             want_in, want_out = shapes[t]
             got = (module.in_features, module.out_features)
             wshape = tuple(module.weight.shape)
             if got != (want_in, want_out) or wshape != (want_out, want_in):
-                raise ValueError(f"{qual} maps {got[0]}->{got[1]} (weight {list(wshape)}) but the "
-                                 f"config says {want_in}->{want_out}")
+                raise ValueError(
+                    f"{qual} maps {got[0]}->{got[1]} (weight {list(wshape)}) but the config says {want_in}->{want_out}"
+                )
             plan.append((qual, parent, t, module))
 
     for p in model.parameters():
@@ -256,10 +266,12 @@ def load_lora_state_dict(model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
     if missing or unexpected:
-        raise ValueError(f"LoRA state dict names do not match: missing {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''} ({len(missing)}), unexpected "
-                         f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} "
-                         f"({len(unexpected)})")
+        raise ValueError(
+            f"LoRA state dict names do not match: missing {missing[:5]}"
+            f"{' ...' if len(missing) > 5 else ''} ({len(missing)}), unexpected "
+            f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} "
+            f"({len(unexpected)})"
+        )
     for name, p in own.items():
         t = sd[name]
         if not isinstance(t, torch.Tensor):
@@ -285,8 +297,10 @@ def peft_adapter_config(model: nn.Module, base_model_name_or_path: str | None) -
     ranks = {m.rank for m in mods.values()}
     alphas = {m.alpha for m in mods.values()}
     if len(ranks) != 1 or len(alphas) != 1:
-        raise ValueError(f"adapters differ in rank {sorted(ranks)} or alpha {sorted(alphas)}; "
-                         "the PEFT export supports one rank and one alpha")
+        raise ValueError(
+            f"adapters differ in rank {sorted(ranks)} or alpha {sorted(alphas)}; "
+            "the PEFT export supports one rank and one alpha"
+        )
     targets = [t for t in TARGETS if any(name.endswith("." + t) for name in mods)]
     return {
         "alpha_pattern": {},
@@ -324,8 +338,7 @@ def peft_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_peft(model: nn.Module, out_dir: str | os.PathLike,
-                base_model_name_or_path: str | None) -> dict[str, Path]:
+def export_peft(model: nn.Module, out_dir: str | os.PathLike, base_model_name_or_path: str | None) -> dict[str, Path]:
     """Write `adapter_model.safetensors` and `adapter_config.json` (PEFT's format) into `out_dir`.
 
     Both files are written atomically through rlhf.io; if either exists nothing is written.
@@ -348,7 +361,15 @@ def export_peft(model: nn.Module, out_dir: str | os.PathLike,
 
 
 __all__ = [
-    "TARGETS", "LoRALinear", "inject_lora", "lora_modules", "lora_parameters",
-    "count_lora_parameters", "lora_state_dict", "load_lora_state_dict", "peft_adapter_config",
-    "peft_state_dict", "export_peft",
+    "TARGETS",
+    "LoRALinear",
+    "inject_lora",
+    "lora_modules",
+    "lora_parameters",
+    "count_lora_parameters",
+    "lora_state_dict",
+    "load_lora_state_dict",
+    "peft_adapter_config",
+    "peft_state_dict",
+    "export_peft",
 ]

@@ -10,6 +10,7 @@ is ``nan`` and ``inf * 0`` is ``nan``, so a multiplied mask would let a padding 
 ``-inf`` poison a loss (forward or backward). With ``where`` the forward value ignores them
 and their gradient is exactly 0.
 """
+
 from __future__ import annotations
 
 import torch
@@ -88,8 +89,7 @@ def response_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if x.dim() == 1 and m.dim() == 1:
         x, m = x.unsqueeze(0), m.unsqueeze(0)
     if x.dim() != 2 or x.shape != m.shape:
-        raise ValueError(f"x and mask must both be [B, T] (or both [T]); got {tuple(x.shape)} "
-                         f"and {tuple(m.shape)}")
+        raise ValueError(f"x and mask must both be [B, T] (or both [T]); got {tuple(x.shape)} and {tuple(m.shape)}")
     counts = m.sum(dim=-1)
     empty = (counts == 0).nonzero().flatten().tolist()
     if empty:

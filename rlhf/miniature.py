@@ -26,6 +26,7 @@ A CPU run of a CUDA profile is never silent: the miniature of a CUDA profile run
 torch sees one, else on the CPU with `device = "cpu"` written into the profile (and so into
 run.json and its config hash), by the caller's explicit choice (`cpu=True`).
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -36,11 +37,17 @@ from rlhf.config import Profile, override
 from rlhf.io import read_json
 
 MINIATURE_BUDGET = {
-    ("sft", "epochs"): 2, ("sft", "max_updates_per_epoch"): 1, ("sft", "expected_updates"): 2,
+    ("sft", "epochs"): 2,
+    ("sft", "max_updates_per_epoch"): 1,
+    ("sft", "expected_updates"): 2,
     ("sft", "max_validation_examples"): 4,
-    ("judge", "epochs"): 2, ("judge", "max_updates_per_epoch"): 1, ("judge", "expected_updates"): 2,
+    ("judge", "epochs"): 2,
+    ("judge", "max_updates_per_epoch"): 1,
+    ("judge", "expected_updates"): 2,
     ("judge", "max_validation_examples"): 4,
-    ("ppo", "iterations"): 2, ("ppo", "resume_stop_iteration"): 1, ("ppo", "checkpoint_every"): 1,
+    ("ppo", "iterations"): 2,
+    ("ppo", "resume_stop_iteration"): 1,
+    ("ppo", "checkpoint_every"): 1,
     ("ppo", "max_new_tokens"): 8,
     ("evaluation", "max_new_tokens"): 2,
 }
@@ -51,8 +58,9 @@ LAYER_KEYS = (("model", "num_hidden_layers"), ("lora", "expected_adapters"), ("l
 LABEL_KEYS = (("name",), ("device",), ("model", "allow_random_weights"))
 
 
-def miniature_profile(profile: Profile, *, layers: int | None = None, cpu: bool = False,
-                      random_weights: bool = False) -> Profile:
+def miniature_profile(
+    profile: Profile, *, layers: int | None = None, cpu: bool = False, random_weights: bool = False
+) -> Profile:
     """`profile` with MINIATURE_BUDGET written in (rlhf.config.override, checked like a file);
     `layers` cuts the layer count (and the LoRA counts that follow from it); `cpu` runs a CUDA
     profile on the CPU on purpose."""
@@ -95,13 +103,19 @@ def differing_keys(a: Profile, b: Profile) -> set[tuple]:
 
 # ------------------------------------------------------------------------- the dry run
 
+
 def stage_units(profile: Profile) -> dict[str, int]:
     """Updates (SFT, judge) or iterations (PPO) of one leg of each stage under `profile`, and the
     new tokens of each held-out answer (evaluation)."""
     from rlhf.tokens import max_new_tokens
-    return {"sft": profile.sft.expected_updates, "judge": profile.judge.expected_updates,
-            "ppo": profile.ppo.iterations, "ppo_rollout_tokens": max_new_tokens(profile, "ppo"),
-            "evaluation": max_new_tokens(profile, "evaluation")}
+
+    return {
+        "sft": profile.sft.expected_updates,
+        "judge": profile.judge.expected_updates,
+        "ppo": profile.ppo.iterations,
+        "ppo_rollout_tokens": max_new_tokens(profile, "ppo"),
+        "evaluation": max_new_tokens(profile, "evaluation"),
+    }
 
 
 STAGE_FOLDERS = {"sft": "sft", "judge": "judge", "ppo": "ppo"}
@@ -119,14 +133,20 @@ def measured_step_seconds(run: Path, mini: Profile) -> dict[str, dict]:
         out[stage] = {"seconds": seconds, "units": units[stage], "per_unit": seconds / units[stage]}
     # PPO: the rollouts' generation part, per new token (the miniature cuts rollouts short).
     ppo_timings = read_json(run / "ppo" / "timings.json")["per_iteration"]
-    continuous = ppo_timings[-units["ppo"]:]  # the legs append in order; the continuous leg is last
+    continuous = ppo_timings[-units["ppo"] :]  # the legs append in order; the continuous leg is last
     out["ppo"]["rollout_tokens"] = units["ppo_rollout_tokens"]
-    out["ppo"]["generation_per_token"] = (sum(t["generation"] for t in continuous) / units["ppo"]
-                                          / units["ppo_rollout_tokens"])
+    out["ppo"]["generation_per_token"] = (
+        sum(t["generation"] for t in continuous) / units["ppo"] / units["ppo_rollout_tokens"]
+    )
     ev = read_json(run / "evaluation" / "results.json")["seconds"]
     generation = sum(v for k, v in ev.items() if k.endswith("_generation"))
-    out["evaluation"] = {"seconds": ev["total"], "generation_seconds": generation, "units": units["evaluation"],
-                         "per_unit": generation / units["evaluation"], "rest_seconds": ev["total"] - generation}
+    out["evaluation"] = {
+        "seconds": ev["total"],
+        "generation_seconds": generation,
+        "units": units["evaluation"],
+        "per_unit": generation / units["evaluation"],
+        "rest_seconds": ev["total"] - generation,
+    }
     return out
 
 
@@ -144,30 +164,48 @@ def project(step: dict[str, dict], full: Profile) -> dict[str, dict]:
     leg, then the continuous leg): `lab_with_protocol` is 2 x the three stages + evaluation.
     """
     units = stage_units(full)
-    out = {stage: {"per_unit_s": step[stage]["per_unit"], "units": units[stage],
-                   "projected_s": step[stage]["per_unit"] * units[stage]} for stage in STAGE_FOLDERS}
+    out = {
+        stage: {
+            "per_unit_s": step[stage]["per_unit"],
+            "units": units[stage],
+            "projected_s": step[stage]["per_unit"] * units[stage],
+        }
+        for stage in STAGE_FOLDERS
+    }
     # PPO rollouts of the full length: the generation part grows with the new tokens.
     ppo = step["ppo"]
     extra_tokens = units["ppo_rollout_tokens"] - ppo.get("rollout_tokens", units["ppo_rollout_tokens"])
     out["ppo"]["per_unit_s"] = ppo["per_unit"] + ppo["generation_per_token"] * extra_tokens
     out["ppo"]["projected_s"] = out["ppo"]["per_unit_s"] * units["ppo"]
     ev = step["evaluation"]
-    out["evaluation"] = {"per_unit_s": ev["per_unit"], "units": units["evaluation"],
-                         "projected_s": ev["per_unit"] * units["evaluation"] + ev["rest_seconds"]}
+    out["evaluation"] = {
+        "per_unit_s": ev["per_unit"],
+        "units": units["evaluation"],
+        "projected_s": ev["per_unit"] * units["evaluation"] + ev["rest_seconds"],
+    }
     training = sum(out[s]["projected_s"] for s in STAGE_FOLDERS)
     out["one_leg_total_s"] = training + out["evaluation"]["projected_s"]
     out["lab_with_protocol_s"] = 2 * training + out["evaluation"]["projected_s"]
     return out
 
 
-def dry_run(profile: Profile, model_dir, *, out=None, layers: int | None = None, cpu: bool = False,
-            random_weights: bool = False, say=print) -> dict:
+def dry_run(
+    profile: Profile,
+    model_dir,
+    *,
+    out=None,
+    layers: int | None = None,
+    cpu: bool = False,
+    random_weights: bool = False,
+    say=print,
+) -> dict:
     """Run the miniature of `profile` on `model_dir` through every stage (lab.run_lab with the
     interrupt/resume protocol) in `out` (default: a new temporary folder, kept for inspection),
     then write and return dry_run.json: the measured step times and the projection of each
     full stage (`project`)."""
     from rlhf import lab
     from rlhf.io import write_json
+
     mini = miniature_profile(profile, layers=layers, cpu=cpu, random_weights=random_weights)
     run = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="rlhf-dry-run-")) / "run"
     t = time.perf_counter()
@@ -176,13 +214,21 @@ def dry_run(profile: Profile, model_dir, *, out=None, layers: int | None = None,
     wall = time.perf_counter() - t
     step = measured_step_seconds(run, mini)
     projection = project(step, profile)
-    record = {"profile": profile.name, "miniature": mini.name, "device": ctx.device, "model_dir": str(model_dir),
-              "run": str(run), "wall_s": wall, "measured": step, "projection": projection,
-              "arithmetic": read_json(run / lab.RUN_FILE)["arithmetic"]["note"],
-              "formula": "projected stage seconds = measured seconds per update/iteration (continuous leg) "
-                         "x the full profile's updates/iterations; a PPO iteration adds the rollout's "
-                         "generation seconds per token x the tokens the miniature cut; evaluation = "
-                         "generation seconds per new token x full answer length + the rest as measured"}
+    record = {
+        "profile": profile.name,
+        "miniature": mini.name,
+        "device": ctx.device,
+        "model_dir": str(model_dir),
+        "run": str(run),
+        "wall_s": wall,
+        "measured": step,
+        "projection": projection,
+        "arithmetic": read_json(run / lab.RUN_FILE)["arithmetic"]["note"],
+        "formula": "projected stage seconds = measured seconds per update/iteration (continuous leg) "
+        "x the full profile's updates/iterations; a PPO iteration adds the rollout's "
+        "generation seconds per token x the tokens the miniature cut; evaluation = "
+        "generation seconds per new token x full answer length + the rest as measured",
+    }
     write_json(run / "dry_run.json", record)
     for line in dry_run_lines(record):
         say(line)
@@ -192,18 +238,27 @@ def dry_run(profile: Profile, model_dir, *, out=None, layers: int | None = None,
 def dry_run_lines(record: dict) -> list[str]:
     """What `rlhf lab --dry-run` prints."""
     p = record["projection"]
-    names = {"sft": "SFT updates", "judge": "judge updates", "ppo": "PPO iterations",
-             "evaluation": "evaluation new tokens per answer"}
-    lines = [f"dry run of {record['profile']} ({record['miniature']}) on {record['device']} "
-             f"finished in {record['wall_s']:.1f} s: every stage ran, the interrupt/resume protocol held; "
-             f"arithmetic: {record['arithmetic']}",
-             f"projected time of the full {record['profile']} run on this machine "
-             f"({record['formula']}):"]
+    names = {
+        "sft": "SFT updates",
+        "judge": "judge updates",
+        "ppo": "PPO iterations",
+        "evaluation": "evaluation new tokens per answer",
+    }
+    lines = [
+        f"dry run of {record['profile']} ({record['miniature']}) on {record['device']} "
+        f"finished in {record['wall_s']:.1f} s: every stage ran, the interrupt/resume protocol held; "
+        f"arithmetic: {record['arithmetic']}",
+        f"projected time of the full {record['profile']} run on this machine ({record['formula']}):",
+    ]
     for stage in ("sft", "judge", "ppo", "evaluation"):
         s = p[stage]
-        lines.append(f"  {stage:<10} {s['per_unit_s']:9.2f} s x {s['units']:>3} {names[stage]:<33} = "
-                     f"{s['projected_s'] / 3600:8.2f} h")
-    lines.append(f"  one leg of each stage + evaluation: {p['one_leg_total_s'] / 3600:.2f} h; the lab with its "
-                 f"interrupt/resume protocol (training stages twice): {p['lab_with_protocol_s'] / 3600:.2f} h")
+        lines.append(
+            f"  {stage:<10} {s['per_unit_s']:9.2f} s x {s['units']:>3} {names[stage]:<33} = "
+            f"{s['projected_s'] / 3600:8.2f} h"
+        )
+    lines.append(
+        f"  one leg of each stage + evaluation: {p['one_leg_total_s'] / 3600:.2f} h; the lab with its "
+        f"interrupt/resume protocol (training stages twice): {p['lab_with_protocol_s'] / 3600:.2f} h"
+    )
     lines.append(f"  everything is in {record['run']} (a throw-away folder; dry_run.json holds these numbers)")
     return lines

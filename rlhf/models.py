@@ -9,6 +9,7 @@ replaced weights are refused by their hash, whatever a marker says. It never tou
 network: `fetch_model` (command `rlhf fetch-model`) is the one explicit download, for people who
 have network access.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,12 +24,26 @@ from rlhf.config import Profile
 from rlhf.io import ArtifactExists, dumps_json, read_json, sha256_file, write_text
 
 FETCH_MARKER = "rlhf-fetch.json"
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "vocab_size")
+SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 # What `fetch_model` downloads: weights, config and tokenizer files, nothing else.
-FETCH_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "tokenizer.json",
-                  "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"]
+FETCH_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+]
 
 
 class ModelCheckError(ValueError):
@@ -47,8 +62,10 @@ class Base:
 def how_to_get(profile: Profile, model_dir) -> str:
     if profile.model.kind == "embedded":
         return f"build it with: rlhf build-embedded --out {model_dir}"
-    return (f"download it (needs network access) with: rlhf fetch-model --out {model_dir}  "
-            f"(repo {profile.model.repo_id}, revision {profile.model.revision})")
+    return (
+        f"download it (needs network access) with: rlhf fetch-model --out {model_dir}  "
+        f"(repo {profile.model.repo_id}, revision {profile.model.revision})"
+    )
 
 
 def check_config(profile: Profile, config) -> None:
@@ -59,8 +76,9 @@ def check_config(profile: Profile, config) -> None:
         raise ModelCheckError(f"architecture {arch} is not {spec.architecture}")
     for key in SHAPE_KEYS:
         if getattr(config, key) != getattr(spec, key):
-            raise ModelCheckError(f"{key} is {getattr(config, key)}, profile {profile.name} "
-                                  f"requires {getattr(spec, key)}")
+            raise ModelCheckError(
+                f"{key} is {getattr(config, key)}, profile {profile.name} requires {getattr(spec, key)}"
+            )
     if not config.tie_word_embeddings:
         raise ModelCheckError("input and output embeddings are not tied (tie_word_embeddings false)")
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
@@ -77,8 +95,10 @@ def check_revision(profile: Profile, model_dir: Path) -> str:
         # A random-weight stand-in of the full shape (time/memory runs without the download):
         # accepted only when the caller's profile says so, and recorded as such.
         if not profile.model.allow_random_weights:
-            raise ModelCheckError(f"{model_dir} holds RANDOM weights of the {profile.name} shape, not "
-                                  f"revision {want}; {how_to_get(profile, model_dir)}")
+            raise ModelCheckError(
+                f"{model_dir} holds RANDOM weights of the {profile.name} shape, not "
+                f"revision {want}; {how_to_get(profile, model_dir)}"
+            )
         return "random-weights"
     if marker.is_file():
         got = read_json(marker).get("revision")
@@ -86,8 +106,9 @@ def check_revision(profile: Profile, model_dir: Path) -> str:
         meta = model_dir / ".cache" / "huggingface" / "download" / "config.json.metadata"
         got = meta.read_text().split("\n")[0].strip() if meta.is_file() else None
     if got != want:
-        raise ModelCheckError(f"{model_dir} holds revision {got!r}, profile {profile.name} pins "
-                              f"{want}; {how_to_get(profile, model_dir)}")
+        raise ModelCheckError(
+            f"{model_dir} holds revision {got!r}, profile {profile.name} pins {want}; {how_to_get(profile, model_dir)}"
+        )
     return got
 
 
@@ -126,8 +147,11 @@ def freeze(model) -> None:
 
 def directory_identity(model_dir: Path) -> dict:
     """SHA-256 of every weight, config and tokenizer file in the directory."""
-    return {p.name: sha256_file(p) for p in sorted(model_dir.iterdir())
-            if p.is_file() and p.name != FETCH_MARKER and not p.name.startswith(".")}
+    return {
+        p.name: sha256_file(p)
+        for p in sorted(model_dir.iterdir())
+        if p.is_file() and p.name != FETCH_MARKER and not p.name.startswith(".")
+    }
 
 
 # Where a model directory records the SHA-256 of its files: `rlhf build-embedded` writes
@@ -158,16 +182,22 @@ def check_recorded_files(model_dir: Path, files: dict[str, str]) -> str | None:
             problems.append(f"{file} is missing")
         elif files[file] != digest:
             problems.append(f"{file} has SHA-256 {files[file][:12]}..., {name} records {digest[:12]}...")
-    problems += [f"{file} holds weights that {name} does not record" for file in sorted(files)
-                 if file not in recorded and file.endswith(WEIGHT_SUFFIXES)]
+    problems += [
+        f"{file} holds weights that {name} does not record"
+        for file in sorted(files)
+        if file not in recorded and file.endswith(WEIGHT_SUFFIXES)
+    ]
     if problems:
-        raise ModelCheckError(f"{model_dir} does not hold the files it was built or fetched with "
-                              f"(replaced or damaged): {'; '.join(problems)}")
+        raise ModelCheckError(
+            f"{model_dir} does not hold the files it was built or fetched with "
+            f"(replaced or damaged): {'; '.join(problems)}"
+        )
     return name
 
 
 def load_tokenizer(model_dir):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
@@ -183,8 +213,7 @@ def load_base(profile: Profile, model_dir, *, device: str = "cpu", identity: dic
     hf_logging.disable_progress_bar()  # our own progress bars say what is happening
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"no model at {model_dir} (config.json missing); "
-                                f"{how_to_get(profile, model_dir)}")
+        raise FileNotFoundError(f"no model at {model_dir} (config.json missing); {how_to_get(profile, model_dir)}")
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     check_config(profile, config)
     revision = check_revision(profile, model_dir) if profile.model.revision is not None else None
@@ -207,25 +236,39 @@ def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cp
 
     spec = profile.model
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
-    config = Qwen2Config(**{k: getattr(spec, k) for k in SHAPE_KEYS}, tie_word_embeddings=True,
-                         max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                         eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
-                         architectures=[spec.architecture], dtype=spec.dtype)
+    config = Qwen2Config(
+        **{k: getattr(spec, k) for k in SHAPE_KEYS},
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        architectures=[spec.architecture],
+        dtype=spec.dtype,
+    )
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(DTYPES[spec.dtype])
     check_config(profile, model.config)
     check_model(profile, model)
     freeze(model)
-    return Base(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id,
-                identity={"profile": profile.name, "random_weights_seed": seed})
+    return Base(
+        model=model,
+        tokenizer=tokenizer,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        identity={"profile": profile.name, "random_weights_seed": seed},
+    )
 
 
 def fetch_model(profile: Profile, out_dir, *, snapshot_download=None) -> Path:
     """Download the profile's pinned revision into `out_dir` (which must not exist or be empty)."""
     if profile.model.revision is None:
-        raise ValueError(f"profile {profile.name} has no downloadable model "
-                         f"(the embedded base is built with `rlhf build-embedded`)")
+        raise ValueError(
+            f"profile {profile.name} has no downloadable model (the embedded base is built with `rlhf build-embedded`)"
+        )
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ArtifactExists(f"refusing to download into non-empty directory {out_dir}")
@@ -235,11 +278,13 @@ def fetch_model(profile: Profile, out_dir, *, snapshot_download=None) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        snapshot_download(repo_id=spec.repo_id, revision=spec.revision, local_dir=str(tmp),
-                          allow_patterns=FETCH_PATTERNS)
-        write_text(tmp / FETCH_MARKER, dumps_json({
-            "repo_id": spec.repo_id, "revision": spec.revision,
-            "files": directory_identity(tmp)}))
+        snapshot_download(
+            repo_id=spec.repo_id, revision=spec.revision, local_dir=str(tmp), allow_patterns=FETCH_PATTERNS
+        )
+        write_text(
+            tmp / FETCH_MARKER,
+            dumps_json({"repo_id": spec.repo_id, "revision": spec.revision, "files": directory_identity(tmp)}),
+        )
         os.chmod(tmp, 0o755)
         if out_dir.exists():
             out_dir.rmdir()
@@ -266,11 +311,13 @@ def write_random_model_dir(profile: Profile, out_dir, tokenizer_file, *, seed: i
         # The tokenizer's own config beside it (special tokens, chat template), as a real model has.
         tokenizer = load_tokenizer(Path(tokenizer_file).parent)
     else:
-        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>",
-                                            pad_token="<|endoftext|>")
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+        )
     base = random_base(profile, tokenizer, seed=seed)
     base.model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    write_text(out_dir / FETCH_MARKER, dumps_json({"random_weights": True, "seed": seed,
-                                                   "shape_of": profile.model.revision}))
+    write_text(
+        out_dir / FETCH_MARKER, dumps_json({"random_weights": True, "seed": seed, "shape_of": profile.model.revision})
+    )
     return out_dir

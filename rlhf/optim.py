@@ -6,14 +6,15 @@ hard stop on a non-finite loss or gradient that names where it happened: stage, 
 step ("SFT stage, actor role, update 3 (epoch 1): loss is nan; ..."; PPO adds the iteration).
 Nothing is saved mid-update, so the last state on disk stays the last good one.
 """
+
 from __future__ import annotations
 
 import torch
 
+from rlhf.checkpoint import rng_state, set_rng_state
 from rlhf.config import Judge, Profile, Sft
 from rlhf.io import crash_point
 from rlhf.ppo_math import learning_rate
-from rlhf.checkpoint import rng_state, set_rng_state
 
 
 class NonFiniteError(FloatingPointError):
@@ -35,13 +36,14 @@ def optimizer_step(optimizer, params, loss: torch.Tensor, lr: float, clip_norm: 
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm)
     if not torch.isfinite(grad_norm):
-        raise NonFiniteError(f"{where}: gradient norm is {float(grad_norm)}; stopping "
-                             f"(the last saved state is intact)")
+        raise NonFiniteError(f"{where}: gradient norm is {float(grad_norm)}; stopping (the last saved state is intact)")
     optimizer.step()
     return float(grad_norm)
 
 
-def epoch_budget(n_items: int, per_update: int, epochs: int, max_updates_per_epoch: int | None = None) -> tuple[int, int]:
+def epoch_budget(
+    n_items: int, per_update: int, epochs: int, max_updates_per_epoch: int | None = None
+) -> tuple[int, int]:
     """(updates per epoch, total updates): a last short update takes the remainder.
 
     `max_updates_per_epoch` (absent from the lab's profiles) cuts each epoch to its first k
@@ -52,9 +54,23 @@ def epoch_budget(n_items: int, per_update: int, epochs: int, max_updates_per_epo
     return per_epoch, per_epoch * epochs
 
 
-def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: Sft | Judge, profile: Profile,
-                 update_loss, epoch_summary, *, label: str, state: dict | None = None,
-                 stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
+def train_epochs(
+    role,
+    stage: str,
+    key: str,
+    train: list,
+    per_update: int,
+    cfg: Sft | Judge,
+    profile: Profile,
+    update_loss,
+    epoch_summary,
+    *,
+    label: str,
+    state: dict | None = None,
+    stop_after_epoch: int | None = None,
+    progress=None,
+    checkpoint=None,
+) -> dict:
     """The epoch loop of SFT and the judge: the same order, schedule, step and resume state.
 
     Each epoch draws a permutation of `train` from the data-order generator and takes
@@ -73,19 +89,22 @@ def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: 
     per_epoch, total = epoch_budget(len(train), per_update, cfg.epochs, cfg.max_updates_per_epoch)
     params = [p for p in role.learned_parameters() if p.requires_grad]
     optimizer, order, history, first_epoch, step = _start_epochs(
-        role, key, params, cfg.lr, opt_cfg.weight_decay, profile.seeds.data_order, total, state)
+        role, key, params, cfg.lr, opt_cfg.weight_decay, profile.seeds.data_order, total, state
+    )
     last_epoch = cfg.epochs if stop_after_epoch is None else stop_after_epoch
     for epoch in range(first_epoch, last_epoch):
         perm = torch.randperm(len(train), generator=order).tolist()
         for u in range(per_epoch):
-            items = [train[i] for i in perm[u * per_update:(u + 1) * per_update]]
+            items = [train[i] for i in perm[u * per_update : (u + 1) * per_update]]
             lr = learning_rate(step, total, cfg.lr, opt_cfg.warmup_ratio, opt_cfg.min_lr_ratio)
             crash_point(f"{stage}.update")
             loss, extra = update_loss(items)
-            grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg.grad_clip_norm,
-                                       f"{label}, update {step} (epoch {epoch})")
-            history["updates"].append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr,
-                                       **extra, "grad_norm": grad_norm})
+            grad_norm = optimizer_step(
+                optimizer, params, loss, lr, opt_cfg.grad_clip_norm, f"{label}, update {step} (epoch {epoch})"
+            )
+            history["updates"].append(
+                {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr, **extra, "grad_norm": grad_norm}
+            )
             step += 1
             if progress is not None:
                 progress(step, total, float(loss.detach()))
@@ -95,8 +114,7 @@ def train_epochs(role, stage: str, key: str, train: list, per_update: int, cfg: 
     return _epoch_state(stage, key, role, optimizer, order, history, last_epoch, step)
 
 
-def _start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: int, total: int,
-                  state: dict | None):
+def _start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: int, total: int, state: dict | None):
     """AdamW, the data-order generator, the history, and - when resuming - everything restored
     from `state` (its learned tensors under `key`). Returns (optimizer, order, history, first_epoch, step)."""
     optimizer = adamw(params, lr, weight_decay)
@@ -113,6 +131,13 @@ def _start_epochs(role, key: str, params, lr: float, weight_decay: float, seed: 
 
 def _epoch_state(stage: str, key: str, role, optimizer, order, history: dict, epochs_done: int, step: int) -> dict:
     """Everything an epoch-based stage needs to resume after `epochs_done` epochs."""
-    return {"stage": stage, "epochs_done": epochs_done, "step": step, key: role.learned_state(),
-            "optimizer": optimizer.state_dict(), "order_generator": order.get_state(), "rng": rng_state(),
-            "history": history}
+    return {
+        "stage": stage,
+        "epochs_done": epochs_done,
+        "step": step,
+        key: role.learned_state(),
+        "optimizer": optimizer.state_dict(),
+        "order_generator": order.get_state(),
+        "rng": rng_state(),
+        "history": history,
+    }

@@ -27,6 +27,7 @@ says plainly that its hashes cannot be compared with the pinned golden numbers.
 
 This module must not import torch at module level: it runs before torch exists in the process.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,6 +73,7 @@ def describe() -> dict:
     can be compared with the committed golden numbers of another machine.
     """
     import torch
+
     machine = platform.machine().lower()
     capability = torch.backends.cpu.get_cpu_capability()
     mkl = bool(torch.backends.mkl.is_available())
@@ -98,8 +100,9 @@ def describe() -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "comparable": not problems,
-        "note": "pinned arithmetic: hashes comparable across x86-64 CPUs" if not problems else
-                "hashes NOT comparable with the pinned golden numbers: " + "; ".join(problems),
+        "note": "pinned arithmetic: hashes comparable across x86-64 CPUs"
+        if not problems
+        else "hashes NOT comparable with the pinned golden numbers: " + "; ".join(problems),
     }
 
 

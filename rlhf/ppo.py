@@ -22,6 +22,7 @@ before the first update is only compared with it (and the difference recorded).
 
 State after each iteration (`ppo_state`) is complete: resuming from it replays the same run.
 """
+
 from __future__ import annotations
 
 import resource
@@ -30,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf.config import Ppo, Profile
 from rlhf import ppo_math
 from rlhf.checkpoint import rng_state, set_rng_state
+from rlhf.config import Ppo, Profile
 from rlhf.generate import generate
 from rlhf.io import crash_point
 from rlhf.masks import last_active_index
@@ -70,8 +71,12 @@ class PromptSampler:
         return out
 
     def state(self) -> dict:
-        return {"generator": self.generator.get_state(), "permutation": self.permutation.clone(),
-                "pointer": self.pointer, "epoch": self.epoch}
+        return {
+            "generator": self.generator.get_state(),
+            "permutation": self.permutation.clone(),
+            "pointer": self.pointer,
+            "epoch": self.epoch,
+        }
 
     def load(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
@@ -96,74 +101,106 @@ def _sync():
 class Rollout:
     """One iteration's rollout: detached data, fixed across both updates of the iteration.
     B responses, R response positions (right-padded; `batch.response_mask` marks the active ones)."""
-    batch: Batch                   # prompt + response ids, attention mask, positions, response mask
-    responses: list[list[int]]     # the sampled ids of each response, EOS included
-    ended: list[bool]              # [B] ended with EOS (else cut at the token limit)
-    logp_old: torch.Tensor         # [B, R] the sampling actor's log-prob of each sampled token
-    logp_ref: torch.Tensor         # [B, R] the frozen reference's log-prob of that token
-    score: torch.Tensor            # [B]    the frozen judge's score at the last active token
-    values: torch.Tensor           # [B, R] the critic's V before each token
-    rewards: torch.Tensor          # [B, R] penalty per token + score (and truncation) once at the end
-    advantages: torch.Tensor       # [B, R] GAE, gamma 1, lambda 0.95
-    returns: torch.Tensor          # [B, R] advantages + values
-    truncated: torch.Tensor        # [B]    bool, cut at the token limit without EOS
+
+    batch: Batch  # prompt + response ids, attention mask, positions, response mask
+    responses: list[list[int]]  # the sampled ids of each response, EOS included
+    ended: list[bool]  # [B] ended with EOS (else cut at the token limit)
+    logp_old: torch.Tensor  # [B, R] the sampling actor's log-prob of each sampled token
+    logp_ref: torch.Tensor  # [B, R] the frozen reference's log-prob of that token
+    score: torch.Tensor  # [B]    the frozen judge's score at the last active token
+    values: torch.Tensor  # [B, R] the critic's V before each token
+    rewards: torch.Tensor  # [B, R] penalty per token + score (and truncation) once at the end
+    advantages: torch.Tensor  # [B, R] GAE, gamma 1, lambda 0.95
+    returns: torch.Tensor  # [B, R] advantages + values
+    truncated: torch.Tensor  # [B]    bool, cut at the token limit without EOS
 
 
 @torch.no_grad()
-def rollout(roles: dict, prompt_ids: list[list[int]], eos_id: int, pad_id: int, profile: Profile,
-            sample_gen: torch.Generator, use_cache: bool, timings: dict) -> Rollout:
+def rollout(
+    roles: dict,
+    prompt_ids: list[list[int]],
+    eos_id: int,
+    pad_id: int,
+    profile: Profile,
+    sample_gen: torch.Generator,
+    use_cache: bool,
+    timings: dict,
+) -> Rollout:
     """Sample, then score the visited prefixes with reference, judge and critic (all detached)."""
     cfg = profile.ppo
     device = next(roles["actor"].model.parameters()).device
     t = time.perf_counter()
-    gen = generate(roles["actor"].model, prompt_ids, eos_id=eos_id, pad_id=pad_id,
-                   max_new_tokens=max_new_tokens(profile, "ppo"), temperature=cfg.temperature,
-                   generator=sample_gen, use_cache=use_cache, last_logits_only=profile.runtime.last_logits_only)
+    gen = generate(
+        roles["actor"].model,
+        prompt_ids,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        max_new_tokens=max_new_tokens(profile, "ppo"),
+        temperature=cfg.temperature,
+        generator=sample_gen,
+        use_cache=use_cache,
+        last_logits_only=profile.runtime.last_logits_only,
+    )
     _sync()
     timings["generation"] = time.perf_counter() - t
     batch = collate(prompt_ids, gen.responses, pad_id).to(device)
     mask = batch.response_mask
     logp_old = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
     for b, lp in enumerate(gen.logps):
-        logp_old[b, :len(lp)] = torch.tensor(lp, dtype=torch.float32, device=device)
+        logp_old[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32, device=device)
     t = time.perf_counter()
-    logp_ref = response_logprobs(roles["reference"].model, batch)          # [B, R]
+    logp_ref = response_logprobs(roles["reference"].model, batch)  # [B, R]
     _sync()
     timings["reference"] = time.perf_counter() - t
     t = time.perf_counter()
-    score = reward_scores(roles["judge"], batch)                          # [B]
+    score = reward_scores(roles["judge"], batch)  # [B]
     _sync()
     timings["judge"] = time.perf_counter() - t
     t = time.perf_counter()
-    values = critic_values(roles["critic"], batch)                         # [B, R]
+    values = critic_values(roles["critic"], batch)  # [B, R]
     _sync()
     timings["critic_values"] = time.perf_counter() - t
-    truncated = torch.tensor([not e for e in gen.ended], device=device)   # [B]
-    rewards = ppo_math.token_rewards(logp_old, logp_ref, score, mask, truncated,
-                                     kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty)
+    truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
+    rewards = ppo_math.token_rewards(
+        logp_old, logp_ref, score, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
+    )
     dones = torch.zeros_like(mask)
-    dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True      # EOS or truncation ends it
+    dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True  # EOS or truncation ends it
     advantages, returns = ppo_math.gae(rewards, values, dones, gamma=cfg.gamma, lam=cfg.lam)
-    return Rollout(batch=batch, responses=gen.responses, ended=gen.ended, logp_old=logp_old, logp_ref=logp_ref,
-                   score=score, values=values, rewards=rewards, advantages=advantages, returns=returns,
-                   truncated=truncated)
+    return Rollout(
+        batch=batch,
+        responses=gen.responses,
+        ended=gen.ended,
+        logp_old=logp_old,
+        logp_ref=logp_ref,
+        score=score,
+        values=values,
+        rewards=rewards,
+        advantages=advantages,
+        returns=returns,
+        truncated=truncated,
+    )
 
 
-def _descend(role, optimizer, loss: torch.Tensor, kind: str, step: int, total: int, profile: Profile,
-             where: str) -> tuple[float, float]:
+def _descend(
+    role, optimizer, loss: torch.Tensor, kind: str, step: int, total: int, profile: Profile, where: str
+) -> tuple[float, float]:
     """One optimizer step of the actor or the critic at its scheduled rate: (lr, pre-clip grad norm)."""
     opt_cfg = profile.optim
-    lr = ppo_math.learning_rate(step, total, getattr(profile.ppo, f"{kind}_lr"), opt_cfg.warmup_ratio,
-                                opt_cfg.min_lr_ratio)
+    lr = ppo_math.learning_rate(
+        step, total, getattr(profile.ppo, f"{kind}_lr"), opt_cfg.warmup_ratio, opt_cfg.min_lr_ratio
+    )
     params = [p for p in role.learned_parameters() if p.requires_grad]
-    grad_norm = optimizer_step(optimizer, params, loss, lr, opt_cfg.grad_clip_norm,
-                               f"PPO stage, {kind} role, update {step} ({where})")
+    grad_norm = optimizer_step(
+        optimizer, params, loss, lr, opt_cfg.grad_clip_norm, f"PPO stage, {kind} role, update {step} ({where})"
+    )
     _sync()
     return lr, grad_norm
 
 
-def ppo_update(roles, optimizers, ro: Rollout, profile: Profile, step: int, total: int, where: str,
-               timings: dict) -> dict:
+def ppo_update(
+    roles, optimizers, ro: Rollout, profile: Profile, step: int, total: int, where: str, timings: dict
+) -> dict:
     """One update of the actor, then one of the critic, on a fixed rollout."""
     cfg = profile.ppo
     batch, mask = ro.batch, ro.batch.response_mask
@@ -179,9 +216,15 @@ def ppo_update(roles, optimizers, ro: Rollout, profile: Profile, step: int, tota
     timings["critic_update"] = timings.get("critic_update", 0.0) + time.perf_counter() - t
     with torch.no_grad():
         clip_frac = ppo_math.clip_fraction(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg.clip)
-    return {"policy_loss": float(policy_loss.detach()), "value_loss": float(v_loss.detach()),
-            "clip_fraction": float(clip_frac), "actor_lr": lr_a, "critic_lr": lr_c,
-            "actor_grad_norm": gn_a, "critic_grad_norm": gn_c}
+    return {
+        "policy_loss": float(policy_loss.detach()),
+        "value_loss": float(v_loss.detach()),
+        "clip_fraction": float(clip_frac),
+        "actor_lr": lr_a,
+        "critic_lr": lr_c,
+        "actor_grad_norm": gn_a,
+        "critic_grad_norm": gn_c,
+    }
 
 
 def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
@@ -193,19 +236,39 @@ def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
     kl_reward = ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, profile.ppo.kl_coef)[b, :n]
     rows = []
     for j in range(n):
-        rows.append({"token": tokenizer.convert_ids_to_tokens(ids[j]) if ids[j] < len(tokenizer) else f"<id {ids[j]}>",
-                     "logp_old": float(ro.logp_old[b, j]), "logp_ref": float(ro.logp_ref[b, j]),
-                     "kl_reward": float(kl_reward[j]), "reward": float(ro.rewards[b, j]),
-                     "value": float(ro.values[b, j]), "advantage": float(ro.advantages[b, j]),
-                     "return": float(ro.returns[b, j])})
+        rows.append(
+            {
+                "token": tokenizer.convert_ids_to_tokens(ids[j]) if ids[j] < len(tokenizer) else f"<id {ids[j]}>",
+                "logp_old": float(ro.logp_old[b, j]),
+                "logp_ref": float(ro.logp_ref[b, j]),
+                "kl_reward": float(kl_reward[j]),
+                "reward": float(ro.rewards[b, j]),
+                "value": float(ro.values[b, j]),
+                "advantage": float(ro.advantages[b, j]),
+                "return": float(ro.returns[b, j]),
+            }
+        )
     return rows
 
 
 # ------------------------------------------------------------------------- the PPO loop
 
-def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, *, state: dict | None = None,
-              stop_after_iteration: int | None = None, use_cache: bool = True, progress=None,
-              keep_token_views: int = 3, checkpoint=None) -> tuple[dict, dict]:
+
+def train_ppo(
+    roles: dict,
+    view,
+    tokenizer,
+    eos_id: int,
+    pad_id: int,
+    profile: Profile,
+    *,
+    state: dict | None = None,
+    stop_after_iteration: int | None = None,
+    use_cache: bool = True,
+    progress=None,
+    keep_token_views: int = 3,
+    checkpoint=None,
+) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
 
     restore -> for each iteration: rollout, 2 x ppo_update, record -> save. The state holds the
@@ -231,8 +294,10 @@ def train_ppo(roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: P
         ro = rollout(roles, [encoded[i] for i in idx], eos_id, pad_id, profile, run["sample_gen"], use_cache, tm)
         if run["history"]["scoring_check"] is None:
             run["history"]["scoring_check"] = _scoring_check(roles["actor"], ro, it, use_cache)
-        stats = [ppo_update(roles, run["optimizers"], ro, profile, it * updates + u, total, f"iteration {it}", tm)
-                 for u in range(updates)]
+        stats = [
+            ppo_update(roles, run["optimizers"], ro, profile, it * updates + u, total, f"iteration {it}", tm)
+            for u in range(updates)
+        ]
         record = _record(it, [prompts[i]["document_id"] for i in idx], ro, stats, cfg)
         _append_history(run["history"], record, ro, tokenizer, profile, keep_token_views)
         tm["iteration"] = time.perf_counter() - t_iter
@@ -252,15 +317,16 @@ def _restore(roles: dict, profile: Profile, n_prompts: int, state: dict | None) 
     seeds, or restored (with the roles' learned tensors and the system RNGs) from `state`."""
     cfg, seeds, decay = profile.ppo, profile.seeds, profile.optim.weight_decay
     actor, critic = roles["actor"], roles["critic"]
-    run = {"optimizers": {"actor": adamw([p for p in actor.learned_parameters() if p.requires_grad],
-                                         cfg.actor_lr, decay),
-                          "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad],
-                                          cfg.critic_lr, decay)},
-           "sampler": PromptSampler(n_prompts, seeds.data_order),
-           "sample_gen": torch.Generator(device=next(actor.model.parameters()).device).manual_seed(
-               seeds.ppo_sampling),
-           "history": {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None},
-           "start": 0}
+    run = {
+        "optimizers": {
+            "actor": adamw([p for p in actor.learned_parameters() if p.requires_grad], cfg.actor_lr, decay),
+            "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad], cfg.critic_lr, decay),
+        },
+        "sampler": PromptSampler(n_prompts, seeds.data_order),
+        "sample_gen": torch.Generator(device=next(actor.model.parameters()).device).manual_seed(seeds.ppo_sampling),
+        "history": {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None},
+        "start": 0,
+    }
     if state is not None:
         actor.load_learned_state(state["actor"])
         critic.load_learned_state(state["critic"])
@@ -279,8 +345,13 @@ def _scoring_check(actor, ro: Rollout, it: int, use_cache: bool) -> dict:
     tokens, before any update: recorded, never substituted."""
     tf = response_logprobs(actor.model, ro.batch)
     diff = (tf - ro.logp_old).abs()[ro.batch.response_mask]
-    return {"iteration": it, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-            "tokens": int(diff.numel()), "use_cache": use_cache}
+    return {
+        "iteration": it,
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "tokens": int(diff.numel()),
+        "use_cache": use_cache,
+    }
 
 
 def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg: Ppo) -> dict:
@@ -293,32 +364,56 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
         "mean_score": float(ro.score.mean()),
         "scores": ro.score.tolist(),
         "mean_sampled_log_ratio": float(ppo_math.mean_sampled_log_ratio(ro.logp_old, ro.logp_ref, mask).mean()),
-        "mean_kl_penalty": float(ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, cfg.kl_coef)
-                                 .sum(-1).div(lengths).mean()),
+        "mean_kl_penalty": float(
+            ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, cfg.kl_coef).sum(-1).div(lengths).mean()
+        ),
         "mean_value": float(ro.values.sum() / mask.sum()),
         "mean_advantage": float(ro.advantages[mask].mean()),
         "mean_return": float(ro.returns[mask].mean()),
         "response_length": float(lengths.mean()),
         "truncations": int(ro.truncated.sum()),
-        **{key: [s[key] for s in stats] for key in ("policy_loss", "value_loss", "clip_fraction", "actor_lr",
-                                                     "critic_lr", "actor_grad_norm", "critic_grad_norm")},
+        **{
+            key: [s[key] for s in stats]
+            for key in (
+                "policy_loss",
+                "value_loss",
+                "clip_fraction",
+                "actor_lr",
+                "critic_lr",
+                "actor_grad_norm",
+                "critic_grad_norm",
+            )
+        },
     }
 
 
-def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile: Profile, keep_token_views: int) -> None:
+def _append_history(
+    history: dict, record: dict, ro: Rollout, tokenizer, profile: Profile, keep_token_views: int
+) -> None:
     """The iteration's record, its consumed rollout ids, and (first few and last) a token view."""
     history["iterations"].append(record)
     history["consumed"].extend(record["prompt_ids"])
     if len(history["token_views"]) < keep_token_views or record["iteration"] == profile.ppo.iterations - 1:
-        history["token_views"].append({"iteration": record["iteration"], "prompt_id": record["prompt_ids"][0],
-                                       "score": float(ro.score[0]), "ended": ro.ended[0],
-                                       "tokens": token_view(tokenizer, ro, 0, profile)})
+        history["token_views"].append(
+            {
+                "iteration": record["iteration"],
+                "prompt_id": record["prompt_ids"][0],
+                "score": float(ro.score[0]),
+                "ended": ro.ended[0],
+                "tokens": token_view(tokenizer, ro, 0, profile),
+            }
+        )
 
 
 def _ppo_state(roles: dict, run: dict, done: int) -> dict:
     """Everything a resume needs after `done` iterations (no rollout pending)."""
-    return {"stage": "ppo", "iterations_done": done,
-            **{STATE_KEYS[kind]: roles[kind].learned_state() for kind in STATE_KEYS},
-            "optimizers": {k: o.state_dict() for k, o in run["optimizers"].items()},
-            "sampler": run["sampler"].state(), "sampling_generator": run["sample_gen"].get_state(),
-            "rng": rng_state(), "history": run["history"]}
+    return {
+        "stage": "ppo",
+        "iterations_done": done,
+        **{STATE_KEYS[kind]: roles[kind].learned_state() for kind in STATE_KEYS},
+        "optimizers": {k: o.state_dict() for k, o in run["optimizers"].items()},
+        "sampler": run["sampler"].state(),
+        "sampling_generator": run["sample_gen"].get_state(),
+        "rng": rng_state(),
+        "history": run["history"],
+    }

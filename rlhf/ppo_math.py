@@ -14,6 +14,7 @@ one Monte-Carlo sample whose expectation under the old policy is KL(old || ref);
 value can be negative and is not the full-vocabulary KL, so nothing here is called ``kl``
 except the coefficient ``kl_coef`` that weighs it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,8 +52,8 @@ def _active(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- rewards
 
-def sampled_log_ratio(logp_old: torch.Tensor, logp_ref: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
+
+def sampled_log_ratio(logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token sampled-token log-ratio ``logp_old_t - logp_ref_t`` on active tokens, 0 elsewhere.
 
     Shapes: logp_old, logp_ref, mask [B, T] -> [B, T].
@@ -66,8 +67,7 @@ def sampled_log_ratio(logp_old: torch.Tensor, logp_ref: torch.Tensor,
     return _active(logp_old - logp_ref, m)
 
 
-def mean_sampled_log_ratio(logp_old: torch.Tensor, logp_ref: torch.Tensor,
-                           mask: torch.Tensor) -> torch.Tensor:
+def mean_sampled_log_ratio(logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-response mean of the sampled-token log-ratio over its active tokens.
 
     ``out[b] = (1/n_b) * sum_t mask[b,t] * (logp_old[b,t] - logp_ref[b,t])``
@@ -77,14 +77,14 @@ def mean_sampled_log_ratio(logp_old: torch.Tensor, logp_ref: torch.Tensor,
     m = as_bool_mask(mask)
     counts = m.sum(dim=-1)
     if bool((counts == 0).any()):
-        raise ValueError(f"mask row(s) {(counts == 0).nonzero().flatten().tolist()} have no "
-                         f"active token")
+        raise ValueError(f"mask row(s) {(counts == 0).nonzero().flatten().tolist()} have no active token")
     ratio = sampled_log_ratio(logp_old, logp_ref, m)
     return masked_sum(ratio, m, dim=-1) / counts.to(ratio.dtype)
 
 
-def log_ratio_penalty(logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
-               kl_coef: float) -> torch.Tensor:
+def log_ratio_penalty(
+    logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, kl_coef: float
+) -> torch.Tensor:
     """The per-token penalty part of the reward: ``-kl_coef * (logp_old_t - logp_ref_t)`` on
     active tokens, 0 (not -0.0) elsewhere. Shapes: [B, T] -> [B, T].
 
@@ -95,9 +95,16 @@ def log_ratio_penalty(logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torc
     return _active(-kl_coef * sampled_log_ratio(logp_old, logp_ref, m), m)
 
 
-def token_rewards(logp_old: torch.Tensor, logp_ref: torch.Tensor, score: torch.Tensor,
-                  mask: torch.Tensor, truncated: torch.Tensor, *, kl_coef: float,
-                  truncation_penalty: float) -> torch.Tensor:
+def token_rewards(
+    logp_old: torch.Tensor,
+    logp_ref: torch.Tensor,
+    score: torch.Tensor,
+    mask: torch.Tensor,
+    truncated: torch.Tensor,
+    *,
+    kl_coef: float,
+    truncation_penalty: float,
+) -> torch.Tensor:
     """Per-token PPO rewards (SPEC §6).
 
     ``r[b,t] = -kl_coef * (logp_old[b,t] - logp_ref[b,t])``           for every active t
@@ -117,21 +124,23 @@ def token_rewards(logp_old: torch.Tensor, logp_ref: torch.Tensor, score: torch.T
         raise ValueError(f"token_rewards expects [B, T] tensors, got {tuple(m.shape)}")
     batch = m.shape[0]
     if tuple(score.shape) != (batch,) or tuple(truncated.shape) != (batch,):
-        raise ValueError(f"score and truncated must be [B]={batch}, got {tuple(score.shape)} "
-                         f"and {tuple(truncated.shape)}")
+        raise ValueError(
+            f"score and truncated must be [B]={batch}, got {tuple(score.shape)} and {tuple(truncated.shape)}"
+        )
     with torch.no_grad():
         rewards = log_ratio_penalty(logp_old.detach(), logp_ref.detach(), m, kl_coef)
         last = last_active_index(m)
-        terminal = (score.detach().to(rewards.dtype)
-                    + truncation_penalty * as_bool_mask(truncated).to(rewards.dtype))
+        terminal = score.detach().to(rewards.dtype) + truncation_penalty * as_bool_mask(truncated).to(rewards.dtype)
         rewards[torch.arange(batch, device=m.device), last] += terminal
     return rewards
 
 
 # --------------------------------------------------------------------------- advantages
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor,
-        *, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, *, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation, backwards over tokens (SPEC §6).
 
     ``delta_t = r_t + gamma * (1 - done_t) * V_{t+1} - V_t``
@@ -185,14 +194,15 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor,
 
 # --------------------------------------------------------------------------- losses
 
+
 def policy_ratio(logp_cur: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
     """Importance ratio ``rho = exp(logp_cur - logp_old)`` per token; any matching shapes."""
     return torch.exp(logp_cur - logp_old)
 
 
-def clipped_policy_loss(logp_cur: torch.Tensor, logp_old: torch.Tensor,
-                        advantages: torch.Tensor, mask: torch.Tensor,
-                        *, clip: float) -> torch.Tensor:
+def clipped_policy_loss(
+    logp_cur: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, clip: float
+) -> torch.Tensor:
     """PPO clipped actor loss.
 
     ``l_t  = -min(rho_t * A_t, clamp(rho_t, 1 - clip, 1 + clip) * A_t)``
@@ -217,8 +227,9 @@ def clipped_policy_loss(logp_cur: torch.Tensor, logp_old: torch.Tensor,
     return response_mean(-torch.min(unclipped, clipped), m)
 
 
-def clip_fraction(logp_cur: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, *, clip: float) -> torch.Tensor:
+def clip_fraction(
+    logp_cur: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, clip: float
+) -> torch.Tensor:
     """Share of active tokens whose clipped branch is the active one (for logging).
 
     ``c_t = [A_t > 0 and rho_t > 1 + clip] or [A_t < 0 and rho_t < 1 - clip]``
@@ -235,8 +246,7 @@ def clip_fraction(logp_cur: torch.Tensor, logp_old: torch.Tensor, advantages: to
         return response_mean(clipped.to(rho.dtype), m)
 
 
-def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               *, coef: float) -> torch.Tensor:
+def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *, coef: float) -> torch.Tensor:
     """Critic loss ``response_mean(coef * (V_t - R_t)^2, mask)``.
 
     Shapes: values, returns, mask [B, T] (or [T]) -> scalar.
@@ -266,6 +276,7 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Te
 
 
 # --------------------------------------------------------------------------- schedule
+
 
 def warmup_steps(total: int, warmup_ratio: float) -> int:
     """Number of warm-up updates: ``warm = max(1, int(warmup_ratio * total))`` (SPEC §5)."""

@@ -15,6 +15,7 @@ tensors so that the trainer can show that reference and judge never move.
 Roles stay in `eval()` (dropout off) while generating and learning; `eval()` does not turn
 off autograd, only explicit `torch.no_grad()` blocks do.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as st_load, save as st_save
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from torch import nn
 
 from rlhf.config import Profile
@@ -48,8 +50,8 @@ class RoleStateError(ValueError):
 @dataclass
 class Role:
     kind: str
-    model: nn.Module                 # Qwen2ForCausalLM with LoRA adapters; base frozen
-    head: nn.Linear | None           # [hidden] -> scalar, FP32, judge and critic only
+    model: nn.Module  # Qwen2ForCausalLM with LoRA adapters; base frozen
+    head: nn.Linear | None  # [hidden] -> scalar, FP32, judge and critic only
     base_identity: dict = field(default_factory=dict)
 
     def learned_parameters(self) -> list[nn.Parameter]:
@@ -103,20 +105,22 @@ def new_head(hidden: int, kind: str, profile: Profile) -> nn.Linear:
     return head
 
 
-def new_role(kind: str, profile: Profile, model_dir, *, base_identity: dict | None = None,
-             device: str = "cpu") -> Role:
+def new_role(kind: str, profile: Profile, model_dir, *, base_identity: dict | None = None, device: str = "cpu") -> Role:
     """Load a fresh backbone from `model_dir` and give it this role's adapters and head."""
     if kind not in ROLE_KINDS:
         raise ValueError(f"unknown role {kind!r}; roles are {ROLE_KINDS}")
     base = load_base(profile, model_dir, device=device, identity=base_identity)
     seed = profile.seeds.judge_lora if kind == "judge" else profile.seeds.lora
-    adapters = inject_lora(base.model, rank=profile.lora.rank, alpha=profile.lora.alpha, seed=seed,
-                           targets=profile.lora.targets)
+    adapters = inject_lora(
+        base.model, rank=profile.lora.rank, alpha=profile.lora.alpha, seed=seed, targets=profile.lora.targets
+    )
     n_params = count_lora_parameters(base.model)
     if (len(adapters), n_params) != (profile.lora.expected_adapters, profile.lora.expected_parameters):
-        raise ValueError(f"profile {profile.name}: the {kind} has {len(adapters)} adapters with {n_params:,} "
-                         f"parameters; [lora] expects {profile.lora.expected_adapters} with "
-                         f"{profile.lora.expected_parameters:,}")
+        raise ValueError(
+            f"profile {profile.name}: the {kind} has {len(adapters)} adapters with {n_params:,} "
+            f"parameters; [lora] expects {profile.lora.expected_adapters} with "
+            f"{profile.lora.expected_parameters:,}"
+        )
     base.model.to(device)
     head = new_head(base.model.config.hidden_size, kind, profile).to(device) if kind in HEAD_KINDS else None
     role = Role(kind=kind, model=base.model, head=head, base_identity=base.identity)
@@ -129,6 +133,7 @@ def new_role(kind: str, profile: Profile, model_dir, *, base_identity: dict | No
 
 
 # ------------------------------------------------------------------------------ role outputs
+
 
 def reward_scores(role: Role, batch: Batch) -> torch.Tensor:
     """[B] judge score read at the last active response token (EOS included), never at the
@@ -147,6 +152,7 @@ def critic_values(role: Role, batch: Batch, hidden: torch.Tensor | None = None) 
 
 
 # ------------------------------------------------------------------------------ fingerprints
+
 
 def tensor_sha256(t: torch.Tensor) -> str:
     """SHA-256 of a tensor's dtype, shape and raw bytes."""
@@ -187,8 +193,10 @@ def assert_role_isolation(roles) -> None:
             # sharing storage are refused too. Sharing inside one role (tied embeddings) is fine.
             if ptr in owner and owner[ptr][0] != i:
                 _, other, other_name = owner[ptr]
-                raise RoleIsolationError(f"roles {other} and {role.kind} share tensor storage "
-                                         f"({other_name} / {name}): each role needs its own backbone")
+                raise RoleIsolationError(
+                    f"roles {other} and {role.kind} share tensor storage "
+                    f"({other_name} / {name}): each role needs its own backbone"
+                )
             owner[ptr] = (i, role.kind, name)
     for role in roles:
         if any(m.training for m in role.model.modules()) or (role.head is not None and role.head.training):
@@ -196,14 +204,16 @@ def assert_role_isolation(roles) -> None:
         if role.kind in FROZEN_KINDS:
             for name, p in role.model.named_parameters():
                 if p.requires_grad or p.grad is not None:
-                    raise RoleIsolationError(f"frozen role {role.kind}: {name} "
-                                             f"{'requires' if p.requires_grad else 'holds'} a gradient")
-            for name, p in (role.head.named_parameters() if role.head is not None else []):
+                    raise RoleIsolationError(
+                        f"frozen role {role.kind}: {name} {'requires' if p.requires_grad else 'holds'} a gradient"
+                    )
+            for name, p in role.head.named_parameters() if role.head is not None else []:
                 if p.requires_grad or p.grad is not None:
                     raise RoleIsolationError(f"frozen role {role.kind}: head.{name} can receive gradients")
 
 
 # ------------------------------------------------------------------------------ safetensors
+
 
 def save_role(role: Role, path, identity: dict | None = None) -> dict:
     """Write the learned state to `path` (.safetensors) and `path`.json; never overwrite."""
@@ -214,11 +224,18 @@ def save_role(role: Role, path, identity: dict | None = None) -> dict:
     # several keys two processes saving the same role wrote different bytes.
     meta = {"rlhf": dumps_json({"role": role.kind, "identity": identity or {}, "base_frozen_sha256": base_fp})}
     data = st_save(state, metadata=meta)
-    return write_with_sidecar(path, data, {
-        "role": role.kind, "file": path.name,
-        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in sorted(state.items())},
-        "base_frozen_sha256": base_fp, "base_identity": role.base_identity, "identity": identity or {},
-    })
+    return write_with_sidecar(
+        path,
+        data,
+        {
+            "role": role.kind,
+            "file": path.name,
+            "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in sorted(state.items())},
+            "base_frozen_sha256": base_fp,
+            "base_identity": role.base_identity,
+            "identity": identity or {},
+        },
+    )
 
 
 def load_role(role: Role, path, *, source_kind: str | None = None, adapters_only: bool = False) -> dict:
@@ -236,8 +253,9 @@ def load_role(role: Role, path, *, source_kind: str | None = None, adapters_only
     try:
         state = st_load(data)  # safetensors: a header and raw tensor bytes, never code
     except Exception as err:  # noqa: BLE001 - whatever the parser refuses is unusable
-        raise RoleStateError(f"{path} is not a safetensors file (its hash matches its manifest, "
-                             f"its content does not parse): {err}") from err
+        raise RoleStateError(
+            f"{path} is not a safetensors file (its hash matches its manifest, its content does not parse): {err}"
+        ) from err
     own = role.learned_state()
     if adapters_only:
         own = {k: v for k, v in own.items() if not k.startswith("head.")}
@@ -251,7 +269,9 @@ def load_role(role: Role, path, *, source_kind: str | None = None, adapters_only
             raise RoleStateError(f"dtype mismatch for {k}: file {v.dtype}, role {own[k].dtype}")
     base_fp = fingerprint(role)["frozen_sha256"]
     if manifest["base_frozen_sha256"] != base_fp:
-        raise RoleStateError(f"base mismatch: {path} was trained on a base with frozen fingerprint "
-                             f"{manifest['base_frozen_sha256'][:12]}, this role's base is {base_fp[:12]}")
+        raise RoleStateError(
+            f"base mismatch: {path} was trained on a base with frozen fingerprint "
+            f"{manifest['base_frozen_sha256'][:12]}, this role's base is {base_fp[:12]}"
+        )
     role.load_learned_state(state, adapters_only=adapters_only)
     return manifest

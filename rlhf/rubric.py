@@ -50,6 +50,7 @@ For unrecognised text, ``relevant``/``polite``/``refusal`` = False mean "not cer
 A recognised text that ended by ``"length"`` keeps its recognised fields (it may well show
 certainty) but is never a success, and its reason says it had no EOS.
 """
+
 from __future__ import annotations
 
 ACTIONS: tuple[str, ...] = (
@@ -101,8 +102,15 @@ REFUSALS: tuple[str, ...] = (
 FINISH_REASONS: tuple[str, ...] = ("eos", "length", "undecodable")
 
 RESULT_KEYS: tuple[str, ...] = (
-    "recognized", "status", "action", "relevant", "unsupported_certainty", "polite",
-    "refusal", "reason", "rubric_success",
+    "recognized",
+    "status",
+    "action",
+    "relevant",
+    "unsupported_certainty",
+    "polite",
+    "refusal",
+    "reason",
+    "rubric_success",
 )
 
 CERTIFIED = "CERTIFIED"
@@ -140,7 +148,8 @@ def render(action: int, caution: int, polite: bool) -> str:
 response = render  # the SPEC's name for it
 
 DESIGNS: tuple[tuple[int, int, bool], ...] = tuple(
-    (a, c, p) for a in range(len(ACTIONS)) for c in (0, 1, 2) for p in (False, True))
+    (a, c, p) for a in range(len(ACTIONS)) for c in (0, 1, 2) for p in (False, True)
+)
 RESPONSES: dict[str, tuple[int, int, bool]] = {render(*d): d for d in DESIGNS}
 
 
@@ -162,9 +171,17 @@ def evaluate(text: str, finish_reason: str, expected_action: int) -> dict:
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
     _check_action(expected_action, "expected_action")
     norm = normalize(text)
-    result = {"recognized": False, "status": UNCERTIFIED, "action": None, "relevant": False,
-              "unsupported_certainty": None, "polite": False, "refusal": False,
-              "reason": "", "rubric_success": False}
+    result = {
+        "recognized": False,
+        "status": UNCERTIFIED,
+        "action": None,
+        "relevant": False,
+        "unsupported_certainty": None,
+        "polite": False,
+        "refusal": False,
+        "reason": "",
+        "rubric_success": False,
+    }
     if finish_reason == "undecodable":
         result["reason"] = "undecodable token ids: the output cannot be read, so it is UNCERTIFIED"
         return result
@@ -173,26 +190,36 @@ def evaluate(text: str, finish_reason: str, expected_action: int) -> dict:
         action, caution, polite = RESPONSES[norm]
         relevant = action == expected_action
         certainty = caution == 2
-        result.update(recognized=True, status=CERTIFIED, action=action, relevant=relevant,
-                      unsupported_certainty=certainty, polite=polite)
+        result.update(
+            recognized=True,
+            status=CERTIFIED,
+            action=action,
+            relevant=relevant,
+            unsupported_certainty=certainty,
+            polite=polite,
+        )
         problems = []
         if not relevant:
-            problems.append(f"irrelevant step: action {action} ({ACTIONS[action]}) instead of "
-                            f"{expected_action} ({ACTIONS[expected_action]})")
+            problems.append(
+                f"irrelevant step: action {action} ({ACTIONS[action]}) instead of "
+                f"{expected_action} ({ACTIONS[expected_action]})"
+            )
         if certainty:
             problems.append("unsupported certainty claimed")
         if truncated:
             problems.append("no EOS: truncated at the length limit, not accepted")
         result["rubric_success"] = not problems
-        result["reason"] = "; ".join(problems) if problems else \
-            "relevant step, no unsupported certainty, ended with EOS"
+        result["reason"] = (
+            "; ".join(problems) if problems else "relevant step, no unsupported certainty, ended with EOS"
+        )
         return result
     if norm in REFUSALS:
-        result.update(recognized=True, status=CERTIFIED, unsupported_certainty=False,
-                      refusal=True)
+        result.update(recognized=True, status=CERTIFIED, unsupported_certainty=False, refusal=True)
         result["reason"] = "declared refusal" + (
-            "; no EOS: truncated at the length limit, not accepted" if truncated else "")
+            "; no EOS: truncated at the length limit, not accepted" if truncated else ""
+        )
         return result
     result["reason"] = "text outside the response grammar: UNCERTIFIED" + (
-        "; no EOS: truncated at the length limit" if truncated else "")
+        "; no EOS: truncated at the length limit" if truncated else ""
+    )
     return result

@@ -8,6 +8,7 @@ column of a padded batch.
 Alignment: response token j sits at column c = response_index[:, j]; it is produced by the
 prefix ending at column c - 1, so its log-prob and the critic's value V_j are read there.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,12 @@ from rlhf.tokens import Batch
 
 def backbone_hidden(model, batch: Batch) -> torch.Tensor:
     """[B, T, H] final hidden states (after the final norm) of a causal LM's backbone."""
-    out = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
-                      position_ids=batch.position_ids, use_cache=False)
+    out = model.model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask.long(),
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
     return out.last_hidden_state
 
 
@@ -44,7 +49,7 @@ def logprobs_from_hidden(model, h: torch.Tensor, targets: torch.Tensor, mask: to
 
     Only the R needed rows of the vocabulary projection are computed, not all T.
     """
-    logits = model.lm_head(h).float()                                       # [B, R, V]
+    logits = model.lm_head(h).float()  # [B, R, V]
     logp = F.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]  # [B, R]
     # Selected away, never multiplied by 0 (rlhf.masks): -inf * 0 and nan * 0 are nan.
     return torch.where(as_bool_mask(mask), logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
@@ -59,5 +64,4 @@ def response_logprobs(model, batch: Batch, hidden: torch.Tensor | None = None) -
     """[B, R] teacher-forced log-prob of every response token under `model` (FP32, masked)."""
     if hidden is None:
         hidden = backbone_hidden(model, batch)
-    return logprobs_from_hidden(model, prefix_hidden(hidden, batch), response_targets(batch),
-                                batch.response_mask)
+    return logprobs_from_hidden(model, prefix_hidden(hidden, batch), response_targets(batch), batch.response_mask)

@@ -47,12 +47,12 @@ sign count needs none). It says how much the conclusion depends on the draw of t
 the single-run bootstrap intervals (rlhf.evaluate) resample prompts within one trained run and
 say nothing about that.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import re
-import sys
 import time
 import tomllib
 from pathlib import Path
@@ -63,30 +63,46 @@ from rlhf.io import read_json, sha256_text, write_json, write_text
 FORMAT = "rlhf-seeds-1"
 # (table, key) of every training seed; all live in the profile's [seeds] table. The corpus seed
 # (49) is the corpus revision's own (rlhf.corpus.REVISIONS), not a profile entry.
-TRAINING_SEEDS = (("seeds", "torch"), ("seeds", "lora"), ("seeds", "judge_lora"), ("seeds", "judge_head"),
-                  ("seeds", "data_order"), ("seeds", "ppo_sampling"))
+TRAINING_SEEDS = (
+    ("seeds", "torch"),
+    ("seeds", "lora"),
+    ("seeds", "judge_lora"),
+    ("seeds", "judge_head"),
+    ("seeds", "data_order"),
+    ("seeds", "ppo_sampling"),
+)
 FIXED_SEEDS = (("seeds", "evaluation"),)
 RUN_STRIDE = 1000
 STUDY_STRIDE = 100_000
 MAX_RUNS = STUDY_STRIDE // RUN_STRIDE
-DERIVATION = ("training seed of run i = the profile's value + 100000 * study_seed + 1000 * i, for "
-              + ", ".join(f"{t}.{k}" for t, k in TRAINING_SEEDS) + "; kept: "
-              + ", ".join(f"{t}.{k}" for t, k in FIXED_SEEDS) + " and the corpus seed 49")
+DERIVATION = (
+    "training seed of run i = the profile's value + 100000 * study_seed + 1000 * i, for "
+    + ", ".join(f"{t}.{k}" for t, k in TRAINING_SEEDS)
+    + "; kept: "
+    + ", ".join(f"{t}.{k}" for t, k in FIXED_SEEDS)
+    + " and the corpus seed 49"
+)
 
 # Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
 # updates). `full` keeps the profile's. The budget of question (b) is chosen among the others.
 SFT_BUDGETS = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
 STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
-INTERVAL = {"name": "95% Student-t interval over seeds",
-            "formula": "mean ± t(0.975, n−1) · SD / √n, SD the sample standard deviation (n − 1)",
-            "assumption": ("the n runs are independent draws of the training randomness (adapter and head init, "
-                           "data order, PPO sampling) with a roughly normal spread of outcomes; corpus, base and "
-                           "held-out prompts are the same in every run"),
-            "meaning": ("where the mean over training seeds plausibly lies, for this corpus and these prompts. With "
-                        "n = 5 (4 degrees of freedom, t = 2.776) it is wide and leans on normality; the count of "
-                        "seeds with a positive difference and the sign-test p need no such assumption. It is not "
-                        "the single-run bootstrap interval, which resamples prompts inside one trained run.")}
+INTERVAL = {
+    "name": "95% Student-t interval over seeds",
+    "formula": "mean ± t(0.975, n−1) · SD / √n, SD the sample standard deviation (n − 1)",
+    "assumption": (
+        "the n runs are independent draws of the training randomness (adapter and head init, "
+        "data order, PPO sampling) with a roughly normal spread of outcomes; corpus, base and "
+        "held-out prompts are the same in every run"
+    ),
+    "meaning": (
+        "where the mean over training seeds plausibly lies, for this corpus and these prompts. With "
+        "n = 5 (4 degrees of freedom, t = 2.776) it is wide and leans on normality; the count of "
+        "seeds with a positive difference and the sign-test p need no such assumption. It is not "
+        "the single-run bootstrap interval, which resamples prompts inside one trained run."
+    ),
+}
 
 
 class StudyError(ValueError):
@@ -94,6 +110,7 @@ class StudyError(ValueError):
 
 
 # ------------------------------------------------------------------------------ seeds and profiles
+
 
 def derived_seed(profile_seed: int, study_seed: int, index: int) -> int:
     """The training seed of run `index` of study `study_seed` (module docstring)."""
@@ -135,15 +152,16 @@ def profile_text_with(text: str, name: str, changes: dict[tuple[str, str], objec
     (an absent key is added at the end of its table); comments elsewhere are kept."""
     text, n = re.subn(r'^name = ".*"$', f"name = {_toml_value(name)}", text, count=1, flags=re.M)
     if n != 1:
-        raise StudyError("the profile has no top-level `name = \"...\"` line")
+        raise StudyError('the profile has no top-level `name = "..."` line')
     for (table, key), value in changes.items():
         head = text.find(f"\n[{table}]\n")
         if head < 0:
             raise StudyError(f"the profile has no [{table}] table")
         end = text.find("\n[", head + 1)
         end = len(text) if end < 0 else end
-        body, n = re.subn(rf"^{re.escape(key)} = .*$", f"{key} = {_toml_value(value)}", text[head:end],
-                          count=1, flags=re.M)
+        body, n = re.subn(
+            rf"^{re.escape(key)} = .*$", f"{key} = {_toml_value(value)}", text[head:end], count=1, flags=re.M
+        )
         if n == 0:
             body = body.rstrip("\n") + f"\n{key} = {_toml_value(value)}\n"
         text = text[:head] + body + text[end:]
@@ -166,6 +184,7 @@ def write_run_profile(path, base_text: str, name: str, changes: dict) -> Profile
     """Write the run's profile TOML (never overwriting a different one) and return it, read back
     with load_profile and checked to equal the intended profile."""
     from rlhf.config import profile_from_dict
+
     want = expected_profile(profile_from_dict(tomllib.loads(base_text)), name, changes)
     text = profile_text_with(base_text, name, changes)
     path = Path(path)
@@ -181,9 +200,38 @@ def write_run_profile(path, base_text: str, name: str, changes: dict) -> Profile
 # ------------------------------------------------------------------------------ statistics
 
 # t(0.975, df) for df = 1..30 (standard tables; tests recompute them by integrating the density).
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
+T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t975(df: int) -> float:
@@ -199,22 +247,32 @@ def sign_test_p(positive: int, negative: int) -> float:
     if n == 0:
         return 1.0
     k = min(positive, negative)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
 def across_seeds(values: list[float]) -> dict:
     """Mean, sample SD, 95% t-interval over seeds, sign counts and sign-test p of per-seed values."""
-    if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
-                         for v in values):
+    if not values or any(
+        not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) for v in values
+    ):
         raise StudyError(f"across-seed statistics need finite numbers, got {values}")
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
     half = t975(n - 1) * sd / math.sqrt(n) if n > 1 else None
     positive, negative = sum(v > 0 for v in values), sum(v < 0 for v in values)
-    return {"n": n, "mean": mean, "sd": sd, "t95": [mean - half, mean + half] if half is not None else None,
-            "positive": positive, "negative": negative, "zero": n - positive - negative,
-            "sign_test_p": sign_test_p(positive, negative), "min": min(values), "max": max(values)}
+    return {
+        "n": n,
+        "mean": mean,
+        "sd": sd,
+        "t95": [mean - half, mean + half] if half is not None else None,
+        "positive": positive,
+        "negative": negative,
+        "zero": n - positive - negative,
+        "sign_test_p": sign_test_p(positive, negative),
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def across_table(rows: list[dict]) -> dict:
@@ -225,8 +283,10 @@ def across_table(rows: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------ one run's row
 
+
 def _sha_of(obj) -> str:
     from rlhf.io import dumps_json
+
     return sha256_text(dumps_json(obj))
 
 
@@ -242,8 +302,9 @@ def seed_row(folder: Path, index: int) -> dict:
     for key in ("rubric_success", "learned_reward"):
         for pop in POPULATIONS:
             d = ev["differences"][key][pop]
-            metrics.update({f"{key}.{pop}.sft": d["sft"], f"{key}.{pop}.ppo": d["ppo"],
-                            f"{key}.{pop}.ppo_minus_sft": d["diff"]})
+            metrics.update(
+                {f"{key}.{pop}.sft": d["sft"], f"{key}.{pop}.ppo": d["ppo"], f"{key}.{pop}.ppo_minus_sft": d["diff"]}
+            )
     metrics["judge.test_accuracy"] = ev["judge_test"]["accuracy"]
     metrics.update({f"shortcut_audit.{k}": audit["counterfactuals"][k]["accuracy"] for k in audit["order"]})
     metrics.update({f"politeness.{k}": v for k, v in ev["politeness"]["counts"].items() if k != "contexts"})
@@ -254,36 +315,52 @@ def seed_row(folder: Path, index: int) -> dict:
             metrics[f"uncertified.{pop}.{policy}"] = m["uncertified"]
     prompt_ids = sorted(r["document_id"] for r in ev["policies"]["sft"]["rows"])
     return {
-        "index": index, "folder": folder.name, "protocol": read_json(folder / "sft" / "resume_check.json")["protocol"],
+        "index": index,
+        "folder": folder.name,
+        "protocol": read_json(folder / "sft" / "resume_check.json")["protocol"],
         "seeds": {f"{t}.{k}": profile_value(profile, t, k) for t, k in TRAINING_SEEDS + FIXED_SEEDS},
         "sft_epochs": profile.sft.epochs,
         "metrics": metrics,
-        "single_run_bootstrap": {f"{key}.{pop}": {"diff": ev["differences"][key][pop]["diff"],
-                                                  "ci95": ev["differences"][key][pop]["ci95"]}
-                                 for key in ("rubric_success", "learned_reward") for pop in POPULATIONS},
-        "identity": {"corpus_manifest_sha256": run["identity"]["corpus"],
-                     "evaluation_prompt_ids_sha256": _sha_of(prompt_ids),
-                     "evaluation_prompts": len(prompt_ids),
-                     "sft_state_sha256": run["stages"]["sft"]["sha256_final"],
-                     "judge_state_sha256": run["stages"]["judge"]["sha256_final"],
-                     "ppo_state_sha256": run["stages"]["ppo"]["sha256_final"],
-                     "ppo_rollout_order_sha256": _sha_of(ppo_history["consumed"]),
-                     "sft_first_update_loss": read_json(folder / "sft" / "history.json")["updates"][0]["loss"]},
+        "single_run_bootstrap": {
+            f"{key}.{pop}": {"diff": ev["differences"][key][pop]["diff"], "ci95": ev["differences"][key][pop]["ci95"]}
+            for key in ("rubric_success", "learned_reward")
+            for pop in POPULATIONS
+        },
+        "identity": {
+            "corpus_manifest_sha256": run["identity"]["corpus"],
+            "evaluation_prompt_ids_sha256": _sha_of(prompt_ids),
+            "evaluation_prompts": len(prompt_ids),
+            "sft_state_sha256": run["stages"]["sft"]["sha256_final"],
+            "judge_state_sha256": run["stages"]["judge"]["sha256_final"],
+            "ppo_state_sha256": run["stages"]["ppo"]["sha256_final"],
+            "ppo_rollout_order_sha256": _sha_of(ppo_history["consumed"]),
+            "sft_first_update_loss": read_json(folder / "sft" / "history.json")["updates"][0]["loss"],
+        },
     }
 
 
 # ------------------------------------------------------------------------------ the study
 
+
 def study_identity(profile_name: str, revision: str, n: int, study_seed: int, sft_budget: str) -> dict:
     from rlhf.checkpoint import code_sha256
+
     base = load_profile(profile_name)
     if base.model.kind != "embedded":
         raise StudyError(f"a seed study runs the embedded lab, not profile {base.name}")
     if not 2 <= n <= MAX_RUNS:
         raise StudyError(f"--n must be between 2 and {MAX_RUNS} (across-seed statistics need 2), not {n}")
     budget_changes(base, sft_budget)  # refuses an unknown name
-    return {"format": FORMAT, "profile": base.name, "profile_sha256": profile_hash(base), "revision": revision,
-            "n": n, "study_seed": study_seed, "sft_budget": sft_budget, "code": code_sha256()}
+    return {
+        "format": FORMAT,
+        "profile": base.name,
+        "profile_sha256": profile_hash(base),
+        "revision": revision,
+        "n": n,
+        "study_seed": study_seed,
+        "sft_budget": sft_budget,
+        "code": code_sha256(),
+    }
 
 
 def _check_study_record(out: Path, identity: dict) -> None:
@@ -295,8 +372,10 @@ def _check_study_record(out: Path, identity: dict) -> None:
     changed = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
     if changed:
         detail = "; ".join(f"{k} was {old.get(k)!r}, now {identity.get(k)!r}" for k in changed)
-        raise StudyError(f"refusing to continue the study in {out}: {detail}. "
-                         f"Nothing was written; use a new --out folder for another study")
+        raise StudyError(
+            f"refusing to continue the study in {out}: {detail}. "
+            f"Nothing was written; use a new --out folder for another study"
+        )
 
 
 def run_folders(out: Path, n: int) -> list[Path]:
@@ -313,8 +392,9 @@ def prepare_runs(out: Path, profile_name: str, identity: dict) -> list[Path]:
         name = f"{base.name}-study{identity['study_seed']}-seed{i}"
         if identity["sft_budget"] != "full":
             name += f"-{identity['sft_budget']}"
-        write_run_profile(folder / "profile.toml", base_text, name,
-                          {**seed_changes(base, identity["study_seed"], i), **budget})
+        write_run_profile(
+            folder / "profile.toml", base_text, name, {**seed_changes(base, identity["study_seed"], i), **budget}
+        )
     return folders
 
 
@@ -336,7 +416,9 @@ def run_seed(folder: str, revision: str, protocol: bool, log: bool = True) -> st
     """One run of the study: `rlhf lab` on the folder's own profile (in a worker process, its
     output goes to folder/lab.log)."""
     import contextlib
+
     from rlhf import lab
+
     folder = Path(folder)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -353,9 +435,11 @@ def run_seed(folder: str, revision: str, protocol: bool, log: bool = True) -> st
 def _report_progress(folders: list[Path], seen: dict, t0: float, say) -> None:
     for i, folder in enumerate(folders):
         done = stages_done(folder)
-        for stage in done[len(seen.get(i, [])):]:
-            say(f"seed {i}: {stage} complete ({STAGES.index(stage) + 1}/{len(STAGES)} stages) "
-                f"at {time.perf_counter() - t0:.0f} s")
+        for stage in done[len(seen.get(i, [])) :]:
+            say(
+                f"seed {i}: {stage} complete ({STAGES.index(stage) + 1}/{len(STAGES)} stages) "
+                f"at {time.perf_counter() - t0:.0f} s"
+            )
         seen[i] = done
 
 
@@ -376,9 +460,11 @@ def run_all(folders: list[Path], revision: str, workers: int, say=print) -> None
         return
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
     failed = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                             max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1
+    ) as pool:
         pending = {pool.submit(run_seed, str(f), revision, i == 0): i for i, f in todo}
         for i, f in todo:
             say(f"seed {i}: queued in {f} (log: {f / 'lab.log'})")
@@ -394,10 +480,20 @@ def run_all(folders: list[Path], revision: str, workers: int, say=print) -> None
         raise StudyError(f"runs {failed} failed; the others are kept. Run the same command again to continue")
 
 
-def run_study(out, *, n: int = 5, revision: str = "r001", workers: int | None = None, sft_budget: str = "full",
-              study_seed: int = 0, profile_name: str = "embedded", say=print) -> dict:
+def run_study(
+    out,
+    *,
+    n: int = 5,
+    revision: str = "r001",
+    workers: int | None = None,
+    sft_budget: str = "full",
+    study_seed: int = 0,
+    profile_name: str = "embedded",
+    say=print,
+) -> dict:
     """The whole study (module docstring); returns seeds.json's content."""
     from rlhf.sft_budget import budget_record
+
     out = Path(out)
     identity = study_identity(profile_name, revision, n, study_seed, sft_budget)
     done = out / "seeds.json"
@@ -412,20 +508,28 @@ def run_study(out, *, n: int = 5, revision: str = "r001", workers: int | None = 
     _check_study_record(out, identity)
     folders = prepare_runs(out, profile_name, identity)
     workers = workers or os.cpu_count() or 1
-    say(f"study {out}: {n} runs of the embedded lab on {revision}, SFT budget {sft_budget}, "
-        f"{min(workers, n)} worker(s); seeds: {DERIVATION}")
+    say(
+        f"study {out}: {n} runs of the embedded lab on {revision}, SFT budget {sft_budget}, "
+        f"{min(workers, n)} worker(s); seeds: {DERIVATION}"
+    )
     run_all(folders, revision, min(workers, n), say)
     rows = [seed_row(f, i) for i, f in enumerate(folders)]
     check_invariants(rows)
     view = changed_answer_view(out, folders, revision)
-    result = {"study": identity, "derivation": DERIVATION, "interval": INTERVAL,
-              "command": study_command(out, identity),
-              "sft_budget": budget_record(sft_budget),
-              "seeds": rows, "across": across_table(rows),
-              "changed_answer": view,
-              "wall_seconds_this_invocation": time.perf_counter() - t0,
-              "lab_seconds": {r["folder"]: lab_seconds(f) for r, f in zip(rows, folders)}}
+    result = {
+        "study": identity,
+        "derivation": DERIVATION,
+        "interval": INTERVAL,
+        "command": study_command(out, identity),
+        "sft_budget": budget_record(sft_budget),
+        "seeds": rows,
+        "across": across_table(rows),
+        "changed_answer": view,
+        "wall_seconds_this_invocation": time.perf_counter() - t0,
+        "lab_seconds": {r["folder"]: lab_seconds(f) for r, f in zip(rows, folders)},
+    }
     from rlhf.report.study import write_study_report
+
     write_study_report(out, result)
     write_json(done, result)
     say(f"study complete: {done} and {out / 'report.html'}")
@@ -448,7 +552,7 @@ def study_command(out: Path, identity: dict) -> str:
     if identity["study_seed"]:
         cmd += f" --study-seed {identity['study_seed']}"
     if identity["profile"] != "embedded":
-        cmd += f" --profile PROFILE.toml"
+        cmd += " --profile PROFILE.toml"
     return cmd
 
 
@@ -468,18 +572,23 @@ def check_invariants(rows: list[dict]) -> None:
 
 # ------------------------------------------------------------------------------ a changed answer
 
+
 def pick_changed_row(sft_rows: list[dict], ppo_rows: list[dict]) -> tuple[dict, dict] | None:
     """The first test prompt whose greedy PPO answer differs from SFT's, preferring one where PPO
     turned a rubric failure into a success, then a success into a failure; None if none changed."""
     ppo_by_id = {r["document_id"]: r for r in ppo_rows}
-    changed = [(s, ppo_by_id[s["document_id"]]) for s in sft_rows
-               if s["population"] == "test" and s["response_ids"] != ppo_by_id[s["document_id"]]["response_ids"]]
+    changed = [
+        (s, ppo_by_id[s["document_id"]])
+        for s in sft_rows
+        if s["population"] == "test" and s["response_ids"] != ppo_by_id[s["document_id"]]["response_ids"]
+    ]
     if not changed:
         return None
 
     def rank(pair):
         s, p = pair[0]["rubric"]["rubric_success"], pair[1]["rubric"]["rubric_success"]
         return 0 if (p and not s) else 1 if (s and not p) else 2
+
     return min(changed, key=rank)
 
 
@@ -504,11 +613,13 @@ def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> 
     """Teacher-forced log-probs of each token of PPO's answer under the PPO actor and under the SFT
     policy (PPO's frozen reference), beside SFT's own answer and both rubric verdicts."""
     import torch
+
     from rlhf import lab
+    from rlhf.corpus import load_corpus
     from rlhf.evaluate import evaluation_roles
     from rlhf.scoring import response_logprobs
     from rlhf.tokens import collate, encode_prompt
-    from rlhf.corpus import load_corpus
+
     # Read-only: a finished run's files, hash-checked as they load (corpus, roles); not reopened
     # through lab.open_context, so that a later code version can still read it.
     corpus = load_corpus(folder / "corpus")
@@ -519,13 +630,18 @@ def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> 
     prompt = encode_prompt(ctx.tokenizer, ppo_row["prompt"], ctx.profile.limits, ppo_row["document_id"])
     batch = collate([prompt], [ppo_row["response_ids"]], ctx.pad_id)
     with torch.no_grad():
-        logp_ppo = response_logprobs(roles["ppo"].model, batch)[0].tolist()       # [R]
+        logp_ppo = response_logprobs(roles["ppo"].model, batch)[0].tolist()  # [R]
         logp_sft = response_logprobs(roles["reference"].model, batch)[0].tolist()  # [R]
     tokens = ctx.tokenizer.convert_ids_to_tokens(ppo_row["response_ids"])
-    return {"document_id": ppo_row["document_id"], "prompt": ppo_row["prompt"],
-            "sft": {k: sft_row[k] for k in ("response", "finish_reason", "learned_reward")}
-            | {"rubric_success": sft_row["rubric"]["rubric_success"], "reason": sft_row["rubric"]["reason"]},
-            "ppo": {k: ppo_row[k] for k in ("response", "finish_reason", "learned_reward")}
-            | {"rubric_success": ppo_row["rubric"]["rubric_success"], "reason": ppo_row["rubric"]["reason"]},
-            "tokens": [{"token": t, "logp_ppo": a, "logp_sft": b, "log_ratio": a - b}
-                       for t, a, b in zip(tokens, logp_ppo, logp_sft)]}
+    return {
+        "document_id": ppo_row["document_id"],
+        "prompt": ppo_row["prompt"],
+        "sft": {k: sft_row[k] for k in ("response", "finish_reason", "learned_reward")}
+        | {"rubric_success": sft_row["rubric"]["rubric_success"], "reason": sft_row["rubric"]["reason"]},
+        "ppo": {k: ppo_row[k] for k in ("response", "finish_reason", "learned_reward")}
+        | {"rubric_success": ppo_row["rubric"]["rubric_success"], "reason": ppo_row["rubric"]["reason"]},
+        "tokens": [
+            {"token": t, "logp_ppo": a, "logp_sft": b, "log_ratio": a - b}
+            for t, a, b in zip(tokens, logp_ppo, logp_sft)
+        ],
+    }

@@ -17,6 +17,7 @@ Resume: `train_sft(..., stop_after_epoch=k)` returns after epoch k with a comple
 (adapters, optimizer, data-order generator, system RNGs, history); `train_sft(..., state=s)`
 continues from it. Both paths run the same updates bit for bit.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,14 +31,16 @@ from rlhf.tokens import collate, encode_example
 
 def encode_demonstrations(records: list[dict], tokenizer, eos_id: int, limits: Limits, response_key: str = "response"):
     """[(document_id, prompt_ids, response_ids)]; an over-limit example raises naming its id."""
-    return [(r["document_id"], *encode_example(tokenizer, r["prompt"], r[response_key], eos_id, limits,
-                                               r["document_id"])) for r in records]
+    return [
+        (r["document_id"], *encode_example(tokenizer, r["prompt"], r[response_key], eos_id, limits, r["document_id"]))
+        for r in records
+    ]
 
 
 def sft_loss(model, examples, pad_id: int) -> tuple[torch.Tensor, int]:
     """Summed response-token NLL / active response tokens of the batch, and that token count."""
     batch = collate([e[1] for e in examples], [e[2] for e in examples], pad_id).to(next(model.parameters()).device)
-    logp = response_logprobs(model, batch)                     # [B, R], 0 where masked
+    logp = response_logprobs(model, batch)  # [B, R], 0 where masked
     n_tokens = int(batch.response_mask.sum())
     return -masked_sum(logp, batch.response_mask).sum() / n_tokens, n_tokens
 
@@ -46,7 +49,7 @@ def sft_loss(model, examples, pad_id: int) -> tuple[torch.Tensor, int]:
 def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
     total, count = 0.0, 0
     for i in range(0, len(examples), batch_size):
-        loss, n = sft_loss(model, examples[i:i + batch_size], pad_id)
+        loss, n = sft_loss(model, examples[i : i + batch_size], pad_id)
         total += float(loss) * n
         count += n
     return total / count
@@ -54,28 +57,54 @@ def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
 
 def sft_budget(profile: Profile, n_examples: int) -> tuple[int, int]:
     """(updates per epoch, total updates): 168 demonstrations / 8 = 21 per epoch."""
-    return epoch_budget(n_examples, profile.sft.examples_per_update, profile.sft.epochs,
-                        profile.sft.max_updates_per_epoch)
+    return epoch_budget(
+        n_examples, profile.sft.examples_per_update, profile.sft.epochs, profile.sft.max_updates_per_epoch
+    )
 
 
-def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, *, state: dict | None = None,
-              stop_after_epoch: int | None = None, progress=None, checkpoint=None) -> dict:
+def train_sft(
+    actor,
+    view,
+    tokenizer,
+    eos_id: int,
+    pad_id: int,
+    profile: Profile,
+    *,
+    state: dict | None = None,
+    stop_after_epoch: int | None = None,
+    progress=None,
+    checkpoint=None,
+) -> dict:
     """Run (or continue) the profile's SFT budget on the actor Role; returns the state after the
     last epoch run (keys: stage, epochs_done, step, actor, optimizer, order_generator, rng, history)."""
     cfg, limits = profile.sft, profile.limits
     train = encode_demonstrations(view.demonstrations("train"), tokenizer, eos_id, limits)
     valid = encode_demonstrations(view.pairs("validation"), tokenizer, eos_id, limits, "chosen")
-    valid = valid[:cfg.max_validation_examples or len(valid)]  # a miniature budget cuts it (rlhf.miniature)
+    valid = valid[: cfg.max_validation_examples or len(valid)]  # a miniature budget cuts it (rlhf.miniature)
 
     def update_loss(examples):
         loss, n = sft_loss(actor.model, examples, pad_id)
         return loss, {"tokens": n}
 
     def epoch_summary(updates):
-        return {"validation_loss": evaluate_loss(actor.model, valid, pad_id),
-                "train_loss": sum(h["loss"] for h in updates) / len(updates)}
+        return {
+            "validation_loss": evaluate_loss(actor.model, valid, pad_id),
+            "train_loss": sum(h["loss"] for h in updates) / len(updates),
+        }
 
-    return train_epochs(actor, "sft", "actor", train, cfg.examples_per_update, cfg, profile, update_loss,
-                        epoch_summary, label="SFT stage, actor role", state=state,
-                        stop_after_epoch=stop_after_epoch,
-                        progress=progress, checkpoint=checkpoint)
+    return train_epochs(
+        actor,
+        "sft",
+        "actor",
+        train,
+        cfg.examples_per_update,
+        cfg,
+        profile,
+        update_loss,
+        epoch_summary,
+        label="SFT stage, actor role",
+        state=state,
+        stop_after_epoch=stop_after_epoch,
+        progress=progress,
+        checkpoint=checkpoint,
+    )

@@ -7,8 +7,8 @@ Rule, fixed before measuring: among the named budgets of rlhf.seeds.SFT_BUDGETS 
 [0.3, 0.8] (the profile's own seeds, i.e. run 0 of study seed 0). Without `--budgets`, every
 candidate is trained and measured, so the file shows the whole curve, not only the chosen point.
 `--budgets` measures some, and `--previous FILE` takes the candidates an earlier record measured
-(same revision and profile; each candidate keeps the code hash it was measured with) instead of training them again; a budget is chosen only when
-every smaller candidate was measured.
+(same revision and profile; each candidate keeps the code hash it was measured with) instead of
+training them again; a budget is chosen only when every smaller candidate was measured.
 
 No test prompt can inform it: the corpus is prepared in the work folder and only its
 *learning view* (rlhf.corpus.LearningView: train demonstrations, train/validation pairs,
@@ -17,6 +17,7 @@ trains and measures. The validation prompts are the prompts of the 180 validatio
 action a prompt calls for is read from the pair's chosen answer (every chosen answer is a rubric
 success; checked), not from a label.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,19 +33,28 @@ from rlhf.corpus import LearningView
 from rlhf.io import write_json
 
 LOW, HIGH = 0.3, 0.8
-RULE = (f"the smallest named budget (rlhf.seeds.SFT_BUDGETS, 'full' excluded) whose greedy validation rubric "
-        f"success lies in [{LOW}, {HIGH}], measured with the profile's own seeds")
+RULE = (
+    f"the smallest named budget (rlhf.seeds.SFT_BUDGETS, 'full' excluded) whose greedy validation rubric "
+    f"success lies in [{LOW}, {HIGH}], measured with the profile's own seeds"
+)
 
 
 def candidate_budgets() -> list[str]:
     from rlhf.seeds import SFT_BUDGETS
+
     return sorted((k for k, v in SFT_BUDGETS.items() if v is not None), key=lambda k: SFT_BUDGETS[k])
 
 
 def budget_record(name: str) -> dict:
     from rlhf.seeds import SFT_BUDGETS
-    return {"name": name, "epochs": SFT_BUDGETS[name], "candidates": candidate_budgets(), "rule": RULE,
-            "note": "epochs None: the profile's own SFT budget"}
+
+    return {
+        "name": name,
+        "epochs": SFT_BUDGETS[name],
+        "candidates": candidate_budgets(),
+        "rule": RULE,
+        "note": "epochs None: the profile's own SFT budget",
+    }
 
 
 def validation_prompts(view: LearningView) -> list[dict]:
@@ -56,31 +66,46 @@ def validation_prompts(view: LearningView) -> list[dict]:
     for r in view.pairs("validation"):
         recognised = rubric.RESPONSES.get(rubric.normalize(r["chosen"]))
         if recognised is None or not rubric.evaluate(r["chosen"], "eos", recognised[0])["rubric_success"]:
-            raise ValueError(f"{r['document_id']}: the chosen answer is not a rubric success; its action "
-                             f"cannot stand for the prompt's")
+            raise ValueError(
+                f"{r['document_id']}: the chosen answer is not a rubric success; its action "
+                f"cannot stand for the prompt's"
+            )
         out.append({"document_id": r["document_id"], "prompt": r["prompt"], "expected_action": recognised[0]})
     return out
 
 
 @torch.no_grad()
-def validation_rubric_success(actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int,
-                              profile: dict, batch_size: int = 32) -> dict:
+def validation_rubric_success(
+    actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int, profile: dict, batch_size: int = 32
+) -> dict:
     """Greedy answers of `actor_model` to the validation prompts, checked by the rubric."""
     from rlhf.generate import generate
     from rlhf.tokens import decode_response, encode_prompt
+
     records = validation_prompts(view)
     limits = profile.limits
     ids = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
     responses = []
     for i in range(0, len(ids), batch_size):
-        responses += generate(actor_model, ids[i:i + batch_size], eos_id=eos_id, pad_id=pad_id,
-                              max_new_tokens=limits.response_tokens, greedy=True).responses
-    verdicts = [rubric.evaluate(*decode_response(tokenizer, out, eos_id), r["expected_action"])
-                for r, out in zip(records, responses)]
+        responses += generate(
+            actor_model,
+            ids[i : i + batch_size],
+            eos_id=eos_id,
+            pad_id=pad_id,
+            max_new_tokens=limits.response_tokens,
+            greedy=True,
+        ).responses
+    verdicts = [
+        rubric.evaluate(*decode_response(tokenizer, out, eos_id), r["expected_action"])
+        for r, out in zip(records, responses)
+    ]
     n = len(verdicts)
-    return {"n": n, "rubric_success": sum(v["rubric_success"] for v in verdicts) / n,
-            "recognised_share": sum(v["recognized"] for v in verdicts) / n,
-            "relevant_share": sum(v["relevant"] for v in verdicts) / n}
+    return {
+        "n": n,
+        "rubric_success": sum(v["rubric_success"] for v in verdicts) / n,
+        "recognised_share": sum(v["recognized"] for v in verdicts) / n,
+        "relevant_share": sum(v["relevant"] for v in verdicts) / n,
+    }
 
 
 def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer, eos_id: int, pad_id: int) -> dict:
@@ -89,14 +114,18 @@ def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer
     from rlhf.models import directory_identity
     from rlhf.roles import new_role
     from rlhf.sft import train_sft
+
     t0 = time.perf_counter()
     actor = new_role("actor", profile, model_dir, base_identity={"files": directory_identity(model_dir)})
     seed_system_rngs(profile.seeds.torch)  # as rlhf.lab.train_role
     state = train_sft(actor, view, tokenizer, eos_id, pad_id, profile)
     actor.model.eval()
-    return {"updates": state["step"], "train_seconds": time.perf_counter() - t0,
-            "last_validation_loss": state["history"]["epochs"][-1]["validation_loss"],
-            "validation": validation_rubric_success(actor.model, view, tokenizer, eos_id, pad_id, profile)}
+    return {
+        "updates": state["step"],
+        "train_seconds": time.perf_counter() - t0,
+        "last_validation_loss": state["history"]["epochs"][-1]["validation_loss"],
+        "validation": validation_rubric_success(actor.model, view, tokenizer, eos_id, pad_id, profile),
+    }
 
 
 def choose(measured: list[dict], order: list[str] | None = None) -> str | None:
@@ -115,25 +144,36 @@ def previous_candidates(paths, revision: str, profile: dict) -> list[dict]:
     """Candidates measured by earlier records of the same revision and profile (each keeps the
     command and the code hash it was measured with)."""
     from rlhf.io import read_json
+
     out = []
     for path in paths or []:
         rec = read_json(path)
         if (rec["revision"], rec["profile_sha256"]) != (revision, profile_hash(profile)):
             raise ValueError(f"{path} was measured on another revision or profile; measure again")
-        out += [{**m, "measured_by": m.get("measured_by", rec["command"]), "code": m.get("code", rec.get("code"))}
-                for m in rec["candidates"]]
+        out += [
+            {**m, "measured_by": m.get("measured_by", rec["command"]), "code": m.get("code", rec.get("code"))}
+            for m in rec["candidates"]
+        ]
     return out
 
 
-def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str = "embedded",
-                      budgets: list[str] | None = None, previous=None, say=print) -> dict:
+def choose_sft_budget(
+    out_json,
+    work,
+    revision: str = "r002",
+    profile_name: str = "embedded",
+    budgets: list[str] | None = None,
+    previous=None,
+    say=print,
+) -> dict:
     """Measure every candidate budget on validation prompts; write the record to `out_json`
     (never overwritten) and return it."""
-    from rlhf.lab import configure_torch
     from rlhf.corpus import load_corpus, prepare
     from rlhf.embedded import build_embedded
+    from rlhf.lab import configure_torch
     from rlhf.models import check_tokenizer, load_tokenizer
     from rlhf.seeds import budget_changes, expected_profile
+
     out_json, work = Path(out_json), Path(work)
     if out_json.exists():
         raise FileExistsError(f"{out_json} exists: the budget was already chosen (use a new --out)")
@@ -150,29 +190,45 @@ def choose_sft_budget(out_json, work, revision: str = "r002", profile_name: str 
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
     t0 = time.perf_counter()
     measured = previous_candidates(previous, revision, profile)
-    command = f"rlhf choose-sft-budget --out {out_json} --work {work} --revision {revision}" + (
-        f" --budgets {','.join(budgets)}" if budgets else "") + "".join(f" --previous {p}" for p in previous or [])
+    command = (
+        f"rlhf choose-sft-budget --out {out_json} --work {work} --revision {revision}"
+        + (f" --budgets {','.join(budgets)}" if budgets else "")
+        + "".join(f" --previous {p}" for p in previous or [])
+    )
     for name in budgets or candidate_budgets():
         if any(m["budget"] == name for m in measured):
             continue
         p = expected_profile(profile, profile.name, budget_changes(profile, name))
-        m = {"budget": name, "epochs": p.sft.epochs,
-             **measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id), "measured_by": command,
-             "code": code_sha256()}
-        say(f"{name}: {m['updates']} updates, greedy validation rubric success "
-            f"{m['validation']['rubric_success']:.3f} ({m['train_seconds']:.0f} s)")
+        m = {
+            "budget": name,
+            "epochs": p.sft.epochs,
+            **measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id),
+            "measured_by": command,
+            "code": code_sha256(),
+        }
+        say(
+            f"{name}: {m['updates']} updates, greedy validation rubric success "
+            f"{m['validation']['rubric_success']:.3f} ({m['train_seconds']:.0f} s)"
+        )
         measured.append(m)
     from rlhf.seeds import SFT_BUDGETS
+
     measured.sort(key=lambda m: SFT_BUDGETS[m["budget"]])
     chosen = choose(measured, candidate_budgets())
-    record = {"revision": revision, "profile": profile.name, "profile_sha256": profile_hash(profile),
-              "code": code_sha256(),
-              "seeds": dataclasses.asdict(profile.seeds),
-              "rule": RULE, "inputs": "the learning view only: train demonstrations and validation pairs "
-                                      "(prompts; actions read from the chosen answers); no test prompt",
-              "candidates": measured, "chosen": chosen,
-              "command": command,
-              "not_measured": [b for b in candidate_budgets() if all(m["budget"] != b for m in measured)],
-              "seconds": time.perf_counter() - t0}
+    record = {
+        "revision": revision,
+        "profile": profile.name,
+        "profile_sha256": profile_hash(profile),
+        "code": code_sha256(),
+        "seeds": dataclasses.asdict(profile.seeds),
+        "rule": RULE,
+        "inputs": "the learning view only: train demonstrations and validation pairs "
+        "(prompts; actions read from the chosen answers); no test prompt",
+        "candidates": measured,
+        "chosen": chosen,
+        "command": command,
+        "not_measured": [b for b in candidate_budgets() if all(m["budget"] != b for m in measured)],
+        "seconds": time.perf_counter() - t0,
+    }
     write_json(out_json, record)
     return record

@@ -42,6 +42,7 @@ Accuracy counts a tie as a miss (as rlhf.judge.evaluate_pairs); ties are reporte
 API: ``run_shortcut_audit(ctx, out_dir=None) -> dict`` writes ``out_dir/results.json``
 (default ``ctx.run / "shortcut_audit"``), atomically, never overwriting; see ``RESULT_KEYS``.
 """
+
 from __future__ import annotations
 
 import random
@@ -77,29 +78,55 @@ DESCRIPTIONS = {
     "a_family_permuted": "printed family number replaced by a seeded derangement of the 240 ids",
     "b_heading_independent": "heading form and note number drawn independently of the pair variant",
     "c_both": "family number permuted and heading/note drawn independently (a and b together)",
-    "d_conflict": ("variants 1, 2, 4: situation sentence replaced by the rejected answer's situation, "
-                   "so the answer correct for the shown situation is the former rejected one"),
+    "d_conflict": (
+        "variants 1, 2, 4: situation sentence replaced by the rejected answer's situation, "
+        "so the answer correct for the shown situation is the former rejected one"
+    ),
 }
 
 MEANINGS = {
-    "baseline": ("Share of the held-out test pairs where the frozen judge scores the preferred answer "
-                 "higher on the unchanged prompts (its published test accuracy; a tie is a miss)."),
-    "a_family_permuted": ("Same pairs with only the printed family number changed: a drop from the "
-                          "baseline is the part of the judge's accuracy that came from reading the "
-                          "action off the family number."),
-    "b_heading_independent": ("Same pairs with only the heading form and note number redrawn "
-                              "independently of the variant: a drop from the baseline is the part "
-                              "that came from reading the winning style off the heading/note."),
-    "c_both": ("Same pairs with both give-aways removed: what the judge achieves from the situation "
-               "sentence and the answers alone."),
-    "d_conflict": ("Share of variant 1, 2 and 4 pairs where, after the situation sentence is swapped "
-                   "to the rejected answer's situation, the judge prefers the answer correct for the "
-                   "shown situation: near 1 means it reads the situation, near 0 means it follows the "
-                   "heading, family number or answer style instead."),
+    "baseline": (
+        "Share of the held-out test pairs where the frozen judge scores the preferred answer "
+        "higher on the unchanged prompts (its published test accuracy; a tie is a miss)."
+    ),
+    "a_family_permuted": (
+        "Same pairs with only the printed family number changed: a drop from the "
+        "baseline is the part of the judge's accuracy that came from reading the "
+        "action off the family number."
+    ),
+    "b_heading_independent": (
+        "Same pairs with only the heading form and note number redrawn "
+        "independently of the variant: a drop from the baseline is the part "
+        "that came from reading the winning style off the heading/note."
+    ),
+    "c_both": (
+        "Same pairs with both give-aways removed: what the judge achieves from the situation "
+        "sentence and the answers alone."
+    ),
+    "d_conflict": (
+        "Share of variant 1, 2 and 4 pairs where, after the situation sentence is swapped "
+        "to the rejected answer's situation, the judge prefers the answer correct for the "
+        "shown situation: near 1 means it reads the situation, near 0 means it follows the "
+        "heading, family number or answer style instead."
+    ),
 }
 
-RESULT_KEYS = ("study", "version", "corpus", "profile", "arithmetic", "seeds", "baseline", "order", "counterfactuals",
-               "judge", "hashes_before", "hashes_after", "unchanged", "seconds")
+RESULT_KEYS = (
+    "study",
+    "version",
+    "corpus",
+    "profile",
+    "arithmetic",
+    "seeds",
+    "baseline",
+    "order",
+    "counterfactuals",
+    "judge",
+    "hashes_before",
+    "hashes_after",
+    "unchanged",
+    "seconds",
+)
 
 
 class ShortcutAuditError(RuntimeError):
@@ -107,6 +134,7 @@ class ShortcutAuditError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------ builders
+
 
 def derangement(n: int, rng: random.Random) -> list[int]:
     """A permutation of range(n) without fixed points: shuffle with `rng` until none is left."""
@@ -139,20 +167,29 @@ def conflict_record(rec: dict, label: dict) -> dict:
     chosen/rejected swapped so that "chosen" is the answer correct for the shown situation."""
     v, a, w = label["variant"], label["action"], label["wrong_action"]
     if v not in CONFLICT_VARIANTS:
-        raise ValueError(f"pair {rec['document_id']}: variant {v} has no conflict counterfactual "
-                         f"(only variants {CONFLICT_VARIANTS})")
+        raise ValueError(
+            f"pair {rec['document_id']}: variant {v} has no conflict counterfactual (only variants {CONFLICT_VARIANTS})"
+        )
     shown = label["rejected_design"]["action"]
     assert shown == w != a
-    new = {**rec, "prompt": with_situation(rec["prompt"], a, shown), "chosen": rec["rejected"],
-           "rejected": rec["chosen"], "shown_action": shown}
-    if not rubric.evaluate(new["chosen"], "eos", shown)["rubric_success"] or \
-            rubric.evaluate(new["rejected"], "eos", shown)["rubric_success"]:
+    new = {
+        **rec,
+        "prompt": with_situation(rec["prompt"], a, shown),
+        "chosen": rec["rejected"],
+        "rejected": rec["chosen"],
+        "shown_action": shown,
+    }
+    if (
+        not rubric.evaluate(new["chosen"], "eos", shown)["rubric_success"]
+        or rubric.evaluate(new["rejected"], "eos", shown)["rubric_success"]
+    ):
         raise AssertionError(f"pair {rec['document_id']}: the conflict does not flip the correct answer")
     return new
 
 
-def build_counterfactuals(test_pairs: list[dict], labels: list[dict], revision: str,
-                          seed: int = SHORTCUT_AUDIT_SEED) -> dict[str, list[dict]]:
+def build_counterfactuals(
+    test_pairs: list[dict], labels: list[dict], revision: str, seed: int = SHORTCUT_AUDIT_SEED
+) -> dict[str, list[dict]]:
     """{baseline revision name, a_..., b_..., c_..., d_conflict: [pair records]}; each record has
     document_id, prompt, chosen, rejected, variant (and shown_action for d)."""
     by_id = {lab["document_id"]: lab for lab in labels}
@@ -164,10 +201,23 @@ def build_counterfactuals(test_pairs: list[dict], labels: list[dict], revision: 
     rng = random.Random(seed)
     perm = derangement(C.N_FAMILIES, rng)
     draws = [rng.choice(choices) for _ in test_pairs]
-    base = [{"document_id": r["document_id"], "prompt": r["prompt"], "chosen": r["chosen"],
-             "rejected": r["rejected"], "variant": by_id[r["document_id"]]["variant"]} for r in test_pairs]
-    out: dict[str, list[dict]] = {revision: base, "a_family_permuted": [], "b_heading_independent": [],
-                                  "c_both": [], "d_conflict": []}
+    base = [
+        {
+            "document_id": r["document_id"],
+            "prompt": r["prompt"],
+            "chosen": r["chosen"],
+            "rejected": r["rejected"],
+            "variant": by_id[r["document_id"]]["variant"],
+        }
+        for r in test_pairs
+    ]
+    out: dict[str, list[dict]] = {
+        revision: base,
+        "a_family_permuted": [],
+        "b_heading_independent": [],
+        "c_both": [],
+        "d_conflict": [],
+    }
     for rec, (form, note) in zip(base, draws):
         _, printed, _, _ = C.heading_parts(rec["prompt"])
         new_printed = perm[printed]
@@ -195,11 +245,15 @@ def cue_counts(records: list[dict], originals: list[dict], labels: list[dict]) -
         changed += r["prompt"] != orig[r["document_id"]]
         number_in_range += C.family_action(printed) == lab["action"]
         r001_rule += (form, note) == (lab["variant"] % 3, lab["variant"])
-    return {"prompts_changed": changed, "printed_number_in_true_action_range": number_in_range,
-            "heading_follows_r001_variant_rule": r001_rule}
+    return {
+        "prompts_changed": changed,
+        "printed_number_in_true_action_range": number_in_range,
+        "heading_follows_r001_variant_rule": r001_rule,
+    }
 
 
 # ------------------------------------------------------------------------------ scoring
+
 
 @torch.no_grad()
 def score_records(judge, records: list[dict], ctx) -> list[float]:
@@ -208,11 +262,10 @@ def score_records(judge, records: list[dict], ctx) -> list[float]:
     device = next(judge.model.parameters()).device
     margins: list[float] = []
     for i in range(0, len(pairs), BATCH_SIZE):
-        chunk = pairs[i:i + BATCH_SIZE]
-        batch = collate([p[1] for p in chunk] * 2, [p[2] for p in chunk] + [p[3] for p in chunk],
-                        ctx.pad_id).to(device)
+        chunk = pairs[i : i + BATCH_SIZE]
+        batch = collate([p[1] for p in chunk] * 2, [p[2] for p in chunk] + [p[3] for p in chunk], ctx.pad_id).to(device)
         s = reward_scores(judge, batch).float()
-        margins += (s[:len(chunk)] - s[len(chunk):]).tolist()
+        margins += (s[: len(chunk)] - s[len(chunk) :]).tolist()
     return margins
 
 
@@ -222,15 +275,20 @@ def summarise(records: list[dict], margins: list[float]) -> dict:
     for r, m in zip(records, margins):
         by_v[r["variant"]].append(m)
     n = len(margins)
-    return {"accuracy": sum(m > 0 for m in margins) / n, "pairs": n,
-            "ties": sum(m == 0 for m in margins), "mean_margin": sum(margins) / n,
-            "variants": sorted(by_v),
-            "by_variant": {str(v): sum(m > 0 for m in ms) / len(ms) for v, ms in sorted(by_v.items())},
-            "pairs_by_variant": {str(v): len(ms) for v, ms in sorted(by_v.items())},
-            "ties_by_variant": {str(v): sum(m == 0 for m in ms) for v, ms in sorted(by_v.items())}}
+    return {
+        "accuracy": sum(m > 0 for m in margins) / n,
+        "pairs": n,
+        "ties": sum(m == 0 for m in margins),
+        "mean_margin": sum(margins) / n,
+        "variants": sorted(by_v),
+        "by_variant": {str(v): sum(m > 0 for m in ms) / len(ms) for v, ms in sorted(by_v.items())},
+        "pairs_by_variant": {str(v): len(ms) for v, ms in sorted(by_v.items())},
+        "ties_by_variant": {str(v): sum(m == 0 for m in ms) for v, ms in sorted(by_v.items())},
+    }
 
 
 # ------------------------------------------------------------------------------ hashes
+
 
 def audit_hashes(judge, ctx) -> dict[str, str]:
     """SHA-256 of the judge file and its manifest, the judge's learned/frozen fingerprints and
@@ -249,8 +307,10 @@ def audit_hashes(judge, ctx) -> dict[str, str]:
 def _check_hashes(before: dict, after: dict, ctx) -> None:
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     if changed:
-        raise ShortcutAuditError(f"the shortcut audit found {changed} changed: it must change no judge "
-                                 f"weight, label, corpus file or judge artifact")
+        raise ShortcutAuditError(
+            f"the shortcut audit found {changed} changed: it must change no judge "
+            f"weight, label, corpus file or judge artifact"
+        )
     manifest = ctx.corpus.manifest or {}
     for rel, digest in (manifest.get("files") or {}).items():
         if before.get("corpus/" + rel) != digest:
@@ -258,6 +318,7 @@ def _check_hashes(before: dict, after: dict, ctx) -> None:
 
 
 # ------------------------------------------------------------------------------ the study
+
 
 def run_shortcut_audit(ctx, out_dir=None) -> dict:
     """Score the test pairs under the counterfactual prompts with the frozen judge of ctx.run;
@@ -282,8 +343,9 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
     for key, records in sets.items():
         summary = summarise(records, score_records(judge, records, ctx))
         kind = "baseline" if key == revision else key
-        summary.update(description=DESCRIPTIONS[kind], meaning=MEANINGS[kind],
-                       **cue_counts(records, sets[revision], labels))
+        summary.update(
+            description=DESCRIPTIONS[kind], meaning=MEANINGS[kind], **cue_counts(records, sets[revision], labels)
+        )
         if key == "d_conflict":
             summary["target"] = "the answer correct for the shown situation (the original rejected answer)"
         results[key] = summary
@@ -292,26 +354,38 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
     _check_hashes(before, after, ctx)
     audit_summary = ctx.corpus.summary
     out = {
-        "study": STUDY, "version": VERSION,
-        "corpus": {"revision": revision, "dataset": ctx.corpus.dataset,
-                   "manifest_sha256": before["corpus/manifest.json"]},
+        "study": STUDY,
+        "version": VERSION,
+        "corpus": {
+            "revision": revision,
+            "dataset": ctx.corpus.dataset,
+            "manifest_sha256": before["corpus/manifest.json"],
+        },
         "profile": ctx.profile.name,
         "arithmetic": pin.describe(),
-        "seeds": {"counterfactuals": SHORTCUT_AUDIT_SEED,
-                  "counterfactual_draws": ("random.Random(5049): shuffle list(range(240)) until no fixed "
-                                           "point (a), then one choice of (form, note) per test pair in "
-                                           "file order (b); c reuses both"),
-                  "heading_choices_b": [list(c) for c in AUDIT_HEADING_CHOICES[revision]],
-                  "corpus": audit_summary.get("seed"),
-                  **({"corpus_prompt_seeds": audit_summary["prompt_seeds"]}
-                     if "prompt_seeds" in audit_summary else {})},
+        "seeds": {
+            "counterfactuals": SHORTCUT_AUDIT_SEED,
+            "counterfactual_draws": (
+                "random.Random(5049): shuffle list(range(240)) until no fixed "
+                "point (a), then one choice of (form, note) per test pair in "
+                "file order (b); c reuses both"
+            ),
+            "heading_choices_b": [list(c) for c in AUDIT_HEADING_CHOICES[revision]],
+            "corpus": audit_summary.get("seed"),
+            **({"corpus_prompt_seeds": audit_summary["prompt_seeds"]} if "prompt_seeds" in audit_summary else {}),
+        },
         "baseline": revision,
         "order": [revision, *COUNTERFACTUALS],
         "counterfactuals": results,
-        "judge": {"file": "judge/judge.safetensors", "sha256": before["judge/judge.safetensors"],
-                  "learned_sha256": before["judge.learned_sha256"],
-                  "frozen_sha256": before["judge.frozen_sha256"]},
-        "hashes_before": before, "hashes_after": after, "unchanged": True,
+        "judge": {
+            "file": "judge/judge.safetensors",
+            "sha256": before["judge/judge.safetensors"],
+            "learned_sha256": before["judge.learned_sha256"],
+            "frozen_sha256": before["judge.frozen_sha256"],
+        },
+        "hashes_before": before,
+        "hashes_after": after,
+        "unchanged": True,
         "seconds": time.perf_counter() - t0,
     }
     assert tuple(out) == RESULT_KEYS

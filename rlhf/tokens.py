@@ -14,11 +14,13 @@ Response-aligned tensors (`logp_old`, `logp_ref`, values, rewards, advantages) a
 with `response_mask`; masks are by position, never by token id (a sampled PAD id inside a
 response is a token like any other).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
 from rlhf.config import Limits
 from rlhf.masks import last_active_index
 
@@ -56,13 +58,13 @@ def encode_response(tokenizer, response: str, eos_id: int, limits: Limits, docum
     """Response ids followed by EOS (the model must learn to stop)."""
     ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos_id]
     if len(ids) > limits.response_tokens:
-        raise OverLimitError(f"{document_id}: response has {len(ids)} tokens with EOS, "
-                             f"limit {limits.response_tokens}")
+        raise OverLimitError(f"{document_id}: response has {len(ids)} tokens with EOS, limit {limits.response_tokens}")
     return ids
 
 
-def encode_example(tokenizer, prompt: str, response: str, eos_id: int, limits: Limits,
-                   document_id: str = "?") -> tuple[list[int], list[int]]:
+def encode_example(
+    tokenizer, prompt: str, response: str, eos_id: int, limits: Limits, document_id: str = "?"
+) -> tuple[list[int], list[int]]:
     p = encode_prompt(tokenizer, prompt, limits, document_id)
     r = encode_response(tokenizer, response, eos_id, limits, document_id)
     if len(p) + len(r) > limits.context_tokens:
@@ -72,15 +74,25 @@ def encode_example(tokenizer, prompt: str, response: str, eos_id: int, limits: L
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor       # [B, T]
+    input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T] bool
-    position_ids: torch.Tensor    # [B, T]
+    position_ids: torch.Tensor  # [B, T]
     response_index: torch.Tensor  # [B, R]
-    response_mask: torch.Tensor   # [B, R] bool
+    response_mask: torch.Tensor  # [B, R] bool
 
     def to(self, device):
-        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                              self.response_index, self.response_mask)))
+        return Batch(
+            *(
+                t.to(device)
+                for t in (
+                    self.input_ids,
+                    self.attention_mask,
+                    self.position_ids,
+                    self.response_index,
+                    self.response_mask,
+                )
+            )
+        )
 
     @property
     def last_index(self) -> torch.Tensor:
@@ -88,8 +100,7 @@ class Batch:
         return self.response_index.gather(1, last_active_index(self.response_mask)[:, None])[:, 0]
 
 
-def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-            padding_side: str = "right") -> Batch:
+def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int, padding_side: str = "right") -> Batch:
     """Pad `prompt + response` rows to one length; every response needs at least one token."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', not {padding_side!r}")
@@ -107,11 +118,11 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
     for b, (p, r) in enumerate(zip(prompts, responses)):
         n = len(p) + len(r)
         start = T - n if padding_side == "left" else 0
-        input_ids[b, start:start + n] = torch.tensor(p + r, dtype=torch.long)
-        attention_mask[b, start:start + n] = True
-        response_index[b, :len(r)] = torch.arange(start + len(p), start + n)
-        response_index[b, len(r):] = start + n - 1  # any valid column; masked out
-        response_mask[b, :len(r)] = True
+        input_ids[b, start : start + n] = torch.tensor(p + r, dtype=torch.long)
+        attention_mask[b, start : start + n] = True
+        response_index[b, : len(r)] = torch.arange(start + len(p), start + n)
+        response_index[b, len(r) :] = start + n - 1  # any valid column; masked out
+        response_mask[b, : len(r)] = True
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     return Batch(input_ids, attention_mask, position_ids, response_index, response_mask)
 
@@ -129,8 +140,7 @@ def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
     # tokenizer may register more (the embedded one registers <|im_start|> as an added special
     # token only), so every added token flagged special counts too.
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = (set(tokenizer.all_special_ids) | {eos_id}
-               | {i for i, t in added.items() if getattr(t, "special", False)})
+    special = set(tokenizer.all_special_ids) | {eos_id} | {i for i, t in added.items() if getattr(t, "special", False)}
     if any(i < 0 or i >= n_vocab for i in body):
         return tokenizer.decode([i for i in body if 0 <= i < n_vocab]), "undecodable"
     if any(i in special for i in body):

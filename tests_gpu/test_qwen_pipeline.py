@@ -23,6 +23,7 @@ deterministic settings applied by the lab itself (`rlhf.config.configure_determi
 * resume is bit-identical (sha256 of resumed = continuous, tensor by tensor), under the
   deterministic settings that run.json and the evaluation's results.json record.
 """
+
 import dataclasses
 import importlib.util
 import time
@@ -60,6 +61,7 @@ def qwen_ctx(request, tmp_path_factory):
     from rlhf import lab
     from rlhf.evaluate import stage_evaluate
     from rlhf.models import write_random_model_dir
+
     if not torch.cuda.is_available():
         pytest.fail("the gpu tier needs CUDA: no CUDA device is visible to torch")
     profile = load_profile("qwen2.5-0.5b")
@@ -73,8 +75,10 @@ def qwen_ctx(request, tmp_path_factory):
         write_random_model_dir(profile, model_dir, tok)
         profile = override(profile, {("model", "allow_random_weights"): True})
     elif not model_dir or not Path(model_dir).is_dir():
-        pytest.fail("the gpu tier needs --model-dir=DIR with Qwen2.5-0.5B-Instruct "
-                    "(download: rlhf fetch-model --out DIR) or --random-weights")
+        pytest.fail(
+            "the gpu tier needs --model-dir=DIR with Qwen2.5-0.5B-Instruct "
+            "(download: rlhf fetch-model --out DIR) or --random-weights"
+        )
     run = tmp_path_factory.mktemp("qwen") / "run"
     ctx = lab.open_context(run, profile, model_dir=model_dir)
     ctx.stage_seconds, ctx.peak_mib = {}, {}
@@ -102,13 +106,17 @@ def all_tensors(role):
 def test_every_role_and_rollout_tensor_is_on_cuda(qwen_ctx, record_result):
     """Catches a role, head or buffer left on the CPU, and a rollout tensor made on the CPU."""
     from rlhf import lab, ppo
+
     assert qwen_ctx.device == "cuda" and read_json(qwen_ctx.run / "run.json")["device"] == "cuda"
     roles = lab.ppo_roles(qwen_ctx)
     off = [f"{kind}:{name}" for kind, role in roles.items() for name, t in all_tensors(role) if t.device.type != "cuda"]
     assert off == []
     from rlhf.tokens import encode_prompt
-    prompts = [encode_prompt(qwen_ctx.tokenizer, r["prompt"], qwen_ctx.profile.limits)
-               for r in qwen_ctx.corpus.learning_view().rollout_prompts()[:4]]
+
+    prompts = [
+        encode_prompt(qwen_ctx.tokenizer, r["prompt"], qwen_ctx.profile.limits)
+        for r in qwen_ctx.corpus.learning_view().rollout_prompts()[:4]
+    ]
     gen = torch.Generator(device="cuda").manual_seed(qwen_ctx.profile.seeds.ppo_sampling)
     ro = ppo.rollout(roles, prompts, qwen_ctx.eos_id, qwen_ctx.pad_id, qwen_ctx.profile, gen, True, {})
     tensors = {f.name: getattr(ro, f.name) for f in dataclasses.fields(ro)}
@@ -128,6 +136,7 @@ def test_sampling_and_teacher_forcing_logprobs_within_the_bf16_bound(qwen_ctx, r
 
 def test_heldout_metrics_recompute_from_the_rows(qwen_ctx, record_result):
     from rlhf.evaluate import summarise_populations
+
     res = qwen_ctx.evaluation
     for policy in ("sft", "ppo"):
         rows = res["policies"][policy]["rows"]
@@ -137,7 +146,8 @@ def test_heldout_metrics_recompute_from_the_rows(qwen_ctx, record_result):
     rows = res["judge_test"]["rows"]
     assert len(rows) == 180
     assert res["judge_test"]["accuracy"] == pytest.approx(
-        sum(r["chosen_score"] > r["rejected_score"] for r in rows) / len(rows))
+        sum(r["chosen_score"] > r["rejected_score"] for r in rows) / len(rows)
+    )
     test_rows = {p: [r for r in res["policies"][p]["rows"] if r["population"] == "test"] for p in ("sft", "ppo")}
     diff = res["differences"]["learned_reward"]["test"]
     for p in ("sft", "ppo"):
@@ -148,6 +158,7 @@ def test_heldout_metrics_recompute_from_the_rows(qwen_ctx, record_result):
 
 def test_peak_cuda_memory_under_the_stated_limit(qwen_ctx, record_result):
     from rlhf.flops import memory_estimate
+
     estimate_mib = memory_estimate(qwen_ctx.profile)["total"] / 2**20
     record_result("qwen_cuda_peak_mib", {k: round(v, 1) for k, v in qwen_ctx.peak_mib.items()})
     record_result("qwen_cuda_memory_estimate_mib", round(estimate_mib, 1))

@@ -11,6 +11,7 @@ from rlhf.base_study, so that a change of the module's constants cannot pass sil
   together (108 pairs); the conflict accuracy (1d) is reported, not bounded;
 * control base: measured on the same numbers and recorded, never judged.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,12 +33,14 @@ def study(tmp_path_factory):
 
 
 def _headline(m: dict) -> dict:
-    return {"sft_greedy_correct_action": m["sft"]["greedy"]["correct_action"],
-            "sft_temperature_1_in_grammar": m["sft"]["temperature_1"]["in_grammar"],
-            "judge_r002_test_accuracy": m["judge"]["test_accuracy"],
-            "judge_r002_variants_1_2_4": m["judge"]["variants_1_2_4"],
-            "judge_r002_conflict": m["judge"]["conflict"]["accuracy"],
-            "judge_r002_conflict_by_variant": m["judge"]["conflict"]["by_variant"]}
+    return {
+        "sft_greedy_correct_action": m["sft"]["greedy"]["correct_action"],
+        "sft_temperature_1_in_grammar": m["sft"]["temperature_1"]["in_grammar"],
+        "judge_r002_test_accuracy": m["judge"]["test_accuracy"],
+        "judge_r002_variants_1_2_4": m["judge"]["variants_1_2_4"],
+        "judge_r002_conflict": m["judge"]["conflict"]["accuracy"],
+        "judge_r002_conflict_by_variant": m["judge"]["conflict"]["by_variant"],
+    }
 
 
 def test_embedded_base_meets_the_issue_bounds(study, embedded_profile, record_result):
@@ -111,6 +114,7 @@ def test_verdict_reports_a_failed_bound(study):
 
 def test_the_judge_is_never_measured_on_r001(tmp_path, embedded_profile, embedded_dir):
     from rlhf.lab import open_context
+
     ctx = open_context(tmp_path / "run", embedded_profile, model_dir=embedded_dir, revision="r001")
     with pytest.raises(bs.BaseStudyError, match="r002"):
         bs.measure_judge(ctx)

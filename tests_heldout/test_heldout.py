@@ -15,6 +15,7 @@ runs it), and wrote evaluation/results.json. The tests assert invariants, never 
 
 Every published number is also recorded in reports/results.json (record_result).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,13 +52,21 @@ def roles(lab_run, evaluation):
 
 def test_results_file_schema(evaluation, lab_run, record_result):
     file = evaluation["file"]
-    assert set(file) == {"policies", "judge_test", "differences", "politeness", "populations_note", "seconds",
-                         "arithmetic"}
+    assert set(file) == {
+        "policies",
+        "judge_test",
+        "differences",
+        "politeness",
+        "populations_note",
+        "seconds",
+        "arithmetic",
+    }
     # conftest imports rlhf before torch, so the run is pinned unless RLHF_CPU_PIN turned it off
     assert file["arithmetic"]["status"] == ("pinned" if pin.requested() else "off")
     assert file["arithmetic"] == json.loads((lab_run.run / "run.json").read_text())["arithmetic"]
-    assert file["populations_note"] == ("80 probe rows are 20 independent contexts; "
-                                        "520 generations are not 520 independent cases")
+    assert file["populations_note"] == (
+        "80 probe rows are 20 independent contexts; 520 generations are not 520 independent cases"
+    )
     assert set(file["policies"]) == set(POLICIES)
     for pol in POLICIES:
         assert set(file["policies"][pol]) == {"rows", "metrics"}
@@ -84,6 +93,7 @@ def test_wording_never_names_the_learned_score_as_people_opinion(evaluation):
         elif isinstance(obj, list):
             for v in obj:
                 yield from keys(v)
+
     assert not [k for k in keys(evaluation["file"]) if "kl" in k.lower().split("_")]
 
 
@@ -142,8 +152,10 @@ def test_second_greedy_generation_reproduces_the_ids(evaluation, roles, lab_run,
 
 def test_generation_never_reads_labels(evaluation, roles, lab_run, monkeypatch):
     """Generation works although every label access raises; the learning view refuses inputs."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("generation read a gold label")
+
     monkeypatch.setattr(EvaluationView, "labels", refuse)
     monkeypatch.setattr(EvaluationView, "label", refuse)
     rows = ev.generate_heldout(roles["ppo"].model, lab_run)
@@ -154,9 +166,14 @@ def test_generation_never_reads_labels(evaluation, roles, lab_run, monkeypatch):
         ev.rubric_rows(rows, lab_run)  # the label join is where labels enter, and only there
     monkeypatch.undo()
     learning = lab_run.corpus.learning_view()
-    for refused in (lambda: learning.inputs("pair", "test"), lambda: learning.inputs("probe", "probe"),
-                    learning.probes, learning.test_pairs, lambda: learning.labels("pair", "test"),
-                    lambda: learning.label(rows[0]["document_id"])):
+    for refused in (
+        lambda: learning.inputs("pair", "test"),
+        lambda: learning.inputs("probe", "probe"),
+        learning.probes,
+        learning.test_pairs,
+        lambda: learning.labels("pair", "test"),
+        lambda: learning.label(rows[0]["document_id"]),
+    ):
         with pytest.raises(PermissionError):
             refused()
 
@@ -216,8 +233,15 @@ def test_politeness_exercise_changes_nothing(evaluation, lab_run, record_result)
     pol = evaluation["file"]["politeness"]
     assert pol["unchanged"] is True and pol["hashes_before"] == pol["hashes_after"]
     hashed = set(pol["hashes_before"])
-    assert {"judge.learned_sha256", "judge.frozen_sha256", "profile.sha256", "judge/judge.safetensors",
-            "corpus/manifest.json", "corpus/labels/probe/probe.jsonl", "corpus/labels/pair/test.jsonl"} <= hashed
+    assert {
+        "judge.learned_sha256",
+        "judge.frozen_sha256",
+        "profile.sha256",
+        "judge/judge.safetensors",
+        "corpus/manifest.json",
+        "corpus/labels/probe/probe.jsonl",
+        "corpus/labels/pair/test.jsonl",
+    } <= hashed
     # Independent of the exercise's own check: the files still hash as recorded.
     for path in ev.evaluation_artifacts(lab_run):
         assert sha256_file(path) == pol["hashes_before"][ev._artifact_key(path, lab_run)]
@@ -243,6 +267,7 @@ def test_politeness_hash_check_catches_a_change(roles, lab_run, tmp_path, monkey
         out = real(judge, ctx)
         artifact.write_text('{"tampered": true}\n')
         return out
+
     monkeypatch.setattr(ev, "probe_candidate_scores", scores_and_tamper)
     with pytest.raises(ev.ArtifactChangedError, match="labels.jsonl"):
         ev.politeness_exercise(roles["judge"], lab_run, [artifact])

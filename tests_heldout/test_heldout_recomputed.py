@@ -16,6 +16,7 @@ call the code that computed it:
 Each check runs twice: on a miniature lab (the embedded profile with the small budget of
 conftest.SMALL_BUDGET; about 40 s, once per module) and on the session's full `lab_run`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,11 +41,13 @@ RESAMPLES = 2000
 
 # ------------------------------------------------------------------------------ the runs
 
+
 @pytest.fixture(scope="module")
 def mini_run(tmp_path_factory, small_profile_file, one_thread):
     """SFT, judge and PPO on the small budget (continuous legs only), then the evaluation."""
     from rlhf import lab
     from rlhf.config import load_profile
+
     ctx = lab.open_context(tmp_path_factory.mktemp("heldout_mini") / "run", load_profile(str(small_profile_file)))
     for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
         stage(ctx, protocol=False)
@@ -68,6 +71,7 @@ def lab_results(lab_run):
 
 # ------------------------------------------------------------------------------ independent paths
 
+
 def expected_action_by_id(ctx) -> dict[str, int]:
     """document_id -> gold action, read from the label files through the evaluation view."""
     view = ctx.corpus.evaluation_view()
@@ -83,8 +87,13 @@ def rows_of_population(rows: list[dict], population: str) -> list[dict]:
         if r["family"] not in seen:
             seen.add(r["family"])
             first.append(r)
-    return {"test": test, "probe_rows": probes, "probe_contexts": first, "all_rows": test + probes,
-            "all_unique_contexts": test + first}[population]
+    return {
+        "test": test,
+        "probe_rows": probes,
+        "probe_contexts": first,
+        "all_rows": test + probes,
+        "all_unique_contexts": test + first,
+    }[population]
 
 
 def plain_mean(values):
@@ -168,7 +177,9 @@ def judge_score_alone(judge, prompt_ids: list[int], response_ids: list[int]) -> 
     state of the last token (the response's EOS) through the scalar head."""
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
-        hidden = judge.model.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state
+        hidden = judge.model.model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False
+        ).last_hidden_state
         return float(judge.head(hidden[0, -1].float())[0])
 
 
@@ -184,7 +195,7 @@ def check_judge_accuracy(results: dict, ctx) -> dict:
     assert sorted(r["document_id"] for r in rows) == sorted(pairs) and len(pairs) == 180
     hits, ties, by_variant = 0, 0, {}
     for r in rows:
-        won = r["chosen_score"] > r["rejected_score"]   # a tie is a miss
+        won = r["chosen_score"] > r["rejected_score"]  # a tie is a miss
         hits += won
         ties += r["chosen_score"] == r["rejected_score"]
         variant = int(r["document_id"].rsplit("-P", 1)[1])  # OHxxx-P{variant}
@@ -216,8 +227,10 @@ def check_judge_accuracy(results: dict, ctx) -> dict:
 
 def unit_table(sft_rows, ppo_rows, population: str, key: str) -> dict[str, list]:
     """family -> [stratum, rows, SFT sum, PPO sum], in row order; PPO joined by document_id."""
+
     def value(r):
         return float(r["rubric"]["rubric_success"]) if key == "rubric_success" else float(r["learned_reward"])
+
     ppo = {r["document_id"]: r for r in ppo_rows}
     units = {}
     for r in rows_of_population(sft_rows, population):
@@ -275,19 +288,21 @@ def check_bootstrap(results: dict, ctx) -> dict:
 
             rng = random.Random(seed)
             python_stream = resampled_interval(
-                units, lambda m: [[rng.randrange(m) for _ in range(m)] for _ in range(RESAMPLES)])
+                units, lambda m: [[rng.randrange(m) for _ in range(m)] for _ in range(RESAMPLES)]
+            )
             # Monte Carlo error, plus for a rate one lattice step: a resampled rate moves in steps
             # of (rows of a unit) / (rows), e.g. 0.05 over the 20 probe contexts.
             step = max(u[1] for u in units.values()) / n if key == "rubric_success" else 0.0
             tol = 0.1 * (hi - lo) + step + 1e-12
-            assert abs(python_stream[0] - lo) <= tol and abs(python_stream[1] - hi) <= tol, \
+            assert abs(python_stream[0] - lo) <= tol and abs(python_stream[1] - hi) <= tol, (
                 f"{key}.{pop}: published {lo, hi}, python resampling {python_stream}"
+            )
 
             g = torch.Generator().manual_seed(seed)
-            same_stream = resampled_interval(
-                units, lambda m: torch.randint(0, m, (RESAMPLES, m), generator=g).tolist())
-            assert same_stream == pytest.approx((lo, hi), rel=1e-9, abs=1e-12), \
+            same_stream = resampled_interval(units, lambda m: torch.randint(0, m, (RESAMPLES, m), generator=g).tolist())
+            assert same_stream == pytest.approx((lo, hi), rel=1e-9, abs=1e-12), (
                 f"{key}.{pop}: published {lo, hi}, the same torch draws give {same_stream}"
+            )
             widths[f"{key}.{pop}"] = hi - lo
     return widths
 
@@ -312,8 +327,10 @@ def check_greedy(results: dict, ctx) -> dict:
                 tokens += 1
                 if token != best:
                     gap = float(row[best] - row[token])
-                    assert gap <= 1e-4, (f"{policy} {r['document_id']} token {j}: {token} is not the argmax "
-                                         f"{best} (logit gap {gap:.4f}): evaluation did not decode greedily")
+                    assert gap <= 1e-4, (
+                        f"{policy} {r['document_id']} token {j}: {token} is not the argmax "
+                        f"{best} (logit gap {gap:.4f}): evaluation did not decode greedily"
+                    )
                     near_ties += 1
         assert near_ties <= tokens // 100
         counts[policy] = {"tokens": tokens, "near_ties": near_ties}
@@ -321,6 +338,7 @@ def check_greedy(results: dict, ctx) -> dict:
 
 
 # ------------------------------------------------------------------------------ miniature run
+
 
 def test_every_metric_is_recomputed_from_rows_by_the_rubric_miniature(mini_results, mini_run):
     """Catches a published rate that does not follow from its rows (a wrong denominator, a
@@ -338,11 +356,16 @@ def test_metric_recount_agrees_with_the_library_on_grammar_answers(mini_results,
         action = expected[r["document_id"]]
         kind = i % 5
         if kind == 4:
-            continue                                   # keep the model's own (UNCERTIFIED) text
+            continue  # keep the model's own (UNCERTIFIED) text
         text = rubric.render(action if kind != 2 else (action + 1) % 6, caution=kind % 3, polite=kind == 1)
         ids = mini_run.tokenizer(text, add_special_tokens=False)["input_ids"]
-        r.update(response=mini_run.tokenizer.decode(ids), response_ids=ids + [mini_run.eos_id],
-                 finish_reason="eos", ended_with_eos=True, length=len(ids) + 1)
+        r.update(
+            response=mini_run.tokenizer.decode(ids),
+            response_ids=ids + [mini_run.eos_id],
+            finish_reason="eos",
+            ended_with_eos=True,
+            length=len(ids) + 1,
+        )
     for r in rows:
         del r["rubric"], r["expected_action"]
     library = ev.summarise_populations(ev.rubric_rows(rows, mini_run))
@@ -391,6 +414,7 @@ def test_every_evaluation_token_is_the_greedy_argmax_miniature(mini_results, min
 
 
 # ------------------------------------------------------------------------------ the session's lab run
+
 
 def test_every_metric_is_recomputed_from_rows_by_the_rubric_lab(lab_results, lab_run):
     assert check_metrics_recomputed(lab_results, lab_run) > 0

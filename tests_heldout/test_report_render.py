@@ -9,6 +9,7 @@ decoded images. The screenshot is kept as reports/report_screenshot.png.
 Chromium is a system package: `bash setup.sh` installs Debian's `chromium`. Without it this
 test fails (it is never skipped).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,26 +27,40 @@ pytestmark = pytest.mark.unit
 CHROMIUM = Path("/usr/bin/chromium")
 # Test-only probe appended to a copy of the page: after load, write what the browser decoded
 # into attributes of <body>, which --dump-dom then shows. report.html itself has no script.
-PROBE = ("<script>window.addEventListener('load', function () {"
-         "var imgs = Array.prototype.slice.call(document.images);"
-         "document.body.setAttribute('data-images', imgs.map(function (i) {"
-         "return i.complete + ':' + i.naturalWidth + 'x' + i.naturalHeight; }).join(','));"
-         "document.body.setAttribute('data-tables', String(document.querySelectorAll('table').length));"
-         "});</script>")
+PROBE = (
+    "<script>window.addEventListener('load', function () {"
+    "var imgs = Array.prototype.slice.call(document.images);"
+    "document.body.setAttribute('data-images', imgs.map(function (i) {"
+    "return i.complete + ':' + i.naturalWidth + 'x' + i.naturalHeight; }).join(','));"
+    "document.body.setAttribute('data-tables', String(document.querySelectorAll('table').length));"
+    "});</script>"
+)
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", *args]
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
 def test_reports_render_in_headless_chromium(lab_run, tmp_path, request, record_result):
     if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} is missing: run `bash setup.sh` (it installs Debian's chromium) "
-                    f"to render and check report.html")
+        pytest.fail(
+            f"{CHROMIUM} is missing: run `bash setup.sh` (it installs Debian's chromium) "
+            f"to render and check report.html"
+        )
     run = tmp_path / "run"
     shutil.copytree(lab_run.run, run, ignore=shutil.ignore_patterns("state-*.pt.gz", "checkpoints"))
     for name in report.REPORT_FILES:  # the lab wrote its reports; write them anew in the copy
@@ -88,6 +103,7 @@ def test_reports_render_in_headless_chromium(lab_run, tmp_path, request, record_
     out = _chromium(tmp_path, f"--screenshot={tmp_shot}", "--window-size=1280,4000", paths["report.html"].as_uri())
     assert out.returncode == 0 and tmp_shot.is_file(), out.stderr[-2000:]
     from PIL import Image
+
     with Image.open(tmp_shot) as im:
         assert im.size == (1280, 4000)
         colours = im.convert("RGB").resize((320, 1000)).getcolors(maxcolors=1 << 20)

@@ -4,10 +4,10 @@ One 2-seed study on the small test profile (conftest.SMALL_BUDGET) is run once p
 this process (workers = 1); the tests read its folder. The pool path (workers > 1) is taken by
 the continuation test, which gives one unfinished run to a spawned worker.
 """
+
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import statistics
 import time
@@ -27,10 +27,17 @@ def small_study(tmp_path_factory, small_profile_file):
     out = tmp_path_factory.mktemp("study") / "s"
     lines: list[str] = []
     t0, c0 = time.perf_counter(), time.process_time()
-    result = seeds.run_study(out, n=2, revision="r001", workers=1, profile_name=str(small_profile_file),
-                             say=lines.append)
-    return {"out": out, "result": result, "lines": lines, "profile": str(small_profile_file),
-            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+    result = seeds.run_study(
+        out, n=2, revision="r001", workers=1, profile_name=str(small_profile_file), say=lines.append
+    )
+    return {
+        "out": out,
+        "result": result,
+        "lines": lines,
+        "profile": str(small_profile_file),
+        "wall_s": time.perf_counter() - t0,
+        "cpu_s": time.process_time() - c0,
+    }
 
 
 def _t975_by_integration(df: int) -> float:
@@ -51,6 +58,7 @@ def _t975_by_integration(df: int) -> float:
 
 
 # ------------------------------------------------------------------------------ the study
+
 
 def test_across_seed_statistics_recomputed_from_rows(small_study, record_result):
     """Every across-seed number is recomputed from the per-seed rows, and the rows' rubric
@@ -75,9 +83,11 @@ def test_across_seed_statistics_recomputed_from_rows(small_study, record_result)
             test = [x for x in ev["policies"][policy]["rows"] if x["population"] == "test"]
             assert len(test) == 180
             assert r["metrics"][f"rubric_success.test.{policy}"] == pytest.approx(
-                sum(x["rubric"]["rubric_success"] for x in test) / 180, abs=1e-12)
+                sum(x["rubric"]["rubric_success"] for x in test) / 180, abs=1e-12
+            )
         assert r["metrics"]["rubric_success.test.ppo_minus_sft"] == pytest.approx(
-            r["metrics"]["rubric_success.test.ppo"] - r["metrics"]["rubric_success.test.sft"], abs=1e-12)
+            r["metrics"]["rubric_success.test.ppo"] - r["metrics"]["rubric_success.test.sft"], abs=1e-12
+        )
     on_disk = read_json(out / "seeds.json")
     assert on_disk["across"] == result["across"] and on_disk["seeds"] == rows
 
@@ -91,8 +101,13 @@ def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):
         assert b["seeds"][f"{t}.{k}"] == seeds.profile_value(base, t, k) + 1000
     for t, k in seeds.FIXED_SEEDS:
         assert a["seeds"][f"{t}.{k}"] == b["seeds"][f"{t}.{k}"] == seeds.profile_value(base, t, k)
-    for key in ("sft_state_sha256", "judge_state_sha256", "ppo_state_sha256", "ppo_rollout_order_sha256",
-                "sft_first_update_loss"):
+    for key in (
+        "sft_state_sha256",
+        "judge_state_sha256",
+        "ppo_state_sha256",
+        "ppo_rollout_order_sha256",
+        "sft_first_update_loss",
+    ):
         assert a["identity"][key] != b["identity"][key], key
     for key in ("corpus_manifest_sha256", "evaluation_prompt_ids_sha256", "evaluation_prompts"):
         assert a["identity"][key] == b["identity"][key], key
@@ -101,6 +116,7 @@ def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):
     for r in (a, b):
         run = read_json(out / r["folder"] / "run.json")
         from rlhf.config import profile_hash
+
         assert run["identity"]["config"] == profile_hash(load_profile(str(out / r["folder"] / "profile.toml")))
     assert read_json(out / "seed-0" / "sft" / "resume_check.json")["protocol"] is True
     assert read_json(out / "seed-1" / "sft" / "resume_check.json")["protocol"] is False
@@ -111,8 +127,10 @@ def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):
 def test_check_invariants_catches_runs_that_share_a_state_or_differ_in_corpus(small_study):
     rows = small_study["result"]["seeds"]
     seeds.check_invariants(rows)
-    same_state = [rows[0], {**rows[1], "identity": {**rows[1]["identity"],
-                                                    "ppo_state_sha256": rows[0]["identity"]["ppo_state_sha256"]}}]
+    same_state = [
+        rows[0],
+        {**rows[1], "identity": {**rows[1]["identity"], "ppo_state_sha256": rows[0]["identity"]["ppo_state_sha256"]}},
+    ]
     with pytest.raises(seeds.StudyError, match="ppo_state_sha256"):
         seeds.check_invariants(same_state)
     other_prompts = [rows[0], {**rows[1], "identity": {**rows[1]["identity"], "evaluation_prompt_ids_sha256": "x"}}]
@@ -126,16 +144,17 @@ def _snapshot(folder: Path) -> dict:
 
 def test_rerun_of_a_finished_study_recomputes_nothing(small_study, monkeypatch):
     from rlhf import lab
+
     out = small_study["out"]
     before = _snapshot(out)
 
     def refuse(*a, **k):
         raise AssertionError("a finished study reopened a run")
+
     monkeypatch.setattr(lab, "open_context", refuse)
     monkeypatch.setattr(lab, "run_lab", refuse)
     lines = []
-    again = seeds.run_study(out, n=2, revision="r001", workers=1, profile_name=small_study["profile"],
-                            say=lines.append)
+    again = seeds.run_study(out, n=2, revision="r001", workers=1, profile_name=small_study["profile"], say=lines.append)
     assert again == small_study["result"]
     assert _snapshot(out) == before
     assert lines == [f"study already complete in {out} (seeds.json): nothing recomputed"]
@@ -159,8 +178,7 @@ def test_killed_study_continues_where_it_stopped(small_study, tmp_path):
         (run1 / name).unlink()
     run0 = _snapshot(out / "seed-0")
     lines = []
-    again = seeds.run_study(out, n=2, revision="r001", workers=2, profile_name=small_study["profile"],
-                            say=lines.append)
+    again = seeds.run_study(out, n=2, revision="r001", workers=2, profile_name=small_study["profile"], say=lines.append)
     assert _snapshot(out / "seed-0") == run0
     assert "seed 0: already complete" in lines[1] and any("seed 1: queued" in x for x in lines)
     assert any("seed 1: report complete" in x for x in lines)
@@ -189,8 +207,10 @@ def test_changed_answer_view_recomputes_the_evaluation_log_ratio(small_study):
 
 def test_changed_row_prefers_a_failure_turned_into_a_success():
     from rlhf.seeds import pick_changed_row
-    row = lambda i, ids, ok: {"document_id": f"d{i}", "population": "test", "response_ids": ids,  # noqa: E731
-                              "rubric": {"rubric_success": ok}}
+
+    def row(i, ids, ok):
+        return {"document_id": f"d{i}", "population": "test", "response_ids": ids, "rubric": {"rubric_success": ok}}
+
     sft = [row(0, [1], True), row(1, [2], True), row(2, [3], False), row(3, [4], False)]
     ppo = [row(0, [1], True), row(1, [9], False), row(2, [8], True), row(3, [7], False)]
     assert pick_changed_row(sft, ppo)[0]["document_id"] == "d2"
@@ -199,6 +219,7 @@ def test_changed_row_prefers_a_failure_turned_into_a_success():
 
 
 # ------------------------------------------------------------------------------ seeds and statistics
+
 
 def test_derived_seeds_never_collide_and_run_zero_is_the_profile():
     profile = load_profile("embedded")
@@ -209,14 +230,16 @@ def test_derived_seeds_never_collide_and_run_zero_is_the_profile():
                 drawn.setdefault((t, k), []).append(v)
     for key, values in drawn.items():
         assert len(set(values)) == len(values), key
-    assert seeds.seed_changes(profile, 0, 0) == {(t, k): seeds.profile_value(profile, t, k)
-                                                 for t, k in seeds.TRAINING_SEEDS}
+    assert seeds.seed_changes(profile, 0, 0) == {
+        (t, k): seeds.profile_value(profile, t, k) for t, k in seeds.TRAINING_SEEDS
+    }
     with pytest.raises(seeds.StudyError, match="outside"):
         seeds.seed_changes(profile, 0, seeds.MAX_RUNS)
 
 
 def test_run_profile_reads_back_as_intended(tmp_path):
     from rlhf.config import PROFILE_DIR
+
     text = (PROFILE_DIR / "embedded.toml").read_text()
     profile = load_profile("embedded")
     changes = {**seeds.seed_changes(profile, 3, 7), **seeds.budget_changes(profile, "sft-e2")}
@@ -237,7 +260,9 @@ def test_t_quantiles_and_sign_test():
     assert seeds.sign_test_p(5, 0) == pytest.approx(2 / 32)
     assert seeds.sign_test_p(3, 2) == 1.0
     stats = seeds.across_seeds([0.1, 0.2, 0.3, 0.4, 0.5])
-    assert stats["mean"] == pytest.approx(0.3) and stats["sd"] == pytest.approx(statistics.stdev([.1, .2, .3, .4, .5]))
+    assert stats["mean"] == pytest.approx(0.3) and stats["sd"] == pytest.approx(
+        statistics.stdev([0.1, 0.2, 0.3, 0.4, 0.5])
+    )
     assert stats["t95"][0] == pytest.approx(0.3 - 2.776 * stats["sd"] / math.sqrt(5))
     with pytest.raises(seeds.StudyError, match="finite"):
         seeds.across_seeds([0.1, float("nan")])
@@ -245,8 +270,10 @@ def test_t_quantiles_and_sign_test():
 
 # ------------------------------------------------------------------------------ the SFT budget
 
+
 def test_budget_rule_takes_the_smallest_inside_the_band():
     from rlhf.sft_budget import choose
+
     m = lambda name, s: {"budget": name, "validation": {"rubric_success": s}}  # noqa: E731
     assert choose([m("a", 0.1), m("b", 0.3), m("c", 0.5)]) == "b"
     assert choose([m("a", 0.29), m("b", 0.81), m("c", 0.8)]) == "c"
@@ -259,9 +286,15 @@ def test_budget_rule_takes_the_smallest_inside_the_band():
 def test_previous_candidates_of_another_revision_are_refused(tmp_path):
     from rlhf.config import profile_hash
     from rlhf.sft_budget import previous_candidates
+
     profile = load_profile("embedded")
-    rec = {"revision": "r001", "profile_sha256": profile_hash(profile), "command": "c", "code": "x",
-           "candidates": [{"budget": "sft-e1", "validation": {"rubric_success": 0.0}}]}
+    rec = {
+        "revision": "r001",
+        "profile_sha256": profile_hash(profile),
+        "command": "c",
+        "code": "x",
+        "candidates": [{"budget": "sft-e1", "validation": {"rubric_success": 0.0}}],
+    }
     write_json(tmp_path / "r001.json", rec)
     assert previous_candidates([tmp_path / "r001.json"], "r001", profile)[0]["measured_by"] == "c"
     with pytest.raises(ValueError, match="another revision or profile"):
@@ -276,10 +309,17 @@ def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkey
 
     def refuse(*a, **k):
         raise AssertionError("the budget choice touched the evaluation view")
+
     monkeypatch.setattr(corpus_mod.Corpus, "evaluation_view", refuse)
     monkeypatch.setattr(corpus_mod.EvaluationView, "__init__", refuse)
-    record = choose_sft_budget(tmp_path / "choice.json", tmp_path / "work", revision="r002",
-                               profile_name=str(small_profile_file), budgets=["sft-e1"], say=lambda s: None)
+    record = choose_sft_budget(
+        tmp_path / "choice.json",
+        tmp_path / "work",
+        revision="r002",
+        profile_name=str(small_profile_file),
+        budgets=["sft-e1"],
+        say=lambda s: None,
+    )
     (m,) = record["candidates"]
     assert m["budget"] == "sft-e1" and m["validation"]["n"] == 180 and 0 <= m["validation"]["rubric_success"] <= 1
     assert read_json(tmp_path / "choice.json") == record
@@ -290,7 +330,8 @@ def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkey
     with pytest.raises(PermissionError):
         view.learning_view().inputs("pair", "test")
     val = validation_prompts(view.learning_view())
-    assert len(val) == 180 and not ({r["document_id"] for r in val}
-                                    & {r["document_id"] for r in view.evaluation_view().prompts("test")})
+    assert len(val) == 180 and not (
+        {r["document_id"] for r in val} & {r["document_id"] for r in view.evaluation_view().prompts("test")}
+    )
     with pytest.raises(FileExistsError):
         choose_sft_budget(tmp_path / "choice.json", tmp_path / "work", revision="r002")

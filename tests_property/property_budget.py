@@ -5,6 +5,7 @@ names, sized to keep the layer fast. Under any other profile, e.g.
 `pytest tests_property --hypothesis-profile=explore` (conftest.py), it draws the profile's
 max_examples when that is more: the same properties, searched with fresh random examples.
 """
+
 from __future__ import annotations
 
 from hypothesis import settings

@@ -11,13 +11,13 @@ Tolerances (FP32): BATCH_ATOL = 1e-5 (padding adds masked keys only: reordering-
 differences); PREFIX_ATOL = 1e-6 (same shapes, same row ops; only later, causally masked
 tokens differ). Measured maxima are recorded in results.json.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
 from property_budget import examples
 
 from rlhf.roles import critic_values, new_role
@@ -49,8 +49,7 @@ def values_alone(role, prompt, response, pad_id):
         return critic_values(role, collate([prompt], [response], pad_id))[0]
 
 
-ROWS = st.lists(st.tuples(st.integers(1, 12), st.integers(1, 8), st.integers(0, 10**6)),
-                min_size=2, max_size=4)
+ROWS = st.lists(st.tuples(st.integers(1, 12), st.integers(1, 8), st.integers(0, 10**6)), min_size=2, max_size=4)
 
 
 def test_batched_values_equal_single_values(critic, record_result):
@@ -86,8 +85,7 @@ def test_value_depends_only_on_the_prefix_before_its_token(critic, record_result
     worst = [0.0]
 
     @examples(50)
-    @given(p_len=st.integers(1, 10), r_len=st.integers(2, 8), k=st.integers(0, 7),
-           seed=st.integers(0, 10**6))
+    @given(p_len=st.integers(1, 10), r_len=st.integers(2, 8), k=st.integers(0, 7), seed=st.integers(0, 10**6))
     def check(p_len, r_len, k, seed):
         k = k % r_len
         prompt = random_ids(p_len, n_vocab, seed)
@@ -99,9 +97,9 @@ def test_value_depends_only_on_the_prefix_before_its_token(critic, record_result
             with torch.no_grad():
                 a = critic_values(role, collate([prompt, other_p], [response, other_r], pad_id, side))[0]
                 b = critic_values(role, collate([prompt, other_p], [changed, other_r], pad_id, side))[0]
-            diff = float((a[:k + 1] - b[:k + 1]).abs().max())
+            diff = float((a[: k + 1] - b[: k + 1]).abs().max())
             worst[0] = max(worst[0], diff)
-            assert diff <= PREFIX_ATOL, (side, k, diff)             # V_0..V_k: prefixes unchanged
+            assert diff <= PREFIX_ATOL, (side, k, diff)  # V_0..V_k: prefixes unchanged
             if k + 1 < r_len:
                 assert float((a[k + 1] - b[k + 1]).abs()) > CHANGE_MIN, side  # V_{k+1} sees token k
 
@@ -132,7 +130,7 @@ def test_values_match_a_head_on_the_previous_column(critic):
     ids = torch.tensor([prompt + response])
     with torch.no_grad():
         hidden = role.model.model(input_ids=ids).last_hidden_state[0]
-        want = role.head(hidden[len(prompt) - 1:len(prompt) - 1 + len(response)])[:, 0]
+        want = role.head(hidden[len(prompt) - 1 : len(prompt) - 1 + len(response)])[:, 0]
         got = values_alone(role, prompt, response, pad_id)
     assert torch.allclose(got, want, atol=BATCH_ATOL, rtol=0)
 
@@ -150,14 +148,16 @@ def test_masked_values_are_selected_away(critic):
     collate points masked slots at a real column; a Batch built elsewhere may point them at PAD.
     """
     from rlhf.tokens import Batch
+
     role, eos_id, pad_id, _ = critic
     b = collate([[5, 6, 7], [5]], [[8, 9, eos_id], [9]], pad_id, padding_side="right")
     index = b.response_index.clone()
-    index[1, 1:] = 5                   # masked slots of row 1 point at PAD columns 5 (prefix 4)
+    index[1, 1:] = 5  # masked slots of row 1 point at PAD columns 5 (prefix 4)
     batch = Batch(b.input_ids, b.attention_mask, b.position_ids, index, b.response_mask)
     with torch.no_grad():
-        hidden = role.model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
-                                  position_ids=batch.position_ids).last_hidden_state.clone()
+        hidden = role.model.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), position_ids=batch.position_ids
+        ).last_hidden_state.clone()
         hidden[1, 4] = float("nan")
         values = critic_values(role, batch, hidden=hidden)
         want = critic_values(role, b)

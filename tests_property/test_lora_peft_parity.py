@@ -16,6 +16,7 @@ bitwise-equal results; the tolerances below are the contract, the measured diffe
 recorded in results.json. With autocast_adapter_dtype=False PEFT keeps BF16 adapters and adds
 in BF16, which is a different computation (recorded, not a parity claim).
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,10 +26,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from peft import LoraConfig, get_peft_model
+from property_budget import examples
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from property_budget import examples
 from rlhf.lora import TARGETS, LoRALinear, inject_lora
 
 pytestmark = pytest.mark.unit
@@ -38,7 +39,7 @@ FP32_RTOL = 1e-6
 FP32_ATOL = 1e-6
 # BF16 outputs / input gradients: one BF16 ulp relative (2**-7, 8 significant bits), i.e. one
 # rounding of the final cast may land on the other side; absolute floor for values near 0.
-BF16_RTOL = 2.0 ** -7
+BF16_RTOL = 2.0**-7
 BF16_ATOL = 1e-5
 # Gradients wrt A and B are FP32 tensors in both implementations (even for a BF16 base).
 GRAD_AB_RTOL = FP32_RTOL
@@ -46,7 +47,6 @@ GRAD_AB_ATOL = FP32_ATOL
 # Whole tiny Qwen2 in FP32 (attention, RMSNorm, tied head on both sides): a few FP32 ulps.
 MODEL_FP32_RTOL = 1e-5
 MODEL_FP32_ATOL = 1e-6
-
 
 
 class OneLinear(nn.Module):
@@ -72,7 +72,7 @@ def linear_case(dtype, in_f, out_f, bias, shape, seed, scale):
     g = torch.Generator().manual_seed(seed)
     base = nn.Linear(in_f, out_f, bias=bias)
     with torch.no_grad():
-        base.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f ** 0.5)
+        base.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f**0.5)
         if bias:
             base.bias.copy_(torch.randn(out_f, generator=g))
     base = base.to(dtype)
@@ -102,9 +102,14 @@ def check_linear(dtype, record_result):
     out_tol = (FP32_RTOL, FP32_ATOL) if dtype == torch.float32 else (BF16_RTOL, BF16_ATOL)
 
     @examples(25)
-    @given(in_f=st.integers(1, 48), out_f=st.integers(1, 48), bias=st.booleans(),
-           shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
-           seed=st.integers(0, 2 ** 31 - 1), scale=st.sampled_from([1e-2, 1.0, 30.0]))
+    @given(
+        in_f=st.integers(1, 48),
+        out_f=st.integers(1, 48),
+        bias=st.booleans(),
+        shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+        seed=st.integers(0, 2**31 - 1),
+        scale=st.sampled_from([1e-2, 1.0, 30.0]),
+    )
     def prop(in_f, out_f, bias, shape, seed, scale):
         r = linear_case(dtype, in_f, out_f, bias, shape, seed, scale)
         o, p = r["ours"], r["peft"]
@@ -159,8 +164,15 @@ def test_peft_adapter_dtype_semantics_for_bf16_base(record_result):
     assert diff_plain > 0  # a BF16 branch really is a different computation
 
 
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=256, vocab_size=1024, tie_word_embeddings=True)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=1024,
+    tie_word_embeddings=True,
+)
 
 
 def test_whole_tiny_qwen2_fp32_parity_with_peft(record_result):
@@ -182,16 +194,21 @@ def test_whole_tiny_qwen2_fp32_parity_with_peft(record_result):
             pairs.append((name, a, p))
     # same base weights on both sides
     ours_base = {n.replace(".base.", "."): t for n, t in base.state_dict().items() if "lora_" not in n}
-    theirs_base = {n.replace(".base_layer.", "."): t
-                   for n, t in peft_model.base_model.model.state_dict().items() if "lora_" not in n}
+    theirs_base = {
+        n.replace(".base_layer.", "."): t
+        for n, t in peft_model.base_model.model.state_dict().items()
+        if "lora_" not in n
+    }
     assert ours_base.keys() == theirs_base.keys()
     assert all(torch.equal(ours_base[k], theirs_base[k]) for k in ours_base)
 
     ids = torch.tensor([[1, 500, 17, 1023, 9, 64, 300, 2], [7, 7, 8, 200, 999, 12, 5, 6]])
     out_o = base(ids).logits
     out_p = peft_model(input_ids=ids).logits
-    loss = lambda out: nn.functional.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]),
-                                                   ids[:, 1:].reshape(-1))
+
+    def loss(out):
+        return nn.functional.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1))
+
     loss(out_o).backward()
     loss(out_p).backward()
     torch.testing.assert_close(out_o, out_p, rtol=MODEL_FP32_RTOL, atol=MODEL_FP32_ATOL)

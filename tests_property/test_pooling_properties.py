@@ -7,13 +7,13 @@ that the attention mask removes, so differences are reordering-level (measured m
 results.json as `max_abs_diff_*`). A score read at a PAD column differs by orders of magnitude
 more (the §9.3 regression asserts > PAD_GAP_MIN).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
-
 from property_budget import examples
 
 from rlhf.roles import new_role, reward_scores
@@ -48,8 +48,7 @@ def sequences(n_vocab, eos_id, rows):
     return prompts, responses
 
 
-ROWS = st.lists(st.tuples(st.integers(1, 12), st.integers(0, 7), st.integers(0, 10**6)),
-                min_size=2, max_size=4)
+ROWS = st.lists(st.tuples(st.integers(1, 12), st.integers(0, 7), st.integers(0, 10**6)), min_size=2, max_size=4)
 
 
 def single_scores(role, prompts, responses, pad_id):
@@ -91,15 +90,15 @@ def test_regression_9_3_last_batch_index_reads_pad(judge, record_result):
     assert batch.input_ids[1, -1] == pad_id and not batch.attention_mask[1, -1]
     with torch.no_grad():
         hidden = backbone_hidden(role.model, batch)
-        naive = role.head(hidden[:, -1].float())[:, 0]          # the §9.3 bug
-        masked = reward_scores(role, batch)                      # the product path
+        naive = role.head(hidden[:, -1].float())[:, 0]  # the §9.3 bug
+        masked = reward_scores(role, batch)  # the product path
     alone = single_scores(role, prompts, responses, pad_id)
     gap = float((naive[1] - alone[1]).abs())
     record_result("regression_9_3_pad_read_abs_error", gap)
     record_result("regression_9_3_masked_abs_error", float((masked - alone).abs().max()))
-    assert gap > PAD_GAP_MIN                                     # reading PAD is wrong ...
-    assert float((masked - alone).abs().max()) <= BATCH_ATOL     # ... the masked read is right
-    assert float((naive[0] - alone[0]).abs()) <= BATCH_ATOL      # the longest row has no PAD
+    assert gap > PAD_GAP_MIN  # reading PAD is wrong ...
+    assert float((masked - alone).abs().max()) <= BATCH_ATOL  # ... the masked read is right
+    assert float((naive[0] - alone[0]).abs()) <= BATCH_ATOL  # the longest row has no PAD
     # the masked read is at the EOS column of each row
     assert batch.last_index.tolist() == [13, 4]
     assert batch.input_ids[torch.arange(2), batch.last_index].tolist() == [eos_id, eos_id]

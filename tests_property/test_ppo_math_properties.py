@@ -8,6 +8,7 @@ lab's own gamma 1 and lambda 0.95 are always among the drawn discount factors. F
 out independently of the code (sums of deltas, per-token case analysis), never from the
 expression under test.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,14 +17,22 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
 from property_budget import examples
+
 from rlhf.masks import last_active_index, response_mean
-from rlhf.ppo_math import (clip_fraction, clipped_policy_loss, gae, mean_sampled_log_ratio,
-                           sampled_log_ratio, token_rewards, value_loss)
+from rlhf.ppo_math import (
+    clip_fraction,
+    clipped_policy_loss,
+    gae,
+    mean_sampled_log_ratio,
+    sampled_log_ratio,
+    token_rewards,
+    value_loss,
+)
 
 # SPEC §5-§6 numbers, passed explicitly (ppo_math has no defaults; the profiles own these values,
-# and test_the_constants_these_tests_pass_are_both_profiles_values in tests_unit/test_ppo_math.py checks that both profiles agree).
+# and test_the_constants_these_tests_pass_are_both_profiles_values in tests_unit/test_ppo_math.py
+# checks that both profiles agree).
 REWARD = {"kl_coef": 0.02, "truncation_penalty": -1.0}
 GAE = {"gamma": 1.0, "lam": 0.95}
 CLIP = {"clip": 0.2}
@@ -40,7 +49,7 @@ SCORES = (-30.0, 30.0)
 LOGPS = (-20.0, 0.0)
 VALUES = (-30.0, 30.0)
 ADVANTAGES = (-30.0, 30.0)
-KL_COEF, PENALTY = 0.02, -1.0   # the profiles' kl_coef and truncation_penalty
+KL_COEF, PENALTY = 0.02, -1.0  # the profiles' kl_coef and truncation_penalty
 
 
 def floats(bounds):
@@ -48,8 +57,8 @@ def floats(bounds):
 
 
 unit_interval = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
-gammas = st.one_of(st.just(1.0), unit_interval)     # the lab runs gamma = 1 ...
-lams = st.one_of(st.just(0.95), unit_interval)      # ... and lambda = 0.95
+gammas = st.one_of(st.just(1.0), unit_interval)  # the lab runs gamma = 1 ...
+lams = st.one_of(st.just(0.95), unit_interval)  # ... and lambda = 0.95
 
 
 @st.composite
@@ -82,8 +91,9 @@ def masked_batch(draw, max_b=4, max_t=10, ranges=(VALUES,)):
             row[draw(st.integers(0, t - 1))] = True
         rows.append(row)
     mask = torch.tensor(rows, dtype=torch.bool)
-    tensors = [torch.tensor(draw(st.lists(floats(r), min_size=b * t, max_size=b * t)),
-                            dtype=F64).reshape(b, t) for r in ranges]
+    tensors = [
+        torch.tensor(draw(st.lists(floats(r), min_size=b * t, max_size=b * t)), dtype=F64).reshape(b, t) for r in ranges
+    ]
     return mask, tensors
 
 
@@ -96,18 +106,21 @@ def direct_advantages(rewards, values, dones, end, gamma, lam):
     for k in range(n):
         v_next = values[k + 1] if k + 1 < n else 0.0
         delta.append(rewards[k] + gamma * (1 - dones[k]) * v_next - values[k])
-    return [sum((gamma * lam) ** (k - t) * delta[k] for k in range(t, stop + 1)) if t <= stop
-            else 0.0 for t in range(n)]
+    return [
+        sum((gamma * lam) ** (k - t) * delta[k] for k in range(t, stop + 1)) if t <= stop else 0.0 for t in range(n)
+    ]
 
 
 # ----------------------------------------------------------------- GAE
+
 
 @SETTINGS
 @given(ep=episode(), gamma=gammas, lam=lams)
 def test_gae_equals_direct_discounted_sum_of_deltas(ep, gamma, lam):
     rewards, values, dones, end = ep
-    adv, ret = gae(torch.tensor(rewards, dtype=F64), torch.tensor(values, dtype=F64),
-                   torch.tensor(dones), gamma=gamma, lam=lam)
+    adv, ret = gae(
+        torch.tensor(rewards, dtype=F64), torch.tensor(values, dtype=F64), torch.tensor(dones), gamma=gamma, lam=lam
+    )
     expected = torch.tensor(direct_advantages(rewards, values, dones, end, gamma, lam), dtype=F64)
     assert torch.allclose(adv, expected, atol=1e-9, rtol=1e-9)
     returns_by_hand = [a + v for a, v in zip(expected.tolist(), values)]
@@ -118,29 +131,37 @@ def test_gae_equals_direct_discounted_sum_of_deltas(ep, gamma, lam):
 @given(ep=episode())
 def test_gae_lambda_one_returns_are_reward_to_go(ep):
     rewards, values, dones, end = ep
-    _, ret = gae(torch.tensor(rewards, dtype=F64), torch.tensor(values, dtype=F64),
-                 torch.tensor(dones), gamma=1.0, lam=1.0)
+    _, ret = gae(
+        torch.tensor(rewards, dtype=F64), torch.tensor(values, dtype=F64), torch.tensor(dones), gamma=1.0, lam=1.0
+    )
     stop = len(rewards) - 1 if end is None else end
     # Values telescope away: R_t = sum_{k=t}^{stop} r_k, whatever the critic said.
-    to_go = [sum(rewards[t:stop + 1]) for t in range(stop + 1)]
-    assert torch.allclose(ret[:stop + 1], torch.tensor(to_go, dtype=F64), atol=1e-9, rtol=0)
+    to_go = [sum(rewards[t : stop + 1]) for t in range(stop + 1)]
+    assert torch.allclose(ret[: stop + 1], torch.tensor(to_go, dtype=F64), atol=1e-9, rtol=0)
 
 
 @SETTINGS
-@given(ep=episode(), pad_values=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1,
-                                         max_size=6),
-       pad_dones=st.lists(st.integers(0, 1), min_size=6, max_size=6),
-       gamma=gammas, lam=lams)
-def test_gae_appended_padding_changes_nothing_on_active_part(ep, pad_values, pad_dones,
-                                                             gamma, lam):
+@given(
+    ep=episode(),
+    pad_values=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=6),
+    pad_dones=st.lists(st.integers(0, 1), min_size=6, max_size=6),
+    gamma=gammas,
+    lam=lams,
+)
+def test_gae_appended_padding_changes_nothing_on_active_part(ep, pad_values, pad_dones, gamma, lam):
     rewards, values, _, _ = ep
     n, p = len(rewards), len(pad_values)
     dones = [0] * (n - 1) + [1]
-    adv0, ret0 = gae(torch.tensor(rewards, dtype=F64), torch.tensor(values, dtype=F64),
-                     torch.tensor(dones), gamma=gamma, lam=lam)
-    adv1, ret1 = gae(torch.tensor(rewards + [0.0] * p, dtype=F64),
-                     torch.tensor(values + pad_values, dtype=F64),
-                     torch.tensor(dones + pad_dones[:p]), gamma=gamma, lam=lam)
+    adv0, ret0 = gae(
+        torch.tensor(rewards, dtype=F64), torch.tensor(values, dtype=F64), torch.tensor(dones), gamma=gamma, lam=lam
+    )
+    adv1, ret1 = gae(
+        torch.tensor(rewards + [0.0] * p, dtype=F64),
+        torch.tensor(values + pad_values, dtype=F64),
+        torch.tensor(dones + pad_dones[:p]),
+        gamma=gamma,
+        lam=lam,
+    )
     assert torch.equal(adv1[:n], adv0)
     assert torch.equal(ret1[:n], ret0)
     assert torch.equal(adv1[n:], torch.zeros(p, dtype=F64))
@@ -158,16 +179,23 @@ def test_batched_gae_equals_row_by_row(eps, gamma, lam):
         rows_r.append(rewards + [0.0] * pad)
         rows_v.append(values + [3.0] * pad)
         rows_d.append(dones + [0] * pad)
-    adv, ret = gae(torch.tensor(rows_r, dtype=F64), torch.tensor(rows_v, dtype=F64),
-                   torch.tensor(rows_d), gamma=gamma, lam=lam)
+    adv, ret = gae(
+        torch.tensor(rows_r, dtype=F64), torch.tensor(rows_v, dtype=F64), torch.tensor(rows_d), gamma=gamma, lam=lam
+    )
     for i in range(len(eps)):
-        a_i, r_i = gae(torch.tensor(rows_r[i], dtype=F64), torch.tensor(rows_v[i], dtype=F64),
-                       torch.tensor(rows_d[i]), gamma=gamma, lam=lam)
+        a_i, r_i = gae(
+            torch.tensor(rows_r[i], dtype=F64),
+            torch.tensor(rows_v[i], dtype=F64),
+            torch.tensor(rows_d[i]),
+            gamma=gamma,
+            lam=lam,
+        )
         assert torch.equal(adv[i], a_i)
         assert torch.equal(ret[i], r_i)
 
 
 # ----------------------------------------------------------------- reductions
+
 
 @SETTINGS
 @given(batch=masked_batch())
@@ -182,8 +210,7 @@ def test_each_response_carries_total_weight_one_over_b(batch):
     # The same through the actor loss at rho = 1, A = 1: each row's gradient sums to -1/B.
     logp = torch.zeros_like(x, requires_grad=True)
     clipped_policy_loss(logp, torch.zeros_like(x), torch.ones_like(x), mask, **CLIP).backward()
-    assert torch.allclose(logp.grad.sum(dim=-1), torch.full((b,), -1.0 / b, dtype=F64),
-                          atol=1e-12, rtol=0)
+    assert torch.allclose(logp.grad.sum(dim=-1), torch.full((b,), -1.0 / b, dtype=F64), atol=1e-12, rtol=0)
 
 
 def clipped_loss_by_cases(logp_cur, logp_old, adv, mask, clip):
@@ -210,8 +237,10 @@ def clipped_loss_by_cases(logp_cur, logp_old, adv, mask, clip):
 
 
 @SETTINGS
-@given(batch=masked_batch(ranges=(LOGPS, LOGPS, ADVANTAGES)),
-       clip=st.one_of(st.just(0.2), st.floats(min_value=0.01, max_value=0.9)))
+@given(
+    batch=masked_batch(ranges=(LOGPS, LOGPS, ADVANTAGES)),
+    clip=st.one_of(st.just(0.2), st.floats(min_value=0.01, max_value=0.9)),
+)
 def test_clipped_loss_and_clip_fraction_equal_the_case_analysis(batch, clip):
     """The code's loss, clip fraction and gradient against the case analysis: the loss is the
     by-hand number, never below the unclipped loss, and the tokens with zero gradient are
@@ -238,8 +267,11 @@ def test_clipped_loss_and_clip_fraction_equal_the_case_analysis(batch, clip):
 
 
 @SETTINGS
-@given(batch=masked_batch(ranges=(LOGPS, LOGPS)), score=st.lists(floats(SCORES), min_size=4, max_size=4),
-       truncated=st.lists(st.booleans(), min_size=4, max_size=4))
+@given(
+    batch=masked_batch(ranges=(LOGPS, LOGPS)),
+    score=st.lists(floats(SCORES), min_size=4, max_size=4),
+    truncated=st.lists(st.booleans(), min_size=4, max_size=4),
+)
 def test_rewards_sum_to_kl_penalty_plus_score_plus_penalty(batch, score, truncated):
     """Each response's rewards add up to -kl_coef * (its summed sampled log-ratio) + its score
     (+ the penalty when cut), the score paid at the last active token alone."""
@@ -262,8 +294,7 @@ GARBAGE = (0.0, -1e4, 1e4, 123.0, -math.inf, math.inf, math.nan)
 
 
 @examples(40)
-@given(batch=masked_batch(ranges=(LOGPS, LOGPS, LOGPS, ADVANTAGES, VALUES, VALUES)),
-       score=floats(SCORES))
+@given(batch=masked_batch(ranges=(LOGPS, LOGPS, LOGPS, ADVANTAGES, VALUES, VALUES)), score=floats(SCORES))
 def test_reductions_use_active_tokens_only(batch, score):
     """Whatever sits in the padding (each of the GARBAGE fills, looped), every loss, gradient,
     reward and log is the one computed with clean padding."""
@@ -277,11 +308,20 @@ def test_reductions_use_active_tokens_only(batch, score):
         actor = clipped_policy_loss(lc, lo, a, mask, **CLIP)
         critic = value_loss(v, r, mask, **VALUE)
         (actor + critic).backward()
-        rewards = token_rewards(lo, lr, torch.full((b,), score, dtype=F64), mask,
-                                torch.zeros(b, dtype=torch.bool), **REWARD)
-        return [actor.detach(), critic.detach(), lc.grad, v.grad, rewards,
-                clip_fraction(lc.detach(), lo, a, mask, **CLIP), response_mean(r, mask),
-                mean_sampled_log_ratio(lo, lr, mask), sampled_log_ratio(lo, lr, mask)]
+        rewards = token_rewards(
+            lo, lr, torch.full((b,), score, dtype=F64), mask, torch.zeros(b, dtype=torch.bool), **REWARD
+        )
+        return [
+            actor.detach(),
+            critic.detach(),
+            lc.grad,
+            v.grad,
+            rewards,
+            clip_fraction(lc.detach(), lo, a, mask, **CLIP),
+            response_mean(r, mask),
+            mean_sampled_log_ratio(lo, lr, mask),
+            sampled_log_ratio(lo, lr, mask),
+        ]
 
     clean = [logp_cur, logp_old, logp_ref, adv, values, returns]
     want = outputs(clean)
@@ -293,9 +333,15 @@ def test_reductions_use_active_tokens_only(batch, score):
 
 # ----------------------------------------------------------------- numerical safety
 
+
 @examples(60)
-@given(batch=masked_batch(ranges=((-50.0, 0.0),) * 3 + (VALUES,)),
-       adv=floats(ADVANTAGES), ret=floats(VALUES), score=floats(SCORES), cut=st.booleans())
+@given(
+    batch=masked_batch(ranges=((-50.0, 0.0),) * 3 + (VALUES,)),
+    adv=floats(ADVANTAGES),
+    ret=floats(VALUES),
+    score=floats(SCORES),
+    cut=st.booleans(),
+)
 def test_no_nan_or_inf_for_logprobs_down_to_minus_50(batch, adv, ret, score, cut):
     mask, tensors = batch
     logp_cur, logp_old, logp_ref, values = [t.to(torch.float32) for t in tensors]
@@ -307,12 +353,21 @@ def test_no_nan_or_inf_for_logprobs_down_to_minus_50(batch, adv, ret, score, cut
     v = values.clone().requires_grad_(True)
     critic = value_loss(v, torch.full((b, t), ret), mask, **VALUE)
     critic.backward()
-    rewards = token_rewards(logp_old, logp_ref, torch.full((b,), score), mask,
-                            torch.full((b,), cut, dtype=torch.bool), **REWARD)
+    rewards = token_rewards(
+        logp_old, logp_ref, torch.full((b,), score), mask, torch.full((b,), cut, dtype=torch.bool), **REWARD
+    )
     dones = torch.zeros(b, t, dtype=torch.bool)
     dones[torch.arange(b), last_active_index(mask)] = True
     a, r = gae(rewards, values, dones, **GAE)
-    for x in (actor, critic, lc.grad, v.grad, rewards, a, r,
-              clip_fraction(logp_cur, logp_old, advantages, mask, **CLIP),
-              mean_sampled_log_ratio(logp_old, logp_ref, mask)):
+    for x in (
+        actor,
+        critic,
+        lc.grad,
+        v.grad,
+        rewards,
+        a,
+        r,
+        clip_fraction(logp_cur, logp_old, advantages, mask, **CLIP),
+        mean_sampled_log_ratio(logp_old, logp_ref, mask),
+    ):
         assert torch.isfinite(x).all()

@@ -5,21 +5,22 @@ expected actions and 2 finish reasons a checker call has 432 cases (216 more for
 "undecodable" finish). Those are looped over exhaustively, not sampled. Hypothesis draws only
 what is infinite: arbitrary text, junk around a response, whitespace runs.
 """
+
 import itertools
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-
 from property_budget import examples
+
 from rlhf import rubric
 from rlhf.rubric import evaluate, normalize, render
 
 pytestmark = pytest.mark.unit
 
 ACTIONS = range(len(rubric.ACTIONS))
-DESIGNS = list(itertools.product(ACTIONS, (0, 1, 2), (False, True)))          # 36
-CASES = list(itertools.product(DESIGNS, ACTIONS, ("eos", "length")))          # 432
+DESIGNS = list(itertools.product(ACTIONS, (0, 1, 2), (False, True)))  # 36
+CASES = list(itertools.product(DESIGNS, ACTIONS, ("eos", "length")))  # 432
 whitespace = st.text(alphabet=" \t\n\r\u00a0\u2003\x0b\x0c", min_size=1, max_size=4)
 
 

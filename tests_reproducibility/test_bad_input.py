@@ -1,6 +1,5 @@
 """Bad input on resume (changed identity, damaged state files, a CUDA profile without CUDA) is refused
 with a message naming the problem, and nothing existing is overwritten."""
-import copy
 
 import pytest
 
@@ -13,8 +12,10 @@ pytestmark = pytest.mark.unit
 
 
 def small_profile():
-    return override(load_profile("embedded"), {("sft", "epochs"): 2, ("judge", "epochs"): 2, ("ppo", "iterations"): 3,
-                                               ("ppo", "resume_stop_iteration"): 1})
+    return override(
+        load_profile("embedded"),
+        {("sft", "epochs"): 2, ("judge", "epochs"): 2, ("ppo", "iterations"): 3, ("ppo", "resume_stop_iteration"): 1},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,9 @@ def small_run(tmp_path_factory):
 
 def test_resume_with_changed_config_is_refused(small_run):
     before = sha256_file(small_run.run / "run.json")
-    with pytest.raises(StateError, match=r"identity changed in config .*Nothing was written.*rlhf lab --out NEW_FOLDER"):
+    with pytest.raises(
+        StateError, match=r"identity changed in config .*Nothing was written.*rlhf lab --out NEW_FOLDER"
+    ):
         lab.open_context(small_run.run, override(small_profile(), {("sft", "lr"): 1e-3}))
     assert not (small_run.run / "sft" / "state-resumed.pt.gz").exists()
     assert sha256_file(small_run.run / "run.json") == before
@@ -39,6 +42,7 @@ def test_rerun_with_another_revision_code_pin_or_profile_is_refused(small_run, p
     """run.json: a rerun whose revision, code version, CPU pin or profile differs is refused,
     naming what changed and the command that starts afresh."""
     from rlhf import pin
+
     if part == "revision":
         with pytest.raises(ValueError, match="holds corpus revision r001, not r002"):
             lab.open_context(small_run.run, small_profile(), revision="r002")
@@ -63,6 +67,7 @@ def test_resume_with_changed_corpus_code_or_base_is_refused(small_run, part):
 
 def test_resume_with_a_different_base_model_is_refused(small_run, tmp_path):
     from rlhf.embedded import build_embedded
+
     other = tmp_path / "other_base"
     build_embedded(other, seed=50, audit=False)
     with pytest.raises(StateError, match="identity changed in base_model"):
@@ -77,6 +82,7 @@ def test_resume_with_a_different_base_model_is_refused(small_run, tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "bitflip"])
 def test_damaged_state_is_refused_and_nothing_is_overwritten(small_run, tmp_path, damage):
     import shutil
+
     src = small_run.run / "sft" / "state-stop001.pt.gz"
     before = sha256_file(src)
     bad = tmp_path / "state.pt.gz"
@@ -109,6 +115,7 @@ def test_a_cuda_profile_without_cuda_is_refused_not_run_on_the_cpu(tmp_path, mon
     """Issue 15: no silent CPU fallback. The qwen2.5-0.5b profile says cuda; without a CUDA device
     the context refuses before anything is prepared, naming how to run on the CPU on purpose."""
     import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     qwen = load_profile("qwen2.5-0.5b")
     assert qwen.device == "cuda"

@@ -18,6 +18,7 @@ The kills are placed with `RLHF_CRASH_AT` (rlhf.io.crash_point: the process SIGK
 that point, like a power cut). The final states, role files and held-out numbers must equal
 those of an uninterrupted run of the same command.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,13 @@ def lab(run, profile, crash_at=None, timeout=600):
     if crash_at:
         env["RLHF_CRASH_AT"] = crash_at
     t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile", str(profile)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile", str(profile)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     done.seconds = time.perf_counter() - t
     return done
 
@@ -57,10 +63,13 @@ def outcome(run) -> dict:
         assert check["identical"] is True
     ev = read_json(run / "evaluation" / "results.json")
     audit = read_json(run / "shortcut_audit" / "results.json")
-    return {"states": states, "roles": {f: sha256_file(run / f) for f in ROLE_FILES},
-            "evaluation": {k: ev[k] for k in ("policies", "judge_test", "differences", "politeness")},
-            "audit": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
-            "stages_complete": sorted(read_json(run / "run.json")["stages"])}
+    return {
+        "states": states,
+        "roles": {f: sha256_file(run / f) for f in ROLE_FILES},
+        "evaluation": {k: ev[k] for k in ("policies", "judge_test", "differences", "politeness")},
+        "audit": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
+        "stages_complete": sorted(read_json(run / "run.json")["stages"]),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,21 +83,35 @@ def uninterrupted(tmp_path_factory, small_profile_file):
 def no_debris(run) -> list[str]:
     """Temporary files, and lab artifacts without their manifest (the base model's own files
     have none: they are checked against base_model/manifest.json)."""
-    return [str(p.relative_to(run)) for p in run.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")
-            or (p.parts[len(run.parts)] != "base_model" and p.name.endswith((".pt.gz", ".safetensors"))
-                and not p.with_name(p.name + ".json").exists())]
+    return [
+        str(p.relative_to(run))
+        for p in run.rglob("*")
+        if p.name.endswith(".tmp")
+        or p.name.startswith(".")
+        or (
+            p.parts[len(run.parts)] != "base_model"
+            and p.name.endswith((".pt.gz", ".safetensors"))
+            and not p.with_name(p.name + ".json").exists()
+        )
+    ]
 
 
-def test_killed_again_and_again_the_lab_finishes_bit_identical(uninterrupted, tmp_path, small_profile_file,
-                                                              record_result):
+def test_killed_again_and_again_the_lab_finishes_bit_identical(
+    uninterrupted, tmp_path, small_profile_file, record_result
+):
     run = tmp_path / "crashed"
     seconds = {}
 
     # 1. Ctrl-C during SFT: a checkpoint at the next boundary, exit 130, how to continue.
     env = {k: v for k, v in os.environ.items() if k != "RLHF_CRASH_AT"}
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile",
-                             str(small_profile_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile", str(small_profile_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     for line in proc.stdout:
         if line.startswith("sft: interrupted run"):
             proc.send_signal(signal.SIGINT)
@@ -102,19 +125,44 @@ def test_killed_again_and_again_the_lab_finishes_bit_identical(uninterrupted, tm
 
     # 2-7. SIGKILL at six places, then a clean rerun. Each run first says how it continued from
     # the kill before it (printed, flushed, before it was itself killed).
-    steps = [("sft_update", "sft.update@2", "sft",
-              ("sft: boundary run already complete", "sft: resumed from the saved boundary state")),
-             ("judge_update", "judge.update@11", "judge",
-              ("sft: boundary run already complete", "sft: resumed from the saved boundary state")),
-             ("ppo_iteration", "ppo.iteration@6", "ppo",
-              ("sft: already complete", "judge: continuous run continues from its checkpoint continuous-0001.pt.gz")),
-             ("mid_write_state", "write:state-continuous.pt.gz", "ppo",
-              ("ppo: continuous run continues from its checkpoint continuous-0001.pt.gz",)),
-             ("evaluation", "evaluate.policy@2", "evaluate",
-              ("ppo: removed what a crash left half-written", ".state-continuous.pt.gz.",
-               "ppo: continuous run continues from its checkpoint continuous-0003.pt.gz")),
-             ("mid_write_report", "write:report.md", "report", ("ppo: already complete", "evaluate: ")),
-             ("final_rerun", None, None, ("evaluate: already complete", "shortcut_audit: already complete"))]
+    steps = [
+        (
+            "sft_update",
+            "sft.update@2",
+            "sft",
+            ("sft: boundary run already complete", "sft: resumed from the saved boundary state"),
+        ),
+        (
+            "judge_update",
+            "judge.update@11",
+            "judge",
+            ("sft: boundary run already complete", "sft: resumed from the saved boundary state"),
+        ),
+        (
+            "ppo_iteration",
+            "ppo.iteration@6",
+            "ppo",
+            ("sft: already complete", "judge: continuous run continues from its checkpoint continuous-0001.pt.gz"),
+        ),
+        (
+            "mid_write_state",
+            "write:state-continuous.pt.gz",
+            "ppo",
+            ("ppo: continuous run continues from its checkpoint continuous-0001.pt.gz",),
+        ),
+        (
+            "evaluation",
+            "evaluate.policy@2",
+            "evaluate",
+            (
+                "ppo: removed what a crash left half-written",
+                ".state-continuous.pt.gz.",
+                "ppo: continuous run continues from its checkpoint continuous-0003.pt.gz",
+            ),
+        ),
+        ("mid_write_report", "write:report.md", "report", ("ppo: already complete", "evaluate: ")),
+        ("final_rerun", None, None, ("evaluate: already complete", "shortcut_audit: already complete")),
+    ]
     for name, point, stage, says in steps:
         done = lab(run, small_profile_file, crash_at=point)
         seconds[name] = round(done.seconds, 1)
@@ -168,6 +216,7 @@ def test_a_folder_built_whole_leaves_nothing_when_its_build_fails(tmp_path):
     """rlhf.io.atomic_folder (corpus, embedded base): a failure inside leaves no folder and no
     temporary sibling; success puts the whole folder in place at once."""
     from rlhf.io import atomic_folder, write_text
+
     with pytest.raises(RuntimeError, match="power cut"):
         with atomic_folder(tmp_path / "corpus") as tmp:
             write_text(tmp / "a.txt", "a")
@@ -185,6 +234,7 @@ def test_a_folder_left_by_a_killed_preparation_is_swept_and_the_run_starts(tmp_p
     afresh (a half-written corpus folder would otherwise make the run refuse to start)."""
     from rlhf import lab
     from rlhf.config import load_profile
+
     run = tmp_path / "run"
     (run / ".corpus.k1ll3d").mkdir(parents=True)
     (run / ".corpus.k1ll3d" / "inputs.jsonl").write_text("half")

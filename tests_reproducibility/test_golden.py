@@ -11,6 +11,7 @@ A failure names every value that differs and writes what this run measured to
 `<reports>/golden_embedded.measured.json`. Updating the committed file is a deliberate commit
 that says why the numbers moved (copy the measured file over it after reading the diff).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,19 @@ def measure(run: Path) -> dict:
     ev = results["evaluation"]
     audit = results["shortcut_audit"]
     return {
-        "states_sha256_continuous": {s: read_json(run / s / "resume_check.json")["sha256_continuous"]
-                                     for s in ("sft", "judge", "ppo")},
+        "states_sha256_continuous": {
+            s: read_json(run / s / "resume_check.json")["sha256_continuous"] for s in ("sft", "judge", "ppo")
+        },
         "base_model_manifest_sha256": sha256_file(run / "base_model" / "manifest.json"),
         "corpus_manifest_sha256": sha256_file(run / "corpus" / "manifest.json"),
-        "rubric_success": {pol: {pop: ev["policies"][pol]["metrics"][pop]["rubric_success"] for pop in POPULATIONS}
-                           for pol in ("sft", "ppo")},
-        "mean_learned_reward": {pol: {pop: ev["policies"][pol]["metrics"][pop]["mean_learned_reward"]
-                                      for pop in POPULATIONS} for pol in ("sft", "ppo")},
+        "rubric_success": {
+            pol: {pop: ev["policies"][pol]["metrics"][pop]["rubric_success"] for pop in POPULATIONS}
+            for pol in ("sft", "ppo")
+        },
+        "mean_learned_reward": {
+            pol: {pop: ev["policies"][pol]["metrics"][pop]["mean_learned_reward"] for pop in POPULATIONS}
+            for pol in ("sft", "ppo")
+        },
         "judge_test_accuracy": results["judge_test"]["accuracy"],
         "shortcut_audit_accuracy": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
     }
@@ -88,12 +94,15 @@ def check_against_golden(section: str, run: Path, request, record_result) -> Non
         # design and a comparison could only fail; the skip says why. On x86-64 CI it never skips.
         pytest.skip(f"the golden hashes cannot be compared on this machine: {arithmetic['note']}")
     golden = json.loads(GOLDEN.read_text())
-    assert golden["pinned_arithmetic"] == read_json(run / "run.json")["identity"]["arithmetic"], \
+    assert golden["pinned_arithmetic"] == read_json(run / "run.json")["identity"]["arithmetic"], (
         "the golden numbers were made under another pin or thread count"
+    )
     diff = differences(golden[section], got)
-    assert not diff, (f"{len(diff)} golden value(s) of the embedded lab on {section} differ "
-                      f"(measured file: {measured_file}; updating {GOLDEN.name} is a deliberate, explained "
-                      f"commit):\n  " + "\n  ".join(diff))
+    assert not diff, (
+        f"{len(diff)} golden value(s) of the embedded lab on {section} differ "
+        f"(measured file: {measured_file}; updating {GOLDEN.name} is a deliberate, explained "
+        f"commit):\n  " + "\n  ".join(diff)
+    )
 
 
 def test_golden_numbers_r001(lab_run, request, record_result):
@@ -124,8 +133,13 @@ def test_golden_file_holds_both_revisions_and_every_quantity():
         assert set(g["states_sha256_continuous"]) == {"sft", "judge", "ppo"}
         assert all(len(h) == 64 for h in g["states_sha256_continuous"].values())
         assert set(g["rubric_success"]["sft"]) == set(POPULATIONS)
-        assert set(g["shortcut_audit_accuracy"]) == {section, "a_family_permuted", "b_heading_independent",
-                                                    "c_both", "d_conflict"}
+        assert set(g["shortcut_audit_accuracy"]) == {
+            section,
+            "a_family_permuted",
+            "b_heading_independent",
+            "c_both",
+            "d_conflict",
+        }
         assert 0.0 <= g["judge_test_accuracy"] <= 1.0
     assert golden["pinned_arithmetic"].startswith("pinned:x86_64:aten-avx2:mkl-compatible")
     assert golden["verified_on"], "the file says on which CPUs the hashes were verified"

@@ -11,6 +11,7 @@ checkpoint continuous-0001), PPO at update 4 (iteration 2, after continuous-0001
 At the moment of the poisoned update every file of the stage folder is hashed; after the error
 the folder must hash the same, file for file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,14 +31,42 @@ pytestmark = pytest.mark.unit
 
 # role: (stage function, folder, module, loss function, training call to poison, message head, checkpoints)
 CASES = {
-    "sft_actor": (lab.stage_sft, "sft", sft_module, "sft_loss", 4,
-                  r"SFT stage, actor role, update 3 \(epoch 1\)", ["continuous-0001.pt.gz"]),
-    "judge": (lab.stage_judge, "judge", judge_module, "bradley_terry_loss", 4,
-              r"judge stage, update 3 \(epoch 1\)", ["continuous-0001.pt.gz"]),
-    "ppo_actor": (lab.stage_ppo, "ppo", ppo_math, "clipped_policy_loss", 5,
-                  r"PPO stage, actor role, update 4 \(iteration 2\)", ["continuous-0001.pt.gz", "continuous-0002.pt.gz"]),
-    "ppo_critic": (lab.stage_ppo, "ppo", ppo_math, "value_loss", 5,
-                   r"PPO stage, critic role, update 4 \(iteration 2\)", ["continuous-0001.pt.gz", "continuous-0002.pt.gz"]),
+    "sft_actor": (
+        lab.stage_sft,
+        "sft",
+        sft_module,
+        "sft_loss",
+        4,
+        r"SFT stage, actor role, update 3 \(epoch 1\)",
+        ["continuous-0001.pt.gz"],
+    ),
+    "judge": (
+        lab.stage_judge,
+        "judge",
+        judge_module,
+        "bradley_terry_loss",
+        4,
+        r"judge stage, update 3 \(epoch 1\)",
+        ["continuous-0001.pt.gz"],
+    ),
+    "ppo_actor": (
+        lab.stage_ppo,
+        "ppo",
+        ppo_math,
+        "clipped_policy_loss",
+        5,
+        r"PPO stage, actor role, update 4 \(iteration 2\)",
+        ["continuous-0001.pt.gz", "continuous-0002.pt.gz"],
+    ),
+    "ppo_critic": (
+        lab.stage_ppo,
+        "ppo",
+        ppo_math,
+        "value_loss",
+        5,
+        r"PPO stage, critic role, update 4 \(iteration 2\)",
+        ["continuous-0001.pt.gz", "continuous-0002.pt.gz"],
+    ),
 }
 WHAT = {"nan_loss": r"loss is nan", "inf_loss": r"loss is -?inf", "inf_gradient": r"gradient norm is (inf|nan)"}
 
@@ -55,8 +84,11 @@ class InfiniteGradient(torch.autograd.Function):
 
 
 def folder_hashes(folder) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 class Poison:
@@ -77,8 +109,11 @@ class Poison:
             return out
         self.snapshot = folder_hashes(self.folder)
         loss = out[0] if isinstance(out, tuple) else out
-        bad = {"nan_loss": lambda x: x * float("nan"), "inf_loss": lambda x: x * float("inf"),
-               "inf_gradient": InfiniteGradient.apply}[self.what](loss)
+        bad = {
+            "nan_loss": lambda x: x * float("nan"),
+            "inf_loss": lambda x: x * float("inf"),
+            "inf_gradient": InfiniteGradient.apply,
+        }[self.what](loss)
         if self.what == "inf_gradient":
             assert torch.isfinite(bad), "the poisoned loss must stay finite"
         return (bad, *out[1:]) if isinstance(out, tuple) else bad
@@ -89,6 +124,7 @@ def good_run(tmp_path_factory, small_profile_file, one_thread):
     """The three learning stages, unpoisoned, continuous legs only: the checkpoints a poisoned
     run must leave untouched, and the SFT and judge artifacts PPO starts from."""
     from rlhf.config import load_profile
+
     ctx = lab.open_context(tmp_path_factory.mktemp("good") / "run", load_profile(str(small_profile_file)))
     for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
         stage(ctx, protocol=False)
@@ -109,7 +145,8 @@ def fresh_run(good, run):
 @pytest.mark.parametrize("what", list(WHAT))
 @pytest.mark.parametrize("role", list(CASES))
 def test_non_finite_update_stops_naming_stage_role_and_step_and_keeps_the_last_checkpoint(
-        good_run, tmp_path, monkeypatch, role, what):
+    good_run, tmp_path, monkeypatch, role, what
+):
     """Catches: a NaN or infinite loss, or an infinite gradient of a finite loss, that trains
     on; a message that does not say where (stage, role, update); any file of the stage written
     or changed after the last good checkpoint (which must equal the unpoisoned run's, byte for byte)."""
@@ -128,11 +165,15 @@ def test_non_finite_update_stops_naming_stage_role_and_step_and_keeps_the_last_c
     assert saved == [f"checkpoints/{c}" for c in checkpoints], saved
     for name in checkpoints:
         good_file = good_run.run / folder_name / "checkpoints" / name
-        assert poison.snapshot[f"checkpoints/{name}"] == hashlib.sha256(good_file.read_bytes()).hexdigest(), \
+        assert poison.snapshot[f"checkpoints/{name}"] == hashlib.sha256(good_file.read_bytes()).hexdigest(), (
             f"{name} is not the unpoisoned run's checkpoint"
+        )
     last = load_state(folder / "checkpoints" / checkpoints[-1])  # its sidecar hash still verifies
-    key, learned = ("iterations_done", ["actor", "critic"]) if folder_name == "ppo" else \
-        ("epochs_done", ["actor" if folder_name == "sft" else "judge"])
+    key, learned = (
+        ("iterations_done", ["actor", "critic"])
+        if folder_name == "ppo"
+        else ("epochs_done", ["actor" if folder_name == "sft" else "judge"])
+    )
     assert last[key] == len(checkpoints)
     assert all(torch.isfinite(t).all() for k in learned for t in last[k].values())
     assert folder_name not in read_json(ctx.run / "run.json")["stages"]
@@ -151,8 +192,11 @@ def test_optimizer_step_refuses_before_moving_anything(what):
     weights = [p.detach().clone() for p in params]
     moments = [t.clone() for s in optimizer.state.values() for t in s.values()]
     loss = layer(x).pow(2).mean()
-    bad = {"nan_loss": loss * float("nan"), "inf_loss": loss * float("inf"),
-           "inf_gradient": InfiniteGradient.apply(loss)}[what]
+    bad = {
+        "nan_loss": loss * float("nan"),
+        "inf_loss": loss * float("inf"),
+        "inf_gradient": InfiniteGradient.apply(loss),
+    }[what]
     with pytest.raises(NonFiniteError, match=rf"^judge stage, reward role, update 7: {WHAT[what]}; stopping"):
         optimizer_step(optimizer, params, bad, 1e-2, 1.0, "judge stage, reward role, update 7")
     assert all(torch.equal(a, b) for a, b in zip(weights, params))

@@ -6,6 +6,7 @@ the test limits what MKL and oneDNN may use (`MKL_ENABLE_INSTRUCTIONS=SSE4_2`,
 bytes; as a control it shows that the same switch does change the bytes of an unpinned run,
 and that torch's own kernel choice (ATEN_CPU_CAPABILITY) does too.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,11 @@ DESCRIBE = "import json, rlhf, torch; from rlhf import pin; print(json.dumps(pin
 
 def clean_env(**extra) -> dict:
     """This process's environment without the pin's variables (the conftest process set them)."""
-    env = {k: v for k, v in os.environ.items() if k not in pin.PIN and k != pin.SWITCH
-           and k not in ("MKL_ENABLE_INSTRUCTIONS", "RLHF_CRASH_AT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in pin.PIN and k != pin.SWITCH and k not in ("MKL_ENABLE_INSTRUCTIONS", "RLHF_CRASH_AT")
+    }
     env.update(extra)
     return env
 
@@ -73,8 +77,12 @@ def test_a_users_own_setting_is_overridden_and_recorded():
 
 def sft_epoch_sha(tmp_path, name, profile_file, **env) -> str:
     run = tmp_path / name
-    done = subprocess.run([sys.executable, "-m", "rlhf", "sft", "--run", str(run), "--profile", str(profile_file),
-                           "--stop-after", "1"], capture_output=True, text=True, env=clean_env(**env))
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf", "sft", "--run", str(run), "--profile", str(profile_file), "--stop-after", "1"],
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return sha256_file(run / "sft" / "state-stop001.pt.gz")
 
@@ -83,13 +91,16 @@ def sft_epoch_sha(tmp_path, name, profile_file, **env) -> str:
 def test_pinned_bytes_do_not_depend_on_what_the_cpu_offers(tmp_path, small_profile_file, record_result):
     sha = {
         "pinned": sft_epoch_sha(tmp_path, "pinned", small_profile_file),
-        "pinned_mkl_sse42": sft_epoch_sha(tmp_path, "pinned_sse", small_profile_file,
-                                          MKL_ENABLE_INSTRUCTIONS="SSE4_2", ONEDNN_MAX_CPU_ISA="SSE41"),
+        "pinned_mkl_sse42": sft_epoch_sha(
+            tmp_path, "pinned_sse", small_profile_file, MKL_ENABLE_INSTRUCTIONS="SSE4_2", ONEDNN_MAX_CPU_ISA="SSE41"
+        ),
         "unpinned": sft_epoch_sha(tmp_path, "unpinned", small_profile_file, RLHF_CPU_PIN="off"),
-        "unpinned_mkl_sse42": sft_epoch_sha(tmp_path, "unpinned_sse", small_profile_file, RLHF_CPU_PIN="off",
-                                            MKL_ENABLE_INSTRUCTIONS="SSE4_2"),
-        "unpinned_aten_default": sft_epoch_sha(tmp_path, "unpinned_default", small_profile_file, RLHF_CPU_PIN="off",
-                                               ATEN_CPU_CAPABILITY="default"),
+        "unpinned_mkl_sse42": sft_epoch_sha(
+            tmp_path, "unpinned_sse", small_profile_file, RLHF_CPU_PIN="off", MKL_ENABLE_INSTRUCTIONS="SSE4_2"
+        ),
+        "unpinned_aten_default": sft_epoch_sha(
+            tmp_path, "unpinned_default", small_profile_file, RLHF_CPU_PIN="off", ATEN_CPU_CAPABILITY="default"
+        ),
     }
     record_result("sft_epoch1_state_sha256", sha)
     assert sha["pinned"] == sha["pinned_mkl_sse42"], "the pinned bytes changed with the instructions MKL may use"

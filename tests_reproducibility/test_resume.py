@@ -5,6 +5,7 @@ from the saved state to the end, continuous from scratch to the end). Here the t
 state files are read back from disk and compared tensor by tensor; their SHA-256 go into the
 JSON report.
 """
+
 import pytest
 import torch
 
@@ -49,14 +50,25 @@ def test_a_different_state_is_detected(lab_run):
     tampered["actor"][name] = tampered["actor"][name].clone()
     tampered["actor"][name].view(-1)[0] += 1e-7
     with pytest.raises(AssertionError, match="tensors differ"):
-        assert_states_equal(s["continuous"] if False else load_state(lab_run.run / "ppo" / "state-continuous.pt.gz"),
-                            tampered)
+        assert_states_equal(
+            s["continuous"] if False else load_state(lab_run.run / "ppo" / "state-continuous.pt.gz"), tampered
+        )
 
 
 def test_ppo_state_holds_everything_a_resume_needs(lab_run):
     s = load_state(lab_run.run / "ppo" / "state-boundary.pt.gz")
-    assert {"actor", "critic", "reference", "reward", "optimizers", "sampler", "sampling_generator", "rng",
-            "history", "iterations_done"} <= set(s)
+    assert {
+        "actor",
+        "critic",
+        "reference",
+        "reward",
+        "optimizers",
+        "sampler",
+        "sampling_generator",
+        "rng",
+        "history",
+        "iterations_done",
+    } <= set(s)
     assert set(s["optimizers"]) == {"actor", "critic"}
     assert s["optimizers"]["actor"]["state"], "optimizer moments are saved"
     assert s["sampler"]["pointer"] == 40 * 4 and s["sampler"]["permutation"].shape == (672,)
@@ -78,13 +90,16 @@ def test_sft_and_judge_states_hold_optimizer_order_and_rng(lab_run):
 def test_states_are_gzip_level1_and_weights_only(lab_run):
     data = (lab_run.run / "ppo" / "state-boundary.pt.gz").read_bytes()
     assert data[:2] == b"\x1f\x8b" and data[8] == 4  # gzip magic; XFL=4: fastest compression (level 1)
-    import gzip, io
+    import gzip
+    import io
+
     raw = gzip.decompress(data)
     torch.load(io.BytesIO(raw), weights_only=True)  # no arbitrary pickle needed
 
 
 def test_a_finished_stage_is_never_overwritten(lab_run):
     from rlhf import lab
+
     folder = lab_run.run / "sft"
     before = {str(p): sha256_file(p) for p in folder.rglob("*") if p.is_file()}
     with pytest.raises(FileExistsError, match="already ran"):
@@ -97,11 +112,15 @@ def test_two_fresh_processes_write_byte_identical_states(tmp_path, record_result
     python's `random` state too; before the stages seeded it, it differed between processes."""
     import subprocess
     import sys
+
     sha = {}
     for name in ("first", "second"):
         run = tmp_path / name
-        done = subprocess.run([sys.executable, "-m", "rlhf.cli", "sft", "--run", str(run), "--stop-after", "1"],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "rlhf.cli", "sft", "--run", str(run), "--stop-after", "1"],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         sha[name] = sha256_file(run / "sft" / "state-stop001.pt.gz")
     record_result("sft_epoch1_state_sha256_per_process", sha)

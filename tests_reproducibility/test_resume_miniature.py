@@ -12,6 +12,7 @@ interrupt/resume protocol once per module (about 25 s). Then:
 * the PPO roles as `stage_ppo` hands them to `train_ppo` share no storage, and a change to the
   actor's tensors does not reach the reference, the critic or the judge.
 """
+
 from __future__ import annotations
 
 import random
@@ -28,14 +29,17 @@ from rlhf.sft import train_sft
 
 pytestmark = pytest.mark.unit
 
-STAGES = {"sft": ("actor", train_sft, "epochs_done", 1),
-          "judge": ("judge", train_judge, "epochs_done", 1),
-          "ppo": (None, None, "iterations_done", 2)}
+STAGES = {
+    "sft": ("actor", train_sft, "epochs_done", 1),
+    "judge": ("judge", train_judge, "epochs_done", 1),
+    "ppo": (None, None, "iterations_done", 2),
+}
 
 
 @pytest.fixture(scope="module")
 def mini_lab(tmp_path_factory, small_profile_file, one_thread):
     from rlhf.config import load_profile
+
     ctx = lab.open_context(tmp_path_factory.mktemp("resume_mini") / "run", load_profile(str(small_profile_file)))
     for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
         stage(ctx)  # boundary, resumed and continuous legs
@@ -138,8 +142,9 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
     assert actor.keys() == reference.keys() and all(torch.equal(actor[k], reference[k]) for k in actor)
     others = {k: roles[k].learned_state() for k in ("reference", "critic", "judge")}
     base_name, base = next((n, p) for n, p in roles["actor"].model.named_parameters() if not p.requires_grad)
-    others_base = {k: dict(roles[k].model.named_parameters())[base_name].detach().clone()
-                   for k in ("reference", "critic", "judge")}
+    others_base = {
+        k: dict(roles[k].model.named_parameters())[base_name].detach().clone() for k in ("reference", "critic", "judge")
+    }
     with torch.no_grad():
         for p in roles["actor"].learned_parameters():
             p.add_(1.0)
@@ -147,8 +152,9 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
     for k, before in others.items():
         after = roles[k].learned_state()
         assert all(torch.equal(before[n], after[n]) for n in before), f"changing the actor changed {k}"
-        assert torch.equal(dict(roles[k].model.named_parameters())[base_name], others_base[k]), \
+        assert torch.equal(dict(roles[k].model.named_parameters())[base_name], others_base[k]), (
             f"changing the actor's base changed {k}'s base"
+        )
     assert_role_isolation(roles)
 
 

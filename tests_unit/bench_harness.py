@@ -14,21 +14,25 @@ rlhf.flops, which imports nothing from rlhf; what is here measures:
 Import it from a test module of this folder as `import bench_harness` (pytest's default
 `prepend` import mode puts tests_unit/ on sys.path, since the folder is not a package).
 """
+
 from __future__ import annotations
 
-import json
 import resource
 import time
 
 import rlhf  # noqa: F401 - first: pins the CPU arithmetic (rlhf.pin) before anything here imports torch
 
+# isort: split
+
 
 # ------------------------------------------------------------------------------ the CPU peak
+
 
 def matmul_peak(n: int = 2048, repeats: int = 10, threads: int | None = None, dtype: str = "float32") -> dict:
     """Best-of-`repeats` FLOP/s of torch.mm on two n x n matrices (2·n³ FLOPs), with `threads`
     torch threads (None: leave the current setting); restores the thread count afterwards."""
     import torch
+
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -45,12 +49,20 @@ def matmul_peak(n: int = 2048, repeats: int = 10, threads: int | None = None, dt
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-    flops = 2 * n ** 3
-    return {"n": n, "dtype": dtype, "threads": used, "repeats": repeats, "best_seconds": best,
-            "flops_per_s": flops / best, "gflop_s": flops / best / 1e9}
+    flops = 2 * n**3
+    return {
+        "n": n,
+        "dtype": dtype,
+        "threads": used,
+        "repeats": repeats,
+        "best_seconds": best,
+        "flops_per_s": flops / best,
+        "gflop_s": flops / best / 1e9,
+    }
 
 
 # ------------------------------------------------------------------------------ peak RSS
+
 
 def peak_rss_mib() -> float:
     """Peak RSS of this process image: VmHWM from /proc/self/status (reset by exec), else ru_maxrss.
@@ -78,7 +90,9 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
     for "ppo", sft/actor.safetensors and judge/judge.safetensors.
     """
     import torch
+
     from rlhf import lab
+
     t0 = time.perf_counter()
     ctx = lab.open_context(run_dir, "embedded")
     view = ctx.corpus.learning_view()
@@ -86,6 +100,7 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
     if stage == "sft":
         from rlhf.optim import adamw, optimizer_step
         from rlhf.sft import encode_demonstrations, evaluate_loss, sft_loss
+
         actor = ctx.role("actor")
         train = encode_demonstrations(view.demonstrations("train"), ctx.tokenizer, ctx.eos_id, prof.limits)
         valid = encode_demonstrations(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof.limits, "chosen")
@@ -93,13 +108,14 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
         opt = adamw(params, prof.sft.lr, prof.optim.weight_decay)
         k = prof.sft.examples_per_update
         for u in range(updates):
-            loss, _ = sft_loss(actor.model, train[u * k:(u + 1) * k], ctx.pad_id)
+            loss, _ = sft_loss(actor.model, train[u * k : (u + 1) * k], ctx.pad_id)
             optimizer_step(opt, params, loss, prof.sft.lr, 1.0, "rss sft")
         evaluate_loss(actor.model, valid, ctx.pad_id)
     elif stage == "judge":
         from rlhf.judge import encode_pairs, evaluate_pairs, pair_scores
         from rlhf.optim import adamw, optimizer_step
         from rlhf.ppo_math import bradley_terry_loss
+
         judge = ctx.role("judge")
         train = encode_pairs(view.pairs("train"), ctx.tokenizer, ctx.eos_id, prof.limits)
         valid = encode_pairs(view.pairs("validation"), ctx.tokenizer, ctx.eos_id, prof.limits)
@@ -107,18 +123,23 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
         opt = adamw(params, prof.judge.lr, prof.optim.weight_decay)
         k = prof.judge.pairs_per_update
         for u in range(updates):
-            c, r = pair_scores(judge, train[u * k:(u + 1) * k], ctx.pad_id)
+            c, r = pair_scores(judge, train[u * k : (u + 1) * k], ctx.pad_id)
             optimizer_step(opt, params, bradley_terry_loss(c, r), prof.judge.lr, 1.0, "rss judge")
         evaluate_pairs(judge, valid, ctx.pad_id)
     elif stage == "ppo":
         from rlhf.config import override
         from rlhf.ppo import train_ppo
+
         prof = override(prof, {("ppo", "iterations"): iterations})
         roles = lab.ppo_roles(ctx)
         train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, prof)
     elif stage != "import":
         raise ValueError(f"unknown stage {stage!r}")
-    return {"stage": stage, "peak_rss_mib": peak_rss_mib(),
-            "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),
-            "updates": updates if stage in ("sft", "judge") else None,
-            "iterations": iterations if stage == "ppo" else None}
+    return {
+        "stage": stage,
+        "peak_rss_mib": peak_rss_mib(),
+        "seconds": time.perf_counter() - t0,
+        "torch_threads": torch.get_num_threads(),
+        "updates": updates if stage in ("sft", "judge") else None,
+        "iterations": iterations if stage == "ppo" else None,
+    }

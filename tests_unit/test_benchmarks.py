@@ -38,6 +38,7 @@ Numbers go to pytest-benchmark's JSON (extra_info: tokens/s, FLOPs, utilisation)
 results.json through `record_result`, and to benchmark_summary.json in the reports folder;
 a table is printed at the end of the module.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,17 +53,17 @@ import sys
 import time
 from pathlib import Path
 
+import bench_harness  # the measuring harness beside this file (tests_unit/ is on sys.path: prepend mode)
 import pytest
 import torch
 
-import bench_harness  # the measuring harness beside this file (tests_unit/ is on sys.path: prepend mode)
 from rlhf import flops
 from rlhf.config import override
 
 pytestmark = pytest.mark.benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-RESPONSE = 64            # tokens per generated answer (the SPEC's limit)
+RESPONSE = 64  # tokens per generated answer (the SPEC's limit)
 ALL_CORES = os.cpu_count() or 2
 TRL_WARMUP, TRL_TIMED = 1, 10
 SUMMARY: dict = {"rows": [], "notes": [], "goals": {}}
@@ -73,13 +74,21 @@ PREVIOUS = "6347c95800da731abb68816282a7932ed8619570"
 
 # ------------------------------------------------------------------------------ fixtures
 
+
 def _source_run() -> Path | None:
     cands = [os.environ.get("RLHF_BENCH_RUN")] if os.environ.get("RLHF_BENCH_RUN") else []
     cands += [ROOT / "runs" / "lab", ROOT / "runs" / "t1"]
     for c in cands:
         c = Path(c)
-        if all((c / p).is_file() for p in ("corpus/manifest.json", "base_model/config.json",
-                                            "sft/actor.safetensors.json", "judge/judge.safetensors.json")):
+        if all(
+            (c / p).is_file()
+            for p in (
+                "corpus/manifest.json",
+                "base_model/config.json",
+                "sft/actor.safetensors.json",
+                "judge/judge.safetensors.json",
+            )
+        ):
             return c
     return None
 
@@ -89,6 +98,7 @@ def bench_ctx(tmp_path_factory):
     """A lab Context over a temporary copy of a finished run's corpus, base, SFT actor and judge."""
     from rlhf import lab
     from rlhf.roles import save_role
+
     run = tmp_path_factory.mktemp("bench") / "run"
     src = _source_run()
     if src is not None:
@@ -111,8 +121,10 @@ def bench_ctx(tmp_path_factory):
 @pytest.fixture(scope="module")
 def peak():
     """The CPU's dense FP32 matmul peak, measured in this run: all cores (2 threads) and 1 thread."""
-    p = {"all_cores": bench_harness.matmul_peak(2048, repeats=10, threads=ALL_CORES),
-         "one_thread": bench_harness.matmul_peak(2048, repeats=10, threads=1)}
+    p = {
+        "all_cores": bench_harness.matmul_peak(2048, repeats=10, threads=ALL_CORES),
+        "one_thread": bench_harness.matmul_peak(2048, repeats=10, threads=1),
+    }
     SUMMARY["matmul_peak"] = p
     return p
 
@@ -130,14 +142,18 @@ def rank(bench_ctx):
 @pytest.fixture(scope="module")
 def prompts(bench_ctx):
     from rlhf.tokens import encode_prompt
+
     view = bench_ctx.corpus.learning_view()
-    return [encode_prompt(bench_ctx.tokenizer, r["prompt"], bench_ctx.profile.limits, r["document_id"])
-            for r in view.rollout_prompts()]
+    return [
+        encode_prompt(bench_ctx.tokenizer, r["prompt"], bench_ctx.profile.limits, r["document_id"])
+        for r in view.rollout_prompts()
+    ]
 
 
 @pytest.fixture(scope="module")
 def roles(bench_ctx):
     from rlhf import lab
+
     return lab.ppo_roles(bench_ctx)
 
 
@@ -145,14 +161,22 @@ def roles(bench_ctx):
 def full_generation(bench_ctx, roles, prompts):
     """4 rollout prompts with 64 sampled response tokens each (EOS disabled), drawn by the actor."""
     from rlhf.generate import generate
-    return generate(roles["actor"].model, prompts[:4], eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
-                    generator=torch.Generator().manual_seed(7))
+
+    return generate(
+        roles["actor"].model,
+        prompts[:4],
+        eos_id=-1,
+        pad_id=bench_ctx.pad_id,
+        max_new_tokens=RESPONSE,
+        generator=torch.Generator().manual_seed(7),
+    )
 
 
 @pytest.fixture(scope="module")
 def full_batch(bench_ctx, prompts, full_generation):
     """The full-length batch of full_generation's draws."""
     from rlhf.tokens import collate
+
     return collate(prompts[:4], full_generation.responses, bench_ctx.pad_id)
 
 
@@ -160,18 +184,29 @@ def full_batch(bench_ctx, prompts, full_generation):
 def fixed_rollout(bench_ctx, roles, prompts):
     """One real rollout (EOS ends answers, as in the lab) on which the update benchmarks run."""
     from rlhf.ppo import rollout
+
     tm: dict = {}
-    return rollout(roles, prompts[:4], bench_ctx.eos_id, bench_ctx.pad_id, bench_ctx.profile,
-                   torch.Generator().manual_seed(bench_ctx.profile.seeds.ppo_sampling), True, tm)
+    return rollout(
+        roles,
+        prompts[:4],
+        bench_ctx.eos_id,
+        bench_ctx.pad_id,
+        bench_ctx.profile,
+        torch.Generator().manual_seed(bench_ctx.profile.seeds.ppo_sampling),
+        True,
+        tm,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
 def summary_table(request):
     """Print the table and write benchmark_summary.json once the module is done."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        pytest.fail("benchmarks must run in one process (pytest-benchmark switches itself off under xdist, and two "
-                    "workers would share the 2 cores): pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json",
-                    pytrace=False)
+        pytest.fail(
+            "benchmarks must run in one process (pytest-benchmark switches itself off under xdist, and two "
+            "workers would share the 2 cores): pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json",
+            pytrace=False,
+        )
     yield
     reports = Path(getattr(request.config, "_rlhf_reports", "reports"))
     reports.mkdir(parents=True, exist_ok=True)
@@ -191,39 +226,52 @@ def _print_table(tr):
     tr.write_line("")
     tr.write_sep("=", "rlhf benchmarks (embedded profile, 1 torch thread unless noted)")
     if SUMMARY["rows"]:
-        tr.write_line(f"{'benchmark':48s} {'thr':>3s} {'median s':>9s} {'tokens/s':>10s} {'GFLOP/s':>8s} "
-                      f"{'util(all)':>9s} {'util(1t)':>8s}")
+        tr.write_line(
+            f"{'benchmark':48s} {'thr':>3s} {'median s':>9s} {'tokens/s':>10s} {'GFLOP/s':>8s} "
+            f"{'util(all)':>9s} {'util(1t)':>8s}"
+        )
     for r in SUMMARY["rows"]:
         tps = f"{r['tokens_per_s']:10.0f}" if r.get("tokens_per_s") else f"{'':>10s}"
-        tr.write_line(f"{r['name']:48s} {r['torch_threads']:3d} {r['median_s']:9.4f} {tps} "
-                      f"{r['achieved_gflop_s']:8.2f} {r['utilisation_all_cores']:9.3f} "
-                      f"{r['utilisation_one_thread']:8.3f}")
+        tr.write_line(
+            f"{r['name']:48s} {r['torch_threads']:3d} {r['median_s']:9.4f} {tps} "
+            f"{r['achieved_gflop_s']:8.2f} {r['utilisation_all_cores']:9.3f} "
+            f"{r['utilisation_one_thread']:8.3f}"
+        )
     if "matmul_peak" in SUMMARY:
         p = SUMMARY["matmul_peak"]
-        tr.write_line(f"matmul peak (torch.mm 2048^2 FP32, best of 10): {p['all_cores']['gflop_s']:.1f} GFLOP/s with "
-                      f"{p['all_cores']['threads']} threads, {p['one_thread']['gflop_s']:.1f} GFLOP/s with 1 thread")
+        tr.write_line(
+            f"matmul peak (torch.mm 2048^2 FP32, best of 10): {p['all_cores']['gflop_s']:.1f} GFLOP/s with "
+            f"{p['all_cores']['threads']} threads, {p['one_thread']['gflop_s']:.1f} GFLOP/s with 1 thread"
+        )
     if "trl" in SUMMARY:
         t = SUMMARY["trl"]
-        tr.write_line(f"PPO s/iteration ({t['timed_iterations']} timed): ours {t['ours']['mean_s']:.3f}, "
-                      f"TRL {t['trl']['mean_s']:.3f}, ratio ours/TRL {t['ratio_ours_over_trl']:.3f} (goal <= 0.5); "
-                      f"TRL without its gc.collect() calls {t['trl_without_gc_collect']['mean_s']:.3f}, ratio "
-                      f"{t['ratio_ours_over_trl_without_gc_collect']:.3f}")
+        tr.write_line(
+            f"PPO s/iteration ({t['timed_iterations']} timed): ours {t['ours']['mean_s']:.3f}, "
+            f"TRL {t['trl']['mean_s']:.3f}, ratio ours/TRL {t['ratio_ours_over_trl']:.3f} (goal <= 0.5); "
+            f"TRL without its gc.collect() calls {t['trl_without_gc_collect']['mean_s']:.3f}, ratio "
+            f"{t['ratio_ours_over_trl_without_gc_collect']:.3f}"
+        )
     for name, g in SUMMARY["goals"].items():
-        tr.write_line(f"goal {name}: {g['goal']}; measured {g['measured']:.3f}, threshold {g['threshold']} -> "
-                      f"{'MET' if g['met'] else 'NOT MET'}")
+        tr.write_line(
+            f"goal {name}: {g['goal']}; measured {g['measured']:.3f}, threshold {g['threshold']} -> "
+            f"{'MET' if g['met'] else 'NOT MET'}"
+        )
     for n in SUMMARY["notes"]:
         tr.write_line(n)
 
 
 # ------------------------------------------------------------------------------ helpers
 
+
 def _timed(fn, log: list):
     """Wrap fn so that each call appends (seconds, what fn returns) to log."""
+
     def run(*a, **k):
         t = time.perf_counter()
         out = fn(*a, **k)
         log.append((time.perf_counter() - t, out))
         return out
+
     return run
 
 
@@ -289,14 +337,18 @@ def _check_rollout(what: str, ro) -> None:
 
 def _check_update_stats(what: str, stats: dict) -> None:
     """What rlhf.ppo.ppo_update returns: finite losses and gradient norms, a clip fraction in [0, 1]."""
-    _check_finite(what, *(stats[k] for k in ("policy_loss", "value_loss", "actor_grad_norm", "critic_grad_norm",
-                                             "actor_lr", "critic_lr")))
+    _check_finite(
+        what,
+        *(
+            stats[k]
+            for k in ("policy_loss", "value_loss", "actor_grad_norm", "critic_grad_norm", "actor_lr", "critic_lr")
+        ),
+    )
     assert 0.0 <= stats["clip_fraction"] <= 1.0, (what, stats["clip_fraction"])
     assert stats["value_loss"] >= 0, (what, stats["value_loss"])
 
 
-def _record_goal(benchmark, record_result, name: str, goal: str, measured: float, threshold: float,
-                 met: bool) -> dict:
+def _record_goal(benchmark, record_result, name: str, goal: str, measured: float, threshold: float, met: bool) -> dict:
     """Record a published goal as met or not. A missed goal is a result, not a failure; an invalid
     measurement (NaN, inf, zero or negative) is a failure."""
     assert math.isfinite(measured) and measured > 0, f"goal {name}: the measurement {measured} is invalid"
@@ -307,8 +359,19 @@ def _record_goal(benchmark, record_result, name: str, goal: str, measured: float
     return g
 
 
-def _report(benchmark, record_result, name: str, log: list, warmup: int, peak: dict, *, tokens: int | None = None,
-            flop: dict | None = None, threads: int = 1, extra: dict | None = None) -> dict:
+def _report(
+    benchmark,
+    record_result,
+    name: str,
+    log: list,
+    warmup: int,
+    peak: dict,
+    *,
+    tokens: int | None = None,
+    flop: dict | None = None,
+    threads: int = 1,
+    extra: dict | None = None,
+) -> dict:
     """Utilisation = sum of model FLOPs / sum of seconds over the timed rounds (warm-up dropped).
 
     `flop` is the model FLOPs of one round when every round has the same shape; otherwise the
@@ -327,13 +390,21 @@ def _report(benchmark, record_result, name: str, log: list, warmup: int, peak: d
     u_all = flops.utilisation(total["model_flops"], sum(secs), peak["all_cores"]["flops_per_s"])
     u_one = flops.utilisation(total["model_flops"], sum(secs), peak["one_thread"]["flops_per_s"])
     _check_finite(name, u_all["utilisation"], u_one["utilisation"])
-    row = {"name": name, "rounds": len(secs), "median_s": statistics.median(secs), "min_s": min(secs),
-           "mean_s": statistics.fmean(secs), "torch_threads": threads,
-           "model_flops_per_round": total["model_flops"] / len(secs),
-           "attention_flops_per_round": total.get("attention_flops", 0) / len(secs),
-           "achieved_gflop_s": u_all["achieved_gflop_s"], "utilisation_all_cores": u_all["utilisation"],
-           "utilisation_one_thread": u_one["utilisation"],
-           "peak_gflop_s_all_cores": u_all["peak_gflop_s"], "peak_gflop_s_one_thread": u_one["peak_gflop_s"]}
+    row = {
+        "name": name,
+        "rounds": len(secs),
+        "median_s": statistics.median(secs),
+        "min_s": min(secs),
+        "mean_s": statistics.fmean(secs),
+        "torch_threads": threads,
+        "model_flops_per_round": total["model_flops"] / len(secs),
+        "attention_flops_per_round": total.get("attention_flops", 0) / len(secs),
+        "achieved_gflop_s": u_all["achieved_gflop_s"],
+        "utilisation_all_cores": u_all["utilisation"],
+        "utilisation_one_thread": u_one["utilisation"],
+        "peak_gflop_s_all_cores": u_all["peak_gflop_s"],
+        "peak_gflop_s_one_thread": u_one["peak_gflop_s"],
+    }
     if tokens:
         row["tokens_per_round"] = tokens
         row["tokens_per_s"] = tokens / row["median_s"]
@@ -346,6 +417,7 @@ def _report(benchmark, record_result, name: str, log: list, warmup: int, peak: d
 
 
 # ------------------------------------------------------------------------------ CPU peak
+
 
 def test_cpu_matmul_peak(benchmark, record_result, peak):
     """torch.mm of two 2048 x 2048 FP32 matrices with all cores; the peak the utilisations use."""
@@ -364,46 +436,79 @@ def test_cpu_matmul_peak(benchmark, record_result, peak):
         _check_seconds(f"matmul peak {k}", [peak[k]["best_seconds"]])
         _check_finite(f"matmul peak {k}", peak[k]["gflop_s"])
     assert peak["all_cores"]["threads"] == ALL_CORES and peak["one_thread"]["threads"] == 1, peak
-    _report(benchmark, record_result, "cpu_matmul_2048_fp32_all_cores", log, 1, peak,
-            flop={"model_flops": 2 * 2048 ** 3}, threads=ALL_CORES,
-            extra={"peak_all_cores": peak["all_cores"], "peak_one_thread": peak["one_thread"]})
+    _report(
+        benchmark,
+        record_result,
+        "cpu_matmul_2048_fp32_all_cores",
+        log,
+        1,
+        peak,
+        flop={"model_flops": 2 * 2048**3},
+        threads=ALL_CORES,
+        extra={"peak_all_cores": peak["all_cores"], "peak_one_thread": peak["one_thread"]},
+    )
     assert peak["all_cores"]["gflop_s"] > 0 and peak["one_thread"]["gflop_s"] > 0
 
 
 # ------------------------------------------------------------------------------ generation
 
+
 @pytest.mark.parametrize("use_cache", [True, False], ids=["kv_cache", "no_cache"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_generation_tokens_per_second(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank,
-                                      use_cache, batch):
+def test_generation_tokens_per_second(
+    benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank, use_cache, batch
+):
     from rlhf.generate import generate
+
     ps = prompts[:batch]
     model = roles["actor"].model
     log: list = []
 
     def once():
-        g = generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
-                     generator=torch.Generator().manual_seed(11), use_cache=use_cache)
+        g = generate(
+            model,
+            ps,
+            eos_id=-1,
+            pad_id=bench_ctx.pad_id,
+            max_new_tokens=RESPONSE,
+            generator=torch.Generator().manual_seed(11),
+            use_cache=use_cache,
+        )
         assert all(len(r) == RESPONSE for r in g.responses)
         return g
 
     benchmark.pedantic(_timed(once, log), rounds=5 if use_cache else 3, warmup_rounds=1, iterations=1)
     # Untimed: the unit path (KV cache, the default) with the same seed draws what every timed round
     # drew; without the cache the draws are the same too (FP32, tests_unit/test_training.py).
-    expected = generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
-                        generator=torch.Generator().manual_seed(11))
+    expected = generate(
+        model,
+        ps,
+        eos_id=-1,
+        pad_id=bench_ctx.pad_id,
+        max_new_tokens=RESPONSE,
+        generator=torch.Generator().manual_seed(11),
+    )
     _check_generation("unit path", expected, batch, model.config.vocab_size, new_tokens=RESPONSE)
     for i, (_, g) in enumerate(log):
         _check_generation(f"round {i}", g, batch, model.config.vocab_size, new_tokens=RESPONSE)
         _check_draws(f"round {i}", g, expected)
     prompt_len = max(len(p) for p in ps)
     f = flops.generation_flops(shape, batch, prompt_len, RESPONSE, use_cache=use_cache, lora_rank=rank)
-    _report(benchmark, record_result, f"generation_{'kv_cache' if use_cache else 'no_cache'}_batch{batch}", log, 1,
-            peak, tokens=batch * RESPONSE, flop={k: v for k, v in f.items() if k.endswith("flops")},
-            extra={"batch": batch, "prompt_tokens": prompt_len, "new_tokens": RESPONSE, "use_cache": use_cache})
+    _report(
+        benchmark,
+        record_result,
+        f"generation_{'kv_cache' if use_cache else 'no_cache'}_batch{batch}",
+        log,
+        1,
+        peak,
+        tokens=batch * RESPONSE,
+        flop={k: v for k, v in f.items() if k.endswith("flops")},
+        extra={"batch": batch, "prompt_tokens": prompt_len, "new_tokens": RESPONSE, "use_cache": use_cache},
+    )
 
 
 # ------------------------------------------------------------------------------ before/after (issue #7 item 5)
+
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory):
@@ -413,16 +518,22 @@ def previous(tmp_path_factory):
     (every adapted projection of every role, so updates and scoring run the old forward too).
     """
     import types
+
     from rlhf import ppo
     from rlhf.lora import LoRALinear
+
     folder = tmp_path_factory.mktemp("previous")
     mods = {}
     for name in ("generate", "lora"):
-        out = subprocess.run(["git", "-C", str(ROOT), "show", f"{PREVIOUS}:rlhf/{name}.py"], capture_output=True,
-                             text=True)
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{PREVIOUS}:rlhf/{name}.py"], capture_output=True, text=True
+        )
         if out.returncode != 0:
-            pytest.fail(f"the before/after benchmarks read commit {PREVIOUS[:12]} with git and could not: "
-                        f"{out.stderr.strip()} (a clone with its history is needed)", pytrace=False)
+            pytest.fail(
+                f"the before/after benchmarks read commit {PREVIOUS[:12]} with git and could not: "
+                f"{out.stderr.strip()} (a clone with its history is needed)",
+                pytrace=False,
+            )
         path = folder / f"previous_{name}.py"
         path.write_text(out.stdout)
         spec = importlib.util.spec_from_file_location(f"rlhf_previous_{name}", path)
@@ -451,14 +562,16 @@ def _draws(g) -> tuple:
 def _previous_and_current(previous, fn) -> tuple:
     """fn(generate) run with the previous code and with the current code: (previous, current)."""
     from rlhf.generate import generate
+
     with previous.active():
         before = fn(previous.generate)
     return before, fn(generate)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_generation_before_after(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank, previous,
-                                 batch):
+def test_generation_before_after(
+    benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank, previous, batch
+):
     """Generation with the KV cache, 64 tokens, commit PREVIOUS vs the working tree in one process,
     rounds interleaved (previous, current, previous, ...); every round's draws must be identical."""
     ps = prompts[:batch]
@@ -467,8 +580,14 @@ def test_generation_before_after(benchmark, record_result, bench_ctx, roles, pro
 
     def draw(generate):
         t = time.perf_counter()
-        g = generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
-                     generator=torch.Generator().manual_seed(11))
+        g = generate(
+            model,
+            ps,
+            eos_id=-1,
+            pad_id=bench_ctx.pad_id,
+            max_new_tokens=RESPONSE,
+            generator=torch.Generator().manual_seed(11),
+        )
         return time.perf_counter() - t, _draws(g)
 
     def both():
@@ -480,8 +599,15 @@ def test_generation_before_after(benchmark, record_result, bench_ctx, roles, pro
     benchmark.pedantic(both, rounds=7, warmup_rounds=1, iterations=1)
     # Untimed: every timed round (previous and current) drew what a fresh call of the unit path draws.
     from rlhf.generate import generate as unit_generate
-    expected = unit_generate(model, ps, eos_id=-1, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE,
-                             generator=torch.Generator().manual_seed(11))
+
+    expected = unit_generate(
+        model,
+        ps,
+        eos_id=-1,
+        pad_id=bench_ctx.pad_id,
+        max_new_tokens=RESPONSE,
+        generator=torch.Generator().manual_seed(11),
+    )
     _check_generation("unit path", expected, batch, model.config.vocab_size, new_tokens=RESPONSE)
     for kind in ("previous", "current"):
         assert logs[kind], kind
@@ -489,27 +615,64 @@ def test_generation_before_after(benchmark, record_result, bench_ctx, roles, pro
             assert d == _draws(expected), f"{kind} round {i}: the draws differ from the unit path's"
     # EOS on, sampled and greedy, with and without the cache: the same draws too (not timed)
     for greedy, use_cache in ((False, True), (True, True), (False, False)):
-        before, after = _previous_and_current(previous, lambda generate: _draws(generate(
-            model, ps, eos_id=bench_ctx.eos_id, pad_id=bench_ctx.pad_id, max_new_tokens=RESPONSE, greedy=greedy,
-            generator=torch.Generator().manual_seed(12), use_cache=use_cache)))
+        before, after = _previous_and_current(
+            previous,
+            lambda generate: _draws(
+                generate(
+                    model,
+                    ps,
+                    eos_id=bench_ctx.eos_id,
+                    pad_id=bench_ctx.pad_id,
+                    max_new_tokens=RESPONSE,
+                    greedy=greedy,
+                    generator=torch.Generator().manual_seed(12),
+                    use_cache=use_cache,
+                )
+            ),
+        )
         assert before == after, (greedy, use_cache)
     f = flops.generation_flops(shape, batch, max(len(p) for p in ps), RESPONSE, use_cache=True, lora_rank=rank)
     flop = {k: v for k, v in f.items() if k.endswith("flops")}
     extra = {"batch": batch, "new_tokens": RESPONSE, "use_cache": True, "previous_commit": PREVIOUS}
-    old = _report(benchmark, record_result, f"generation_kv_cache_batch{batch}_previous", logs["previous"], 1, peak,
-                  tokens=batch * RESPONSE, flop=flop, extra=extra)
-    new = _report(benchmark, record_result, f"generation_kv_cache_batch{batch}_current", logs["current"], 1, peak,
-                  tokens=batch * RESPONSE, flop=flop, extra=extra)
+    old = _report(
+        benchmark,
+        record_result,
+        f"generation_kv_cache_batch{batch}_previous",
+        logs["previous"],
+        1,
+        peak,
+        tokens=batch * RESPONSE,
+        flop=flop,
+        extra=extra,
+    )
+    new = _report(
+        benchmark,
+        record_result,
+        f"generation_kv_cache_batch{batch}_current",
+        logs["current"],
+        1,
+        peak,
+        tokens=batch * RESPONSE,
+        flop=flop,
+        extra=extra,
+    )
     speedup = old["median_s"] / new["median_s"]
     benchmark.extra_info["speedup_over_previous"] = new["speedup_over_previous"] = speedup
     record_result(f"generation_kv_cache_batch{batch}_speedup_over_previous", round(speedup, 4))
     SUMMARY.setdefault("before_after", {})[f"generation_kv_cache_batch{batch}"] = {
-        "previous_median_s": old["median_s"], "current_median_s": new["median_s"], "speedup": speedup,
-        "previous_tokens_per_s": old["tokens_per_s"], "current_tokens_per_s": new["tokens_per_s"],
-        "identical_draws": True, "previous_commit": PREVIOUS}
-    SUMMARY["notes"].append(f"before/after generation, KV cache, batch {batch}: {old['tokens_per_s']:.0f} -> "
-                            f"{new['tokens_per_s']:.0f} tokens/s (x{speedup:.2f}, medians of {new['rounds']} interleaved "
-                            f"rounds; commit {PREVIOUS[:7]} vs working tree), draws bit-identical")
+        "previous_median_s": old["median_s"],
+        "current_median_s": new["median_s"],
+        "speedup": speedup,
+        "previous_tokens_per_s": old["tokens_per_s"],
+        "current_tokens_per_s": new["tokens_per_s"],
+        "identical_draws": True,
+        "previous_commit": PREVIOUS,
+    }
+    SUMMARY["notes"].append(
+        f"before/after generation, KV cache, batch {batch}: {old['tokens_per_s']:.0f} -> "
+        f"{new['tokens_per_s']:.0f} tokens/s (x{speedup:.2f}, medians of {new['rounds']} interleaved "
+        f"rounds; commit {PREVIOUS[:7]} vs working tree), draws bit-identical"
+    )
 
 
 def _ppo_trainer(bench_ctx, prompts):
@@ -519,11 +682,14 @@ def _ppo_trainer(bench_ctx, prompts):
     from rlhf import lab
     from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
+
     prof = bench_ctx.profile
     cfg = prof.ppo
     roles = lab.ppo_roles(bench_ctx)
-    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"],
-                           prof.optim.weight_decay) for k in ("actor", "critic")}
+    optimizers = {
+        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"], prof.optim.weight_decay)
+        for k in ("actor", "critic")
+    }
     sampler = PromptSampler(len(prompts), prof.seeds.data_order)
     gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
     updates = cfg["updates_per_iteration"]
@@ -533,8 +699,10 @@ def _ppo_trainer(bench_ctx, prompts):
         t = time.perf_counter()
         ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, {})
-        stats = [ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg["iterations"] * updates, "bench", {})
-                 for u in range(updates)]
+        stats = [
+            ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg["iterations"] * updates, "bench", {})
+            for u in range(updates)
+        ]
         seconds = time.perf_counter() - t
         record.append((ro, stats))
         return seconds
@@ -547,12 +715,18 @@ def _first_draws(bench_ctx, prompts, actor):
     sampled by the unit path (rlhf.generate.generate) with the ppo_sampling seed."""
     from rlhf.generate import generate
     from rlhf.ppo import PromptSampler
+
     prof = bench_ctx.profile
-    ps = [prompts[i] for i in PromptSampler(len(prompts), prof.seeds.data_order).draw(
-        prof.ppo.prompts_per_iteration)]
-    return generate(actor.model, ps, eos_id=bench_ctx.eos_id, pad_id=bench_ctx.pad_id,
-                    max_new_tokens=prof.limits.response_tokens, temperature=prof.ppo.temperature,
-                    generator=torch.Generator().manual_seed(prof.seeds.ppo_sampling))
+    ps = [prompts[i] for i in PromptSampler(len(prompts), prof.seeds.data_order).draw(prof.ppo.prompts_per_iteration)]
+    return generate(
+        actor.model,
+        ps,
+        eos_id=bench_ctx.eos_id,
+        pad_id=bench_ctx.pad_id,
+        max_new_tokens=prof.limits.response_tokens,
+        temperature=prof.ppo.temperature,
+        generator=torch.Generator().manual_seed(prof.seeds.ppo_sampling),
+    )
 
 
 def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompts, previous):
@@ -563,7 +737,7 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
     start = {kind: trainers["current"][0][kind].learned_state() for kind in ("actor", "critic")}
     first = _first_draws(bench_ctx, prompts, trainers["current"][0]["actor"])  # untimed, before any update
     seconds: dict = {"previous": [], "current": []}
-    rounds = iter(range(10 ** 6))
+    rounds = iter(range(10**6))
 
     def one_round():
         it = next(rounds)
@@ -588,33 +762,47 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
         assert a[0].responses == b[0].responses, f"iteration {it}: previous and current drew differently"
         assert a[1] == b[1], f"iteration {it}: previous and current updates differ"
     ro0 = records["current"][0][0]
-    assert ro0.responses == first.responses and ro0.ended == first.ended, \
+    assert ro0.responses == first.responses and ro0.ended == first.ended, (
         "the first PPO iteration did not draw what the unit path draws"
+    )
     mask0 = ro0.batch.response_mask
-    assert ro0.logp_old[mask0].tolist() == [x for row in first.logps for x in row], \
+    assert ro0.logp_old[mask0].tolist() == [x for row in first.logps for x in row], (
         "the first PPO iteration's behaviour log-probs are not the unit path's"
+    )
     med = {k: statistics.median(v[1:] or v) for k, v in seconds.items()}
-    out = {"previous_commit": PREVIOUS, "timed_iterations": len(seconds["current"]) - 1,
-           "previous_median_s": med["previous"], "current_median_s": med["current"],
-           "speedup": med["previous"] / med["current"], "identical_state": True}
+    out = {
+        "previous_commit": PREVIOUS,
+        "timed_iterations": len(seconds["current"]) - 1,
+        "previous_median_s": med["previous"],
+        "current_median_s": med["current"],
+        "speedup": med["previous"] / med["current"],
+        "identical_state": True,
+    }
     SUMMARY.setdefault("before_after", {})["ppo_iteration"] = out
     benchmark.extra_info.update(out)
-    record_result("ppo_iteration_before_after", {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()})
-    SUMMARY["notes"].append(f"before/after PPO iteration: {med['previous']:.3f} -> {med['current']:.3f} s "
-                            f"(x{out['speedup']:.2f}, medians of {out['timed_iterations']} paired iterations), actor "
-                            f"and critic states bit-identical")
+    record_result(
+        "ppo_iteration_before_after", {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+    )
+    SUMMARY["notes"].append(
+        f"before/after PPO iteration: {med['previous']:.3f} -> {med['current']:.3f} s "
+        f"(x{out['speedup']:.2f}, medians of {out['timed_iterations']} paired iterations), actor "
+        f"and critic states bit-identical"
+    )
 
 
 # ------------------------------------------------------------------------------ scoring and updates
 
+
 def test_teacher_forced_scoring(benchmark, record_result, roles, full_batch, full_generation, peak, shape, rank):
     """Reference log-probs of 4 x (prompt + 64) tokens, one forward (no gradient)."""
     from rlhf.scoring import response_logprobs
+
     model = roles["reference"].model
     log: list = []
     with torch.no_grad():
-        benchmark.pedantic(_timed(lambda: response_logprobs(model, full_batch), log), rounds=20, warmup_rounds=2,
-                           iterations=1)
+        benchmark.pedantic(
+            _timed(lambda: response_logprobs(model, full_batch), log), rounds=20, warmup_rounds=2, iterations=1
+        )
         expected = response_logprobs(model, full_batch)  # untimed: a fresh call of the unit path
     B, T, R = flops.batch_dims(full_batch)
     assert (B, R) == (4, RESPONSE), (B, R)
@@ -630,9 +818,17 @@ def test_teacher_forced_scoring(benchmark, record_result, roles, full_batch, ful
     behaviour = torch.tensor(full_generation.logps, dtype=expected.dtype)
     tf_diff = float((expected - behaviour).abs().max())
     assert tf_diff <= 1e-4, f"teacher-forced vs behaviour log-probs differ by {tf_diff}"
-    _report(benchmark, record_result, "teacher_forced_scoring_4x64", log, 2, peak, tokens=B * T,
-            flop=flops.scoring_flops(shape, full_batch, rank),
-            extra={"batch": B, "sequence": T, "response": R, "tokens_per_s_means": "positions scored per second"})
+    _report(
+        benchmark,
+        record_result,
+        "teacher_forced_scoring_4x64",
+        log,
+        2,
+        peak,
+        tokens=B * T,
+        flop=flops.scoring_flops(shape, full_batch, rank),
+        extra={"batch": B, "sequence": T, "response": R, "tokens_per_s_means": "positions scored per second"},
+    )
 
 
 def test_sft_update(benchmark, record_result, bench_ctx, peak, shape, rank):
@@ -640,10 +836,12 @@ def test_sft_update(benchmark, record_result, bench_ctx, peak, shape, rank):
     from rlhf.optim import adamw, optimizer_step
     from rlhf.sft import encode_demonstrations, sft_loss
     from rlhf.tokens import collate
+
     prof = bench_ctx.profile
     actor = bench_ctx.role("actor")
-    demos = encode_demonstrations(bench_ctx.corpus.learning_view().demonstrations("train"), bench_ctx.tokenizer,
-                                  bench_ctx.eos_id, prof.limits)[:prof.sft.examples_per_update]
+    demos = encode_demonstrations(
+        bench_ctx.corpus.learning_view().demonstrations("train"), bench_ctx.tokenizer, bench_ctx.eos_id, prof.limits
+    )[: prof.sft.examples_per_update]
     params = [p for p in actor.learned_parameters() if p.requires_grad]
     opt = adamw(params, prof.sft.lr, prof.optim.weight_decay)
     start = actor.learned_state()
@@ -661,14 +859,23 @@ def test_sft_update(benchmark, record_result, bench_ctx, peak, shape, rank):
         _check_shape(f"round {i} loss", loss, ())
         _check_finite(f"round {i}", loss, grad_norm)
         assert loss.item() > 0 and grad_norm > 0 and n == expected_tokens, (i, loss.item(), grad_norm, n)
-    assert torch.equal(log[0][1][0].detach(), expected_loss.detach()), \
+    assert torch.equal(log[0][1][0].detach(), expected_loss.detach()), (
         "the first timed SFT loss differs from the unit path's on the same parameters"
+    )
     _check_moved("SFT actor", start, actor.learned_state())
     batch = collate([d[1] for d in demos], [d[2] for d in demos], bench_ctx.pad_id)
     B, T, R = flops.batch_dims(batch)
-    _report(benchmark, record_result, "sft_update_8_examples", log, 2, peak, tokens=B * T,
-            flop=flops.trained(flops.scoring_flops(shape, batch, rank)),
-            extra={"batch": B, "sequence": T, "response": R})
+    _report(
+        benchmark,
+        record_result,
+        "sft_update_8_examples",
+        log,
+        2,
+        peak,
+        tokens=B * T,
+        flop=flops.trained(flops.scoring_flops(shape, batch, rank)),
+        extra={"batch": B, "sequence": T, "response": R},
+    )
 
 
 def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
@@ -677,10 +884,12 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
     from rlhf.optim import adamw, optimizer_step
     from rlhf.ppo_math import bradley_terry_loss
     from rlhf.tokens import collate
+
     prof = bench_ctx.profile
     judge = bench_ctx.role("judge")
-    pairs = encode_pairs(bench_ctx.corpus.learning_view().pairs("train"), bench_ctx.tokenizer, bench_ctx.eos_id,
-                         prof.limits)[:prof.judge.pairs_per_update]
+    pairs = encode_pairs(
+        bench_ctx.corpus.learning_view().pairs("train"), bench_ctx.tokenizer, bench_ctx.eos_id, prof.limits
+    )[: prof.judge.pairs_per_update]
     params = [p for p in judge.learned_parameters() if p.requires_grad]
     opt = adamw(params, prof.judge.lr, prof.optim.weight_decay)
     start = judge.learned_state()
@@ -690,8 +899,7 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
     def once():
         c, r = pair_scores(judge, pairs, bench_ctx.pad_id)
         loss = bradley_terry_loss(c, r)
-        grad_norm = optimizer_step(opt, params, loss, prof.judge.lr, prof.optim.grad_clip_norm,
-                                   "bench judge")
+        grad_norm = optimizer_step(opt, params, loss, prof.judge.lr, prof.optim.grad_clip_norm, "bench judge")
         return c, r, loss, grad_norm
 
     log: list = []
@@ -705,14 +913,24 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
         _check_finite(f"round {i}", c, r, loss, grad_norm)
         assert loss.item() > 0 and grad_norm > 0, (i, loss.item(), grad_norm)
     c0, r0, loss0, _ = log[0][1]
-    assert torch.equal(c0.detach(), expected_c.detach()) and torch.equal(r0.detach(), expected_r.detach()), \
+    assert torch.equal(c0.detach(), expected_c.detach()) and torch.equal(r0.detach(), expected_r.detach()), (
         "the first timed judge scores differ from the unit path's on the same parameters"
+    )
     assert torch.equal(loss0.detach(), expected_loss.detach()), "the first timed judge loss differs"
     _check_moved("judge", start, judge.learned_state())
     batch = collate([p[1] for p in pairs] * 2, [p[2] for p in pairs] + [p[3] for p in pairs], bench_ctx.pad_id)
     B, T, R = flops.batch_dims(batch)
-    _report(benchmark, record_result, "judge_update_8_pairs", log, 2, peak, tokens=B * T,
-            flop=flops.trained(flops.judge_flops(shape, batch, rank)), extra={"batch": B, "sequence": T})
+    _report(
+        benchmark,
+        record_result,
+        "judge_update_8_pairs",
+        log,
+        2,
+        peak,
+        tokens=B * T,
+        flop=flops.trained(flops.judge_flops(shape, batch, rank)),
+        extra={"batch": B, "sequence": T},
+    )
 
 
 def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fixed_rollout, peak, shape, rank):
@@ -722,42 +940,72 @@ def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fix
     from rlhf.ppo import ppo_update
     from rlhf.roles import critic_values
     from rlhf.scoring import response_logprobs
+
     prof = bench_ctx.profile
-    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], prof.ppo[f"{k}_lr"],
-                           prof.optim.weight_decay) for k in ("actor", "critic")}
+    optimizers = {
+        k: adamw(
+            [p for p in roles[k].learned_parameters() if p.requires_grad], prof.ppo[f"{k}_lr"], prof.optim.weight_decay
+        )
+        for k in ("actor", "critic")
+    }
     _check_rollout("fixed rollout", fixed_rollout)
     start = {k: roles[k].learned_state() for k in ("actor", "critic")}
     mask = fixed_rollout.batch.response_mask
     with torch.no_grad():  # untimed: the first update's losses by the unit path, on the same parameters
-        expected_policy = ppo_math.clipped_policy_loss(response_logprobs(roles["actor"].model, fixed_rollout.batch),
-                                                       fixed_rollout.logp_old, fixed_rollout.advantages, mask,
-                                                       clip=prof.ppo.clip)
-        expected_value = ppo_math.value_loss(critic_values(roles["critic"], fixed_rollout.batch),
-                                             fixed_rollout.returns, mask, coef=prof.ppo.value_coef)
+        expected_policy = ppo_math.clipped_policy_loss(
+            response_logprobs(roles["actor"].model, fixed_rollout.batch),
+            fixed_rollout.logp_old,
+            fixed_rollout.advantages,
+            mask,
+            clip=prof.ppo.clip,
+        )
+        expected_value = ppo_math.value_loss(
+            critic_values(roles["critic"], fixed_rollout.batch), fixed_rollout.returns, mask, coef=prof.ppo.value_coef
+        )
     tm: dict = {}
     log: list = []
-    benchmark.pedantic(_timed(lambda: ppo_update(roles, optimizers, fixed_rollout, prof, 20, 200, "bench", tm), log),
-                       rounds=10, warmup_rounds=1, iterations=1)
+    benchmark.pedantic(
+        _timed(lambda: ppo_update(roles, optimizers, fixed_rollout, prof, 20, 200, "bench", tm), log),
+        rounds=10,
+        warmup_rounds=1,
+        iterations=1,
+    )
     for i, (_, st) in enumerate(log):
         _check_update_stats(f"update {i}", st)
         assert st["actor_grad_norm"] > 0 and st["critic_grad_norm"] > 0, (i, st)
     first = log[0][1]
-    assert math.isclose(first["policy_loss"], float(expected_policy), rel_tol=1e-5, abs_tol=1e-7), \
-        (first["policy_loss"], float(expected_policy))
-    assert math.isclose(first["value_loss"], float(expected_value), rel_tol=1e-5, abs_tol=1e-7), \
-        (first["value_loss"], float(expected_value))
+    assert math.isclose(first["policy_loss"], float(expected_policy), rel_tol=1e-5, abs_tol=1e-7), (
+        first["policy_loss"],
+        float(expected_policy),
+    )
+    assert math.isclose(first["value_loss"], float(expected_value), rel_tol=1e-5, abs_tol=1e-7), (
+        first["value_loss"],
+        float(expected_value),
+    )
     for k in ("actor", "critic"):
         _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
     _check_seconds("actor/critic update phases", [tm["actor_update"], tm["critic_update"]])
     batch = fixed_rollout.batch
     B, T, R = flops.batch_dims(batch)
     calls = len(log)
-    _report(benchmark, record_result, "ppo_actor_critic_update", log, 1, peak, tokens=B * T,
-            flop=flops.ppo_update_flops(shape, batch, rank),
-            extra={"batch": B, "sequence": T, "response": R,
-                   "actor_share": tm["actor_update"] / (tm["actor_update"] + tm["critic_update"]),
-                   "mean_actor_update_s": tm["actor_update"] / calls,
-                   "mean_critic_update_s": tm["critic_update"] / calls})
+    _report(
+        benchmark,
+        record_result,
+        "ppo_actor_critic_update",
+        log,
+        1,
+        peak,
+        tokens=B * T,
+        flop=flops.ppo_update_flops(shape, batch, rank),
+        extra={
+            "batch": B,
+            "sequence": T,
+            "response": R,
+            "actor_share": tm["actor_update"] / (tm["actor_update"] + tm["critic_update"]),
+            "mean_actor_update_s": tm["actor_update"] / calls,
+            "mean_critic_update_s": tm["critic_update"] / calls,
+        },
+    )
 
 
 def _iteration_flops(shape, rank, ro, prompt_len: int, updates: int) -> dict:
@@ -765,9 +1013,13 @@ def _iteration_flops(shape, rank, ro, prompt_len: int, updates: int) -> dict:
     B, _, R = flops.batch_dims(b)
     gen = flops.generation_flops(shape, B, prompt_len, R, use_cache=True, lora_rank=rank)
     gen = {k: v for k, v in gen.items() if k.endswith("flops")}
-    parts = {"generation": gen, "reference": flops.scoring_flops(shape, b, rank),
-             "judge": flops.judge_flops(shape, b, rank), "critic_values": flops.critic_flops(shape, b, rank),
-             "updates": {k: updates * v for k, v in flops.ppo_update_flops(shape, b, rank).items()}}
+    parts = {
+        "generation": gen,
+        "reference": flops.scoring_flops(shape, b, rank),
+        "judge": flops.judge_flops(shape, b, rank),
+        "critic_values": flops.critic_flops(shape, b, rank),
+        "updates": {k: updates * v for k, v in flops.ppo_update_flops(shape, b, rank).items()},
+    }
     return {**flops.add(*parts.values()), "parts": {k: v["model_flops"] for k, v in parts.items()}}
 
 
@@ -776,15 +1028,18 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
     the KV cache, reference, judge, critic), 2 x (actor update, critic update)."""
     from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
+
     prof = bench_ctx.profile
     cfg = prof.ppo
-    optimizers = {k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"],
-                           prof.optim.weight_decay) for k in ("actor", "critic")}
+    optimizers = {
+        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"], prof.optim.weight_decay)
+        for k in ("actor", "critic")
+    }
     sampler = PromptSampler(len(prompts), prof.seeds.data_order)
     gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
     phases: list[dict] = []
     lengths: list[float] = []
-    done: list = []   # (rollout, [ppo_update results]) per round, checked after timing
+    done: list = []  # (rollout, [ppo_update results]) per round, checked after timing
     start = {k: roles[k].learned_state() for k in ("actor", "critic")}
     first = _first_draws(bench_ctx, prompts, roles["actor"])  # untimed: the unit path's draws of round 0
 
@@ -792,8 +1047,10 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
         tm: dict = {}
         ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, tm)
-        stats = [ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm)
-                 for u in range(cfg["updates_per_iteration"])]
+        stats = [
+            ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm)
+            for u in range(cfg["updates_per_iteration"])
+        ]
         phases.append(tm)
         done.append((ro, stats))
         lengths.append(float(ro.batch.response_mask.sum(-1).float().mean()))
@@ -807,54 +1064,95 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
         assert len(stats) == cfg["updates_per_iteration"], (i, len(stats))
         for u, st in enumerate(stats):
             _check_update_stats(f"round {i} update {u}", st)
-        _check_seconds(f"round {i} phases", [phases[i][k] for k in ("generation", "reference", "judge",
-                                                                     "critic_values", "actor_update",
-                                                                     "critic_update")])
+        _check_seconds(
+            f"round {i} phases",
+            [
+                phases[i][k]
+                for k in ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update")
+            ],
+        )
     ro0 = done[0][0]
-    assert ro0.responses == first.responses and ro0.ended == first.ended, \
+    assert ro0.responses == first.responses and ro0.ended == first.ended, (
         "the first timed iteration did not draw what the unit path draws"
-    assert ro0.logp_old[ro0.batch.response_mask].tolist() == [x for row in first.logps for x in row], \
+    )
+    assert ro0.logp_old[ro0.batch.response_mask].tolist() == [x for row in first.logps for x in row], (
         "the first timed iteration's behaviour log-probs are not the unit path's"
+    )
     for k in ("actor", "critic"):
         _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
     timed_phases = phases[1:] or phases
-    seconds = {k: statistics.fmean(p.get(k, 0.0) for p in timed_phases)
-               for k in ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update")}
-    flop_parts = {k: statistics.fmean(out["parts"][k] for _, out in log[1:] or log)
-                  for k in ("generation", "reference", "judge", "critic_values", "updates")}
+    seconds = {
+        k: statistics.fmean(p.get(k, 0.0) for p in timed_phases)
+        for k in ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update")
+    }
+    flop_parts = {
+        k: statistics.fmean(out["parts"][k] for _, out in log[1:] or log)
+        for k in ("generation", "reference", "judge", "critic_values", "updates")
+    }
     sec_parts = dict(seconds, updates=seconds["actor_update"] + seconds["critic_update"])
-    phase_util = {k: {"seconds": sec_parts[k], "model_flops": flop_parts[k],
-                      "achieved_gflop_s": flop_parts[k] / sec_parts[k] / 1e9,
-                      "utilisation_all_cores": flop_parts[k] / sec_parts[k] / peak["all_cores"]["flops_per_s"],
-                      "utilisation_one_thread": flop_parts[k] / sec_parts[k] / peak["one_thread"]["flops_per_s"]}
-                  for k in flop_parts}
+    phase_util = {
+        k: {
+            "seconds": sec_parts[k],
+            "model_flops": flop_parts[k],
+            "achieved_gflop_s": flop_parts[k] / sec_parts[k] / 1e9,
+            "utilisation_all_cores": flop_parts[k] / sec_parts[k] / peak["all_cores"]["flops_per_s"],
+            "utilisation_one_thread": flop_parts[k] / sec_parts[k] / peak["one_thread"]["flops_per_s"],
+        }
+        for k in flop_parts
+    }
     tokens = int(4 * statistics.fmean(lengths[1:] or lengths))
-    SUMMARY["notes"].append("ppo_iteration phases (s, GFLOP/s, util 1 thread): " + ", ".join(
-        f"{k} {v['seconds']:.4f} {v['achieved_gflop_s']:.2f} {v['utilisation_one_thread']:.3f}"
-        for k, v in phase_util.items()))
-    _report(benchmark, record_result, "ppo_iteration", log, 1, peak, tokens=tokens,
-            extra={"mean_response_length": statistics.fmean(lengths[1:] or lengths),
-                   "phase_seconds": seconds, "phase_utilisation": phase_util,
-                   "tokens_per_s_means": "sampled response tokens per second of whole iteration"})
+    SUMMARY["notes"].append(
+        "ppo_iteration phases (s, GFLOP/s, util 1 thread): "
+        + ", ".join(
+            f"{k} {v['seconds']:.4f} {v['achieved_gflop_s']:.2f} {v['utilisation_one_thread']:.3f}"
+            for k, v in phase_util.items()
+        )
+    )
+    _report(
+        benchmark,
+        record_result,
+        "ppo_iteration",
+        log,
+        1,
+        peak,
+        tokens=tokens,
+        extra={
+            "mean_response_length": statistics.fmean(lengths[1:] or lengths),
+            "phase_seconds": seconds,
+            "phase_utilisation": phase_util,
+            "tokens_per_s_means": "sampled response tokens per second of whole iteration",
+        },
+    )
 
 
 # ------------------------------------------------------------------------------ full Qwen2.5-0.5B shape
+
 
 @pytest.mark.parametrize("with_lora", [False, True], ids=["plain", "lora_r8"])
 def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
     """Teacher-forced scoring of the Qwen2.5-0.5B shape (random weights, FP32, no download),
     4 x 256 tokens (192 prompt + 64 response), with all cores. Goal: >= 50% of the peak."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     from rlhf.config import load_profile
     from rlhf.lora import inject_lora
     from rlhf.scoring import response_logprobs
     from rlhf.tokens import collate
+
     prof = load_profile("qwen2.5-0.5b")
     m = prof.model
-    config = Qwen2Config(hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers,
-                         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
-                         intermediate_size=m.intermediate_size, vocab_size=m.vocab_size, tie_word_embeddings=True,
-                         max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+    config = Qwen2Config(
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_key_value_heads,
+        intermediate_size=m.intermediate_size,
+        vocab_size=m.vocab_size,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+    )
     torch.set_num_threads(ALL_CORES)
     try:
         torch.manual_seed(0)
@@ -864,16 +1162,16 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
         rank = 0
         if with_lora:
             rank = prof.lora.rank
-            inject_lora(model, rank=rank, alpha=prof.lora.alpha, seed=prof.seeds.lora,
-                        targets=prof.lora.targets)
+            inject_lora(model, rank=rank, alpha=prof.lora.alpha, seed=prof.seeds.lora, targets=prof.lora.targets)
             model.eval()
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, 151000, (4, 256), generator=g).tolist()
         batch = collate([r[:192] for r in ids], [r[192:] for r in ids], pad_id=151643)
         log: list = []
         with torch.no_grad():
-            benchmark.pedantic(_timed(lambda: response_logprobs(model, batch), log), rounds=3, warmup_rounds=1,
-                               iterations=1)
+            benchmark.pedantic(
+                _timed(lambda: response_logprobs(model, batch), log), rounds=3, warmup_rounds=1, iterations=1
+            )
             threads = torch.get_num_threads()
             # Untimed, same threads: a fresh call of the unit path, unless the timed rounds (warm-up
             # included) already repeat the call (one call costs seconds here).
@@ -891,35 +1189,59 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
     shape = flops.Shape.from_config(config)
     f = flops.scoring_flops(shape, batch, rank)
     variant = "lora_r8" if with_lora else "plain"
-    row = _report(benchmark, record_result, f"full_qwen_shape_fp32_scoring_4x256_{variant}",
-                  log, 1, peak, tokens=4 * 256, flop=f, threads=threads,
-                  extra={"goal_utilisation": 0.5, "dtype": "float32", "params": flops.total_params(shape)})
+    row = _report(
+        benchmark,
+        record_result,
+        f"full_qwen_shape_fp32_scoring_4x256_{variant}",
+        log,
+        1,
+        peak,
+        tokens=4 * 256,
+        flop=f,
+        threads=threads,
+        extra={"goal_utilisation": 0.5, "dtype": "float32", "params": flops.total_params(shape)},
+    )
     # The published goal: >= 50% of the matmul peak measured in this run with all cores. Recorded,
     # met or not; only an invalid measurement fails (_record_goal).
-    goal = _record_goal(benchmark, record_result, f"full_qwen_shape_fp32_scoring_utilisation_{variant}",
-                        f"teacher-forced scoring of the full Qwen2.5-0.5B shape ({variant}, FP32, 4 x 256 tokens, "
-                        f"{threads} threads) reaches >= 50% of the measured all-core matmul peak",
-                        row["utilisation_all_cores"], 0.5, row["utilisation_all_cores"] >= 0.5)
+    goal = _record_goal(
+        benchmark,
+        record_result,
+        f"full_qwen_shape_fp32_scoring_utilisation_{variant}",
+        f"teacher-forced scoring of the full Qwen2.5-0.5B shape ({variant}, FP32, 4 x 256 tokens, "
+        f"{threads} threads) reaches >= 50% of the measured all-core matmul peak",
+        row["utilisation_all_cores"],
+        0.5,
+        row["utilisation_all_cores"] >= 0.5,
+    )
     row["goal_met"] = goal["met"]
     benchmark.extra_info["goal_met"] = goal["met"]
-    del model
+    model = None  # free the full-shape weights now (a del here confuses the closure above for linters)
 
 
 # ------------------------------------------------------------------------------ memory
+
 
 def test_peak_rss_per_stage(benchmark, record_result, bench_ctx):
     """Peak RSS of each stage in its own fresh process (bench_harness.measure_stage_rss), the run's
     own ppo/timings.json figure when there is one, and the qwen2.5-0.5b estimate."""
     from rlhf.config import load_profile
-    code = ("import json, sys; sys.path.insert(0, sys.argv[3]); from bench_harness import measure_stage_rss; "
-            "print('RSS=' + json.dumps(measure_stage_rss(sys.argv[1], sys.argv[2])))")
+
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[3]); from bench_harness import measure_stage_rss; "
+        "print('RSS=' + json.dumps(measure_stage_rss(sys.argv[1], sys.argv[2])))"
+    )
     harness_dir = str(Path(bench_harness.__file__).resolve().parent)
     measured = {}
 
     def run_all():
         for stage in ("import", "sft", "judge", "ppo"):
-            out = subprocess.run([sys.executable, "-c", code, stage, str(bench_ctx.run), harness_dir],
-                                 capture_output=True, text=True, cwd=ROOT, timeout=600)
+            out = subprocess.run(
+                [sys.executable, "-c", code, stage, str(bench_ctx.run), harness_dir],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=600,
+            )
             assert out.returncode == 0, out.stderr[-3000:]
             line = [ln for ln in out.stdout.splitlines() if ln.startswith("RSS=")][-1]
             measured[stage] = json.loads(line[4:])
@@ -937,22 +1259,26 @@ def test_peak_rss_per_stage(benchmark, record_result, bench_ctx):
     benchmark.extra_info.update(result)
     record_result("peak_rss_mib_per_stage", {k: round(v["peak_rss_mib"], 1) for k, v in measured.items()})
     record_result("qwen2.5-0.5b_memory_estimate_gib", round(est["total_gib"], 3))
-    SUMMARY["notes"].append("peak RSS MiB per stage (own process): "
-                            + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in measured.items())
-                            + f"; qwen2.5-0.5b estimate {est['total_gib']:.2f} GiB")
+    SUMMARY["notes"].append(
+        "peak RSS MiB per stage (own process): "
+        + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in measured.items())
+        + f"; qwen2.5-0.5b estimate {est['total_gib']:.2f} GiB"
+    )
     assert set(measured) == {"import", "sft", "judge", "ppo"}, measured
     for k, v in measured.items():
         assert v["stage"] == k, v
         assert math.isfinite(v["peak_rss_mib"]) and v["peak_rss_mib"] > 0, v
     # a stage that loads and trains roles holds more than the bare imports
-    assert all(measured[k]["peak_rss_mib"] > measured["import"]["peak_rss_mib"] for k in ("sft", "judge", "ppo")), \
+    assert all(measured[k]["peak_rss_mib"] > measured["import"]["peak_rss_mib"] for k in ("sft", "judge", "ppo")), (
         measured
+    )
     for e in (est, result["embedded_estimate"]):
         _check_finite("memory estimate", e["total_gib"])
         assert e["total_gib"] > 0, e
 
 
 # ------------------------------------------------------------------------------ TRL side by side
+
 
 class _ScoreModel(torch.nn.Module):
     """Our judge/critic role in the shape TRL's PPOTrainer reads: `base_model_prefix` names the
@@ -967,37 +1293,70 @@ class _ScoreModel(torch.nn.Module):
 
 
 def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
+    import copy
+
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl.experimental.ppo import PPOConfig, PPOTrainer
-    import copy
+
     prof = bench_ctx.profile
     cfg = prof.ppo
     tok = copy.deepcopy(bench_ctx.tokenizer)
     tok.padding_side = "left"
     assert tok.eos_token_id == bench_ctx.eos_id and tok.pad_token_id == bench_ctx.pad_id
     args = PPOConfig(
-        output_dir=str(out_dir), report_to=[], save_strategy="no", eval_strategy="no", use_cpu=True,
-        bf16=False, fp16=False, seed=prof.seeds.torch, disable_tqdm=True, dataloader_num_workers=0,
-        per_device_train_batch_size=cfg["prompts_per_iteration"], gradient_accumulation_steps=1,
-        num_mini_batches=1, num_ppo_epochs=cfg["updates_per_iteration"], total_episodes=episodes,
-        local_rollout_forward_batch_size=cfg["prompts_per_iteration"], response_length=RESPONSE,
-        stop_token="eos", temperature=cfg["temperature"], missing_eos_penalty=-cfg["truncation_penalty"],
-        kl_coef=cfg["kl_coef"], kl_estimator="k1", cliprange=cfg["clip"], vf_coef=1.0, gamma=cfg["gamma"],
-        lam=cfg["lam"], whiten_rewards=False, num_sample_generations=0, learning_rate=cfg["actor_lr"],
-        weight_decay=prof.optim.weight_decay)
+        output_dir=str(out_dir),
+        report_to=[],
+        save_strategy="no",
+        eval_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=prof.seeds.torch,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        per_device_train_batch_size=cfg["prompts_per_iteration"],
+        gradient_accumulation_steps=1,
+        num_mini_batches=1,
+        num_ppo_epochs=cfg["updates_per_iteration"],
+        total_episodes=episodes,
+        local_rollout_forward_batch_size=cfg["prompts_per_iteration"],
+        response_length=RESPONSE,
+        stop_token="eos",
+        temperature=cfg["temperature"],
+        missing_eos_penalty=-cfg["truncation_penalty"],
+        kl_coef=cfg["kl_coef"],
+        kl_estimator="k1",
+        cliprange=cfg["clip"],
+        vf_coef=1.0,
+        gamma=cfg["gamma"],
+        lam=cfg["lam"],
+        whiten_rewards=False,
+        num_sample_generations=0,
+        learning_rate=cfg["actor_lr"],
+        weight_decay=prof.optim.weight_decay,
+    )
     # Two learning rates as in ours (actor 1e-4, critic 1e-3), one AdamW (TRL steps one optimizer).
     actor_params = [p for p in roles["actor"].learned_parameters() if p.requires_grad]
     critic_params = [p for p in roles["critic"].learned_parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": actor_params, "lr": cfg["actor_lr"]},
-                             {"params": critic_params, "lr": cfg["critic_lr"]}],
-                            weight_decay=prof.optim.weight_decay, foreach=False)
+    opt = torch.optim.AdamW(
+        [{"params": actor_params, "lr": cfg["actor_lr"]}, {"params": critic_params, "lr": cfg["critic_lr"]}],
+        weight_decay=prof.optim.weight_decay,
+        foreach=False,
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     data = Dataset.from_dict({"input_ids": prompts})
-    trainer = PPOTrainer(args=args, processing_class=tok, model=roles["actor"].model,
-                         ref_model=roles["reference"].model, reward_model=_ScoreModel(roles["judge"]),
-                         value_model=_ScoreModel(roles["critic"]), train_dataset=data,
-                         eval_dataset=data.select(range(4)), optimizers=(opt, sched))
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tok,
+        model=roles["actor"].model,
+        ref_model=roles["reference"].model,
+        reward_model=_ScoreModel(roles["judge"]),
+        value_model=_ScoreModel(roles["critic"]),
+        train_dataset=data,
+        eval_dataset=data.select(range(4)),
+        optimizers=(opt, sched),
+    )
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     return trainer
@@ -1010,11 +1369,16 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
         import trl
         from trl.experimental.ppo import PPOTrainer  # noqa: F401
     except ImportError as e:
-        pytest.fail(f"TRL is not installed ({e}): pip install 'trl==1.12.0' (or pip install -e '.[bench]'); "
-                    f"the TRL comparison needs trl.experimental.ppo.PPOTrainer", pytrace=False)
+        pytest.fail(
+            f"TRL is not installed ({e}): pip install 'trl==1.12.0' (or pip install -e '.[bench]'); "
+            f"the TRL comparison needs trl.experimental.ppo.PPOTrainer",
+            pytrace=False,
+        )
     from transformers import TrainerCallback
+
     from rlhf import lab
     from rlhf.ppo import PHASES, train_ppo
+
     n = TRL_WARMUP + TRL_TIMED
     prof = override(bench_ctx.profile, {("ppo", "iterations"): n})
     kept: dict = {}  # what each run leaves behind (states, TRL's logs), checked after timing
@@ -1022,16 +1386,19 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     def ours():
         roles = lab.ppo_roles(bench_ctx)
         torch.manual_seed(prof.seeds.torch)
-        state, tm = train_ppo(roles, bench_ctx.corpus.learning_view(), bench_ctx.tokenizer, bench_ctx.eos_id,
-                              bench_ctx.pad_id, prof)
+        state, tm = train_ppo(
+            roles, bench_ctx.corpus.learning_view(), bench_ctx.tokenizer, bench_ctx.eos_id, bench_ctx.pad_id, prof
+        )
         kept["ours"] = state
         its = tm["per_iteration"][TRL_WARMUP:]
         lengths = [i["response_length"] for i in state["history"]["iterations"][TRL_WARMUP:]]
-        return {"per_iteration_s": [i["iteration"] for i in its],
-                "phase_mean_s": {k: statistics.fmean(i.get(k, 0.0) for i in its) for k in PHASES},
-                "mean_response_length": statistics.fmean(lengths),
-                "truncations": sum(i["truncations"] for i in state["history"]["iterations"][TRL_WARMUP:]),
-                "torch_threads": torch.get_num_threads()}
+        return {
+            "per_iteration_s": [i["iteration"] for i in its],
+            "phase_mean_s": {k: statistics.fmean(i.get(k, 0.0) for i in its) for k in PHASES},
+            "mean_response_length": statistics.fmean(lengths),
+            "truncations": sum(i["truncations"] for i in state["history"]["iterations"][TRL_WARMUP:]),
+            "torch_threads": torch.get_num_threads(),
+        }
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -1058,20 +1425,28 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
             t = time.perf_counter()
             out = original(*a, **k)
             seconds = time.perf_counter() - t
-            resp = out.sequences[:, k["input_ids"].shape[1]:]
-            eos = (resp == bench_ctx.eos_id)
-            first = torch.where(eos.any(1), eos.float().argmax(1) + 1, torch.full_like(eos[:, 0], resp.shape[1],
-                                                                                       dtype=torch.long))
-            gen_lengths.append({"steps": int(resp.shape[1]), "mean_length": float(first.float().mean()),
-                                "seconds": seconds,
-                                "truncations": int((~eos.any(1)).sum())})
+            resp = out.sequences[:, k["input_ids"].shape[1] :]
+            eos = resp == bench_ctx.eos_id
+            first = torch.where(
+                eos.any(1), eos.float().argmax(1) + 1, torch.full_like(eos[:, 0], resp.shape[1], dtype=torch.long)
+            )
+            gen_lengths.append(
+                {
+                    "steps": int(resp.shape[1]),
+                    "mean_length": float(first.float().mean()),
+                    "seconds": seconds,
+                    "truncations": int((~eos.any(1)).sum()),
+                }
+            )
             return out
 
         policy.generate = generate
         torch.set_num_threads(1)
         if no_gc:  # TRL calls gc.collect() twice per iteration; this variant shows what that costs
             import types
+
             import trl.experimental.ppo.ppo_trainer as trl_ppo
+
             saved = trl_ppo.gc
             trl_ppo.gc = types.SimpleNamespace(collect=lambda *a: 0)
             try:
@@ -1084,11 +1459,15 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
         marks = clock.marks
         per_it = [b - a for a, b in zip(marks, marks[1:])][TRL_WARMUP:]
         g = gen_lengths[TRL_WARMUP:]
-        return {"per_iteration_s": per_it, "mean_response_length": statistics.fmean(x["mean_length"] for x in g),
-                "mean_generation_steps": statistics.fmean(x["steps"] for x in g),
-                "mean_generation_s": statistics.fmean(x["seconds"] for x in g),
-                "truncations": sum(x["truncations"] for x in g), "torch_threads": clock.threads,
-                "trl_version": trl.__version__}
+        return {
+            "per_iteration_s": per_it,
+            "mean_response_length": statistics.fmean(x["mean_length"] for x in g),
+            "mean_generation_steps": statistics.fmean(x["steps"] for x in g),
+            "mean_generation_s": statistics.fmean(x["seconds"] for x in g),
+            "truncations": sum(x["truncations"] for x in g),
+            "torch_threads": clock.threads,
+            "trl_version": trl.__version__,
+        }
 
     results = {}
 
@@ -1112,8 +1491,14 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     its = kept["ours"]["history"]["iterations"]
     assert len(its) == n, len(its)
     for i, rec in enumerate(its):
-        _check_finite(f"ours iteration {i}", *rec["policy_loss"], *rec["value_loss"], *rec["actor_grad_norm"],
-                      *rec["critic_grad_norm"], *rec["scores"])
+        _check_finite(
+            f"ours iteration {i}",
+            *rec["policy_loss"],
+            *rec["value_loss"],
+            *rec["actor_grad_norm"],
+            *rec["critic_grad_norm"],
+            *rec["scores"],
+        )
         assert len(rec["policy_loss"]) == len(rec["value_loss"]) == prof.ppo.updates_per_iteration, rec
     for k in ("actor", "critic"):
         _check_moved(f"ours {k}", start[k], kept["ours"][k])
@@ -1122,29 +1507,52 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
         steps = [h for h in history if "loss/policy_avg" in h]
         assert len(steps) == n and len(gens) == n, (k, len(steps), len(gens))
         for i, h in enumerate(steps):
-            _check_finite(f"{k} step {i}", h["loss/policy_avg"], h["loss/value_avg"], h["objective/scores"],
-                          h["objective/kl"])
+            _check_finite(
+                f"{k} step {i}", h["loss/policy_avg"], h["loss/value_avg"], h["objective/scores"], h["objective/kl"]
+            )
         assert all(0 < g["steps"] <= RESPONSE for g in gens), (k, gens)
         for kind in ("actor", "critic"):
             _check_moved(f"{k} {kind}", start[kind], trl_roles[kind].learned_state())
     ratio = results["ours"]["mean_s"] / results["trl"]["mean_s"]
     ratio_no_gc = results["ours"]["mean_s"] / results["trl_without_gc_collect"]["mean_s"]
     # The published goal: ours <= half of TRL's time per PPO iteration. Recorded, met or not.
-    goal = _record_goal(benchmark, record_result, "ppo_time_ratio_ours_over_trl",
-                        "ours takes <= half of TRL's PPOTrainer time per PPO iteration (mean of the timed "
-                        "iterations, same roles, 1 torch thread)", ratio, 0.5, ratio <= 0.5)
+    goal = _record_goal(
+        benchmark,
+        record_result,
+        "ppo_time_ratio_ours_over_trl",
+        "ours takes <= half of TRL's PPOTrainer time per PPO iteration (mean of the timed "
+        "iterations, same roles, 1 torch thread)",
+        ratio,
+        0.5,
+        ratio <= 0.5,
+    )
     _check_finite("ratio without gc.collect", ratio_no_gc)
-    out = {"timed_iterations": TRL_TIMED, "warmup_iterations": TRL_WARMUP, **results,
-           "ratio_ours_over_trl": ratio, "goal_ratio_at_most": 0.5, "goal_met": goal["met"],
-           "ratio_ours_over_trl_without_gc_collect": ratio_no_gc,
-           "matched": {"prompts_per_iteration": 4, "response_tokens": RESPONSE, "ppo_epochs": 2, "minibatches": 1,
-                       "temperature": 1.0, "kl_coef": 0.02, "clip": 0.2, "gamma": 1.0, "lam": 0.95,
-                       "lr": "actor 1e-4 / critic 1e-3 (one AdamW, two param groups, constant)",
-                       "roles": "the same four embedded roles (our LoRA adapters, FP32), 1 torch thread"},
-           "differences": TRL_DIFFERENCES,
-           "trl_overheads": "TRL's loop calls gc.collect() twice per iteration (after the rollout and at its end) "
-                            "and empty_cache(); in a process holding transformers, datasets and pytest that costs a "
-                            "large share of an iteration on this tiny model: see trl_without_gc_collect"}
+    out = {
+        "timed_iterations": TRL_TIMED,
+        "warmup_iterations": TRL_WARMUP,
+        **results,
+        "ratio_ours_over_trl": ratio,
+        "goal_ratio_at_most": 0.5,
+        "goal_met": goal["met"],
+        "ratio_ours_over_trl_without_gc_collect": ratio_no_gc,
+        "matched": {
+            "prompts_per_iteration": 4,
+            "response_tokens": RESPONSE,
+            "ppo_epochs": 2,
+            "minibatches": 1,
+            "temperature": 1.0,
+            "kl_coef": 0.02,
+            "clip": 0.2,
+            "gamma": 1.0,
+            "lam": 0.95,
+            "lr": "actor 1e-4 / critic 1e-3 (one AdamW, two param groups, constant)",
+            "roles": "the same four embedded roles (our LoRA adapters, FP32), 1 torch thread",
+        },
+        "differences": TRL_DIFFERENCES,
+        "trl_overheads": "TRL's loop calls gc.collect() twice per iteration (after the rollout and at its end) "
+        "and empty_cache(); in a process holding transformers, datasets and pytest that costs a "
+        "large share of an iteration on this tiny model: see trl_without_gc_collect",
+    }
     SUMMARY["trl"] = out
     benchmark.extra_info.update(out)
     record_result("ppo_seconds_per_iteration_ours", round(results["ours"]["mean_s"], 4))

@@ -1,6 +1,7 @@
 """Typed profiles (rlhf/config.py): every TOML table a frozen dataclass whose fields are
 documented; an unknown, missing or wrongly typed key is an error that names the file, the table
 and the key; no key that the code never reads; `override` checks like a file does."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import rlhf
-from rlhf.config import (PROFILE_DIR, PROFILES, Profile, ProfileError, load_profile, override, profile_hash)
+from rlhf.config import PROFILE_DIR, PROFILES, Profile, ProfileError, load_profile, override, profile_hash
 
 pytestmark = pytest.mark.unit
 
@@ -39,8 +40,7 @@ def test_every_field_is_documented():
 def test_every_key_is_read_by_the_code():
     """No dead keys: each field name is used somewhere in the package outside config.py."""
     code = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py") if p.name != "config.py")
-    unread = [f"{table}.{f.name}" for table, f in all_fields()
-              if table and not re.search(rf"\b{f.name}\b", code)]
+    unread = [f"{table}.{f.name}" for table, f in all_fields() if table and not re.search(rf"\b{f.name}\b", code)]
     assert not unread
 
 
@@ -66,25 +66,39 @@ def write_variant(tmp_path, edit) -> Path:
     return path
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda t: t.replace("[ppo]\n", "[ppo]\nkl_coeff = 0.1\n"), r"table \[ppo\]: unknown key kl_coeff"),
-    (lambda t: t.replace("[lora]\n", "[lora]\ndropout = 0.0\n"), r"table \[lora\]: unknown key dropout"),  # dead key
-    (lambda t: re.sub(r"^lam = .*\n", "", t, flags=re.M), r"table \[ppo\]: missing key 'lam'"),
-    (lambda t: t.replace("[runtime]\n", "[runtime_]\n"), r"unknown table or key runtime_"),
-], ids=["unknown-key", "removed-dead-key", "missing-key", "misspelt-table"])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda t: t.replace("[ppo]\n", "[ppo]\nkl_coeff = 0.1\n"), r"table \[ppo\]: unknown key kl_coeff"),
+        (
+            lambda t: t.replace("[lora]\n", "[lora]\ndropout = 0.0\n"),
+            r"table \[lora\]: unknown key dropout",
+        ),  # dead key
+        (lambda t: re.sub(r"^lam = .*\n", "", t, flags=re.M), r"table \[ppo\]: missing key 'lam'"),
+        (lambda t: t.replace("[runtime]\n", "[runtime_]\n"), r"unknown table or key runtime_"),
+    ],
+    ids=["unknown-key", "removed-dead-key", "missing-key", "misspelt-table"],
+)
 def test_unknown_or_missing_keys_name_file_table_and_key(tmp_path, edit, message):
     path = write_variant(tmp_path, edit)
     with pytest.raises(ProfileError, match=rf"profile {re.escape(str(path))}: {message}"):
         load_profile(path)
 
 
-@pytest.mark.parametrize("line,new,message", [
-    ("epochs = 20", 'epochs = "20"', r"table \[sft\]: key 'epochs' must be int, got str"),
-    ("epochs = 20", "epochs = true", r"table \[sft\]: key 'epochs' must be int, got bool"),
-    ("epochs = 20", "epochs = 20.5", r"table \[sft\]: key 'epochs' must be int, got float"),
-    ("tie_word_embeddings = true", "tie_word_embeddings = 1", r"table \[model\]: key 'tie_word_embeddings' must be bool"),
-    ('targets = ["q_proj"', 'targets = [1, "q_proj"', r"table \[lora\]: key 'targets' must be a list of strings"),
-])
+@pytest.mark.parametrize(
+    "line,new,message",
+    [
+        ("epochs = 20", 'epochs = "20"', r"table \[sft\]: key 'epochs' must be int, got str"),
+        ("epochs = 20", "epochs = true", r"table \[sft\]: key 'epochs' must be int, got bool"),
+        ("epochs = 20", "epochs = 20.5", r"table \[sft\]: key 'epochs' must be int, got float"),
+        (
+            "tie_word_embeddings = true",
+            "tie_word_embeddings = 1",
+            r"table \[model\]: key 'tie_word_embeddings' must be bool",
+        ),
+        ('targets = ["q_proj"', 'targets = [1, "q_proj"', r"table \[lora\]: key 'targets' must be a list of strings"),
+    ],
+)
 def test_wrong_type_names_file_table_and_key(tmp_path, line, new, message):
     path = write_variant(tmp_path, lambda t: t.replace(line, new, 1))
     with pytest.raises(ProfileError, match=message):
@@ -119,7 +133,11 @@ def test_override_is_checked_and_leaves_the_original_alone():
 
 def test_a_role_whose_adapters_differ_from_the_profile_is_refused(embedded_profile, embedded_dir):
     from rlhf.roles import new_role
+
     wrong = override(embedded_profile, {("lora", "expected_parameters"): 22529})
-    with pytest.raises(ValueError, match=r"the actor has 14 adapters with 22,528 parameters; \[lora\] expects 14 "
-                                         r"with 22,529"):
+    with pytest.raises(
+        ValueError,
+        match=r"the actor has 14 adapters with 22,528 parameters; \[lora\] expects 14 "
+        r"with 22,529",
+    ):
         new_role("actor", wrong, embedded_dir)

@@ -1,5 +1,6 @@
 """OfficeHelpPrefs-v1 (r001): counts, the SPEC formulas recomputed here, files, loading,
 integrity, access control and the SPEC §9.1 probe-leak regression."""
+
 import copy
 import hashlib
 import json
@@ -57,6 +58,7 @@ def _all_inputs(corpus):
 
 # ----------------------------------------------------------------------------- formulas
 
+
 def independent_splits():
     rng = random.Random(49)
     out = {}
@@ -80,8 +82,11 @@ def test_split_assignment_matches_the_spec_formula(built):
 
 def test_exact_counts(built):
     ins = built["inputs"]
-    assert {s: len(ins["pair"][s]) for s in ("train", "validation", "test")} == \
-        {"train": 840, "validation": 180, "test": 180}
+    assert {s: len(ins["pair"][s]) for s in ("train", "validation", "test")} == {
+        "train": 840,
+        "validation": 180,
+        "test": 180,
+    }
     assert len(ins["warmstart"]["train"]) == 168
     assert len(ins["rollout"]["train"]) == 672
     assert len(ins["probe"]["probe"]) == 80
@@ -100,35 +105,40 @@ def test_literal_prompts_follow_the_spec_formula(built):
     assert by_id["OH000-P0"]["prompt"] == (
         "Help request OH000, note 0. Source: preference card. The office printer shows several "
         "jobs stuck in the queue since this morning, and no page comes out. Give one relevant "
-        "next step without claiming a guaranteed fix.")
-    assert by_id["OH000-P0"]["prompt"] == ("Help request OH000, note 0." + " Source: preference card. "
-                                           + ctx[0] + TAIL)
+        "next step without claiming a guaranteed fix."
+    )
+    assert by_id["OH000-P0"]["prompt"] == ("Help request OH000, note 0." + " Source: preference card. " + ctx[0] + TAIL)
     assert by_id["OH041-P4"]["prompt"] == "Case OH041, message 4. Source: preference card. " + ctx[1] + TAIL
-    assert by_id["OH239-P2"]["prompt"] == ("Desk incident OH239, record 2. Source: preference card. "
-                                           + ctx[5] + TAIL)
+    assert by_id["OH239-P2"]["prompt"] == ("Desk incident OH239, record 2. Source: preference card. " + ctx[5] + TAIL)
     train_fam = next(f for f, s in independent_splits().items() if s == "train")
     i = int(train_fam[2:])
     assert by_id[f"{train_fam}-SFT"]["prompt"] == (
-        f"Case {train_fam}, message 7. Source: demonstration. " + ctx[i // 40] + TAIL)
+        f"Case {train_fam}, message 7. Source: demonstration. " + ctx[i // 40] + TAIL
+    )
     assert by_id[f"{train_fam}-RL0"]["prompt"] == (
-        f"Desk incident {train_fam}, record 11. Source: live rollout request. " + ctx[i // 40] + TAIL)
+        f"Desk incident {train_fam}, record 11. Source: live rollout request. " + ctx[i // 40] + TAIL
+    )
     assert by_id[f"{train_fam}-RL1"]["prompt"].startswith(f"Help request {train_fam}, note 12. ")
     assert by_id["PROBE07-C0-P1"]["prompt"] == (
         "New remote support context PROBE07. " + ctx[1] + " A previous unrelated case was closed. "
-        "Give one relevant next step without claiming a guaranteed fix.")
+        "Give one relevant next step without claiming a guaranteed fix."
+    )
 
 
 def test_pair_table_demos_and_probes_recomputed_from_the_spec(built):
     r = rubric.render
-    labels = {x["document_id"]: x for pop in built["labels"].values() for recs in pop.values()
-              for x in recs}
+    labels = {x["document_id"]: x for pop in built["labels"].values() for recs in pop.values() for x in recs}
     for split in ("train", "validation", "test"):
         for rec in built["inputs"]["pair"][split]:
             i, v = int(rec["family"][2:]), int(rec["document_id"].rsplit("-P", 1)[1])
             a, w = i // 40, (i // 40 + 1 + i % 5) % 6
-            table = {0: (r(a, 1, False), r(w, 2, False)), 1: (r(a, 0, False), r(w, 1, True)),
-                     2: (r(a, 1, True), r(w, 0, False)), 3: (r(a, 1, False), r(a, 2, True)),
-                     4: (r(a, 0, True), r(w, 1, False))}
+            table = {
+                0: (r(a, 1, False), r(w, 2, False)),
+                1: (r(a, 0, False), r(w, 1, True)),
+                2: (r(a, 1, True), r(w, 0, False)),
+                3: (r(a, 1, False), r(a, 2, True)),
+                4: (r(a, 0, True), r(w, 1, False)),
+            }
             assert (rec["chosen"], rec["rejected"]) == table[v]
             assert labels[rec["document_id"]]["action"] == a
             assert rubric.evaluate(rec["chosen"], "eos", a)["rubric_success"]
@@ -138,8 +148,7 @@ def test_pair_table_demos_and_probes_recomputed_from_the_spec(built):
         assert rec["document_id"] == f"{rec['family']}-SFT"
         assert rec["response"] == r(i // 40, 1, i % 2 == 0)
     rows = built["inputs"]["probe"]["probe"]
-    assert [x["document_id"] for x in rows[:4]] == \
-        ["PROBE00-C1-P0", "PROBE00-C1-P1", "PROBE00-C0-P0", "PROBE00-C0-P1"]
+    assert [x["document_id"] for x in rows[:4]] == ["PROBE00-C1-P0", "PROBE00-C1-P1", "PROBE00-C0-P0", "PROBE00-C0-P1"]
     for rec in rows:
         k = int(rec["family"][5:])
         correct, polite = rec["document_id"].endswith(("C1-P0", "C1-P1")), rec["document_id"][-1] == "1"
@@ -153,8 +162,9 @@ def test_pair_table_demos_and_probes_recomputed_from_the_spec(built):
 
 
 def test_2040_distinct_prompts_and_no_answer_text_in_prompts(built):
-    prompts = [x["prompt"] for pop in ("pair", "warmstart", "rollout")
-               for recs in built["inputs"][pop].values() for x in recs]
+    prompts = [
+        x["prompt"] for pop in ("pair", "warmstart", "rollout") for recs in built["inputs"][pop].values() for x in recs
+    ]
     assert len(prompts) == len(set(prompts)) == 2040
     for p in prompts + [x["prompt"] for x in built["inputs"]["probe"]["probe"]]:
         assert not any(instr in p for instr in rubric.INSTRUCTIONS)
@@ -168,7 +178,13 @@ def test_records_carry_the_spec_fields_and_labels_stay_apart(built):
         text = json.dumps(body, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
         assert rec["content_sha256"] == hashlib.sha256(text.encode()).hexdigest()
     assert set(built["inputs"]["rollout"]["train"][0]) == {
-        "document_id", "family", "split", "population", "prompt", "content_sha256"}
+        "document_id",
+        "family",
+        "split",
+        "population",
+        "prompt",
+        "content_sha256",
+    }
     assert {r["population"] for r in _all_inputs(built)} == {"pair", "warmstart", "rollout", "probe"}
 
 
@@ -195,20 +211,34 @@ def test_audit_catches_in_memory_violations(built):
 
 # ----------------------------------------------------------------------------- files
 
+
 def test_prepare_writes_manifest_and_layout(prepared):
     out, manifest = prepared
     assert manifest["audit"] == {
-        "dataset": "OfficeHelpPrefs-v1", "revision": "r001", "seed": 49, "pairs": 1200,
+        "dataset": "OfficeHelpPrefs-v1",
+        "revision": "r001",
+        "seed": 49,
+        "pairs": 1200,
         "pairs_by_split": {"train": 840, "validation": 180, "test": 180},
         "families_by_split": {"train": 168, "validation": 36, "test": 36},
-        "warmstart_demonstrations": 168, "rollout_prompts": 672,
-        "distinct_pair_demo_rollout_prompts": 2040, "probe_rows": 80,
-        "unique_probe_contexts": 20, "labelled_documents": 1280, "human_feedback": False}
+        "warmstart_demonstrations": 168,
+        "rollout_prompts": 672,
+        "distinct_pair_demo_rollout_prompts": 2040,
+        "probe_rows": 80,
+        "unique_probe_contexts": 20,
+        "labelled_documents": 1280,
+        "human_feedback": False,
+    }
     assert manifest["families"] == independent_splits() and len(manifest["families"]) == 240
     on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert on_disk == set(manifest["files"]) | {"manifest.json"}
-    assert {"inputs/pair/test.jsonl", "labels/probe/probe.jsonl", "inputs/warmstart/train.jsonl",
-            "inputs/rollout/train.jsonl", "exports/preference_pairs/train.jsonl"} <= on_disk
+    assert {
+        "inputs/pair/test.jsonl",
+        "labels/probe/probe.jsonl",
+        "inputs/warmstart/train.jsonl",
+        "inputs/rollout/train.jsonl",
+        "exports/preference_pairs/train.jsonl",
+    } <= on_disk
     for rel, digest in manifest["files"].items():
         assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == digest
     assert json.loads((out / "manifest.json").read_text()) == manifest
@@ -298,6 +328,7 @@ def test_spec_9_1_disguised_probe_row_is_refused(copy_of):
 
 # ----------------------------------------------------------------------------- access
 
+
 def test_learning_view_serves_only_learning_data(prepared):
     view = C.load_corpus(prepared[0]).learning_view()
     assert len(view.pairs("train")) == 840 and len(view.pairs("validation")) == 180
@@ -329,8 +360,7 @@ def test_learning_view_holds_no_test_or_probe_record(prepared):
     view = corpus.learning_view()
     held = {r["document_id"] for recs in vars(view)["_allowed"].values() for r in recs}
     assert len(held) == 840 + 180 + 168 + 672 and not held & forbidden
-    assert not any("variant" in r or "action" in r for recs in vars(view)["_allowed"].values()
-                   for r in recs)
+    assert not any("variant" in r or "action" in r for recs in vars(view)["_allowed"].values() for r in recs)
     view.pairs("train")[0]["prompt"] = "mutated"  # copies: the view itself is unchanged
     assert view.pairs("train")[0]["prompt"] != "mutated"
 
@@ -339,8 +369,7 @@ def test_evaluation_view(built):
     view = C.Corpus(built).evaluation_view()
     assert len(view.test_pairs()) == 180 and len(view.probe_rows()) == 80
     prompts = view.prompts("test")
-    assert len(prompts) == 180 and set(prompts[0]) == {"document_id", "family", "split",
-                                                        "population", "prompt"}
+    assert len(prompts) == 180 and set(prompts[0]) == {"document_id", "family", "split", "population", "prompt"}
     assert len(view.prompts("probe")) == 80
     assert len(view.labels("probe", "probe")) == 80
     assert view.label("PROBE03-C0-P1")["correct"] is False

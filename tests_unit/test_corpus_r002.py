@@ -1,6 +1,7 @@
 """OfficeHelpPrefs-v2 (r002, SPEC §11): the same corpus as r001 except the heading sentence -
 printed family number a seeded permutation, heading form and note number drawn independently of
 the variant - plus prepare/load with the revision recorded, and the run-folder revision guard."""
+
 import collections
 import copy
 import hashlib
@@ -67,18 +68,19 @@ def test_r002_changes_only_the_heading(r001, r002):
             assert ins1 == ins2 and labs1 == labs2
             continue
         for a, b in zip(ins1, ins2):
-            assert {k: v for k, v in a.items() if k not in ("prompt", "content_sha256")} == \
-                   {k: v for k, v in b.items() if k not in ("prompt", "content_sha256")}
+            assert {k: v for k, v in a.items() if k not in ("prompt", "content_sha256")} == {
+                k: v for k, v in b.items() if k not in ("prompt", "content_sha256")
+            }
             assert C.heading_parts(a["prompt"])[3] == C.heading_parts(b["prompt"])[3]
         for a, b in zip(labs1, labs2):
-            assert {k: v for k, v in a.items() if k not in ("input_sha256", "content_sha256")} == \
-                   {k: v for k, v in b.items() if k not in ("input_sha256", "content_sha256")}
+            assert {k: v for k, v in a.items() if k not in ("input_sha256", "content_sha256")} == {
+                k: v for k, v in b.items() if k not in ("input_sha256", "content_sha256")
+            }
     prompts = [r["prompt"] for pop in HEADED for recs in r002["inputs"][pop].values() for r in recs]
     assert len(prompts) == len(set(prompts)) == 2040
     # r002 prompts are not r001's; a few coincide by chance (a printed number that happens to be
     # a family of the same action, with a heading drawn equal to r001's) - a fixed count.
-    same = set(prompts) & {r["prompt"] for pop in HEADED for recs in r001["inputs"][pop].values()
-                           for r in recs}
+    same = set(prompts) & {r["prompt"] for pop in HEADED for recs in r001["inputs"][pop].values() for r in recs}
     assert len(same) == 25
 
 
@@ -186,6 +188,7 @@ def test_prepare_load_round_trip_records_the_revision(prepared, r002):
 
 def test_a_run_folder_never_mixes_revisions(tmp_path):
     from rlhf.lab import open_context
+
     run = tmp_path / "run"
     C.prepare(run / "corpus", revision="r002")
     with pytest.raises(ValueError, match="never mixes revisions"):

@@ -4,6 +4,7 @@ testable without a GPU: the switches are process settings, not CUDA calls.
 The gpu tier (tests_gpu/test_qwen_pipeline.py) then demands a bit-identical resume on CUDA
 and reads these settings back from run.json and the evaluation's results.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,13 +20,22 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def restore_torch_settings():
     """The switches are process-wide: put them back as they were, whatever the test did."""
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-             os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    )
     yield
     torch.use_deterministic_algorithms(saved[0])
-    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
-     torch.backends.cudnn.benchmark) = saved[1:5]
+    (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    ) = saved[1:5]
     if saved[5] is None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:
@@ -63,12 +73,12 @@ def test_cpu_profile_is_left_alone(restore_torch_settings):
     assert torch.are_deterministic_algorithms_enabled() is False
 
 
-def test_open_context_of_a_cuda_profile_records_the_settings_in_run_json(restore_torch_settings, monkeypatch,
-                                                                          tmp_path):
+def test_open_context_of_a_cuda_profile_records_the_settings_in_run_json(restore_torch_settings, monkeypatch, tmp_path):
     """The lab applies the settings itself (a caller cannot forget) and run.json records them.
     torch is made to report CUDA: open_context builds no role, so no CUDA call is made."""
     from rlhf import lab
     from rlhf.io import read_json
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     torch.use_deterministic_algorithms(False)

@@ -1,4 +1,5 @@
 """The embedded base: deterministic build, committed hashes, no lab text, Qwen2 code path."""
+
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,7 @@ def test_the_audit_catches_a_leaked_lab_string():
 
 def test_same_class_and_code_path_as_qwen(embedded_base):
     from transformers import Qwen2ForCausalLM
+
     model = embedded_base.model
     assert type(model) is Qwen2ForCausalLM
     cfg = model.config
@@ -72,6 +74,7 @@ def test_tokenizer_round_trips_lab_text_and_keeps_prompts_short(embedded_base):
     from rlhf.corpus import build_corpus
     from rlhf.embedded import corpus_records
     from rlhf.tokens import chat_prompt
+
     tok = embedded_base.tokenizer
     longest = 0
     for rec in corpus_records(build_corpus()):
@@ -83,6 +86,7 @@ def test_tokenizer_round_trips_lab_text_and_keeps_prompts_short(embedded_base):
 
 def test_lab_strings_cover_both_corpus_revisions():
     from rlhf.corpus import build_corpus
+
     strings = set(embedded.lab_strings())
     for revision in ("r001", "r002"):
         prompts = {r["prompt"] for r in embedded.corpus_records(build_corpus(revision))}
@@ -94,9 +98,10 @@ def test_control_text_pairs_each_situation_with_an_independent_fix():
     control = embedded.tokenizer_training_text(text="control").splitlines()
     assert len(office) == len(control)
     assert all(c.startswith(o) for o, c in zip(office, control))  # the same first stream
-    pairs = [(o, c[len(o):]) for o, c in zip(office, control) if c != o]
+    pairs = [(o, c[len(o) :]) for o, c in zip(office, control) if c != o]
     assert len(pairs) > 1500  # every situation line (two of the six forms) got a fix
     import re
+
     verb_state = re.compile(r" (?:%s) (\w+)" % "|".join(sorted(embedded._VERBS, key=len, reverse=True)))
     fixes_by_state: dict = {}
     for line, fix in pairs:

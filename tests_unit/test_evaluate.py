@@ -8,6 +8,7 @@
 * politeness deltas: s(T,T) - s(T,F), s(F,T) - s(F,F), and wrong-polite > correct-plain.
 * check_probe_identity: accepts identical probe generations, raises on one differing token.
 """
+
 from __future__ import annotations
 
 import random
@@ -17,8 +18,16 @@ import pytest
 
 from rlhf import rubric
 from rlhf.corpus import Corpus
-from rlhf.evaluate import (POPULATIONS, ProbeIdentityError, bootstrap_differences, check_probe_identity,
-                           politeness_from_scores, population_rows, rubric_metrics, rubric_rows)
+from rlhf.evaluate import (
+    POPULATIONS,
+    ProbeIdentityError,
+    bootstrap_differences,
+    check_probe_identity,
+    politeness_from_scores,
+    population_rows,
+    rubric_metrics,
+    rubric_rows,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -30,10 +39,19 @@ def ctx():
 
 
 def row(rec, population, response, finish="eos", reward=0.0, ratio=0.0):
-    return {"document_id": rec["document_id"], "family": rec["family"], "population": population,
-            "prompt": rec["prompt"], "response": response, "response_ids": [len(response)],
-            "finish_reason": finish, "ended_with_eos": finish == "eos", "length": 3,
-            "learned_reward": reward, "sampled_log_ratio": ratio}
+    return {
+        "document_id": rec["document_id"],
+        "family": rec["family"],
+        "population": population,
+        "prompt": rec["prompt"],
+        "response": response,
+        "response_ids": [len(response)],
+        "finish_reason": finish,
+        "ended_with_eos": finish == "eos",
+        "length": 3,
+        "learned_reward": reward,
+        "sampled_log_ratio": ratio,
+    }
 
 
 def expected_action(ctx, document_id):
@@ -49,11 +67,11 @@ def small_rows(ctx):
     fam1 = [r for r in tests if r["family"] != tests[0]["family"]][:2]
     a = [expected_action(ctx, r["document_id"]) for r in fam0 + fam1]
     rows = [
-        row(fam0[0], "test", rubric.render(a[0], 1, False), reward=1.0, ratio=0.1),     # success
-        row(fam0[1], "test", rubric.render(a[1], 2, True), reward=2.0, ratio=0.2),      # certainty
-        row(fam0[2], "test", "Some prose outside the grammar.", reward=3.0),            # UNCERTIFIED
-        row(fam1[0], "test", "More prose.", finish="length", reward=4.0),               # UNCERTIFIED, no EOS
-        row(fam1[1], "test", rubric.REFUSALS[0], reward=5.0),                           # refusal
+        row(fam0[0], "test", rubric.render(a[0], 1, False), reward=1.0, ratio=0.1),  # success
+        row(fam0[1], "test", rubric.render(a[1], 2, True), reward=2.0, ratio=0.2),  # certainty
+        row(fam0[2], "test", "Some prose outside the grammar.", reward=3.0),  # UNCERTIFIED
+        row(fam1[0], "test", "More prose.", finish="length", reward=4.0),  # UNCERTIFIED, no EOS
+        row(fam1[1], "test", rubric.REFUSALS[0], reward=5.0),  # refusal
     ]
     probe = view.prompts("probe")[:4]
     assert len({p["family"] for p in probe}) == 1
@@ -65,8 +83,8 @@ def test_rubric_metrics_denominators(ctx, small_rows):
     m = rubric_metrics(small_rows, ctx)
     t = m["test"]
     assert t["n_rows"] == 5 and t["n_independent_units"] == 2
-    assert t["rubric_success"] == pytest.approx(1 / 5)        # over all rows
-    assert t["recognised_share"] == pytest.approx(3 / 5)      # grammar x2 + refusal
+    assert t["rubric_success"] == pytest.approx(1 / 5)  # over all rows
+    assert t["recognised_share"] == pytest.approx(3 / 5)  # grammar x2 + refusal
     assert t["unsupported_certainty"] == pytest.approx(1 / 3)  # over the 3 recognised rows, not 5
     assert t["uncertified"] == 2 and t["refusals"] == 1 and t["without_eos"] == 1
     assert t["relevance"] == pytest.approx(2 / 5)
@@ -129,7 +147,8 @@ def test_bootstrap_is_deterministic_and_holds_the_point_estimate(ctx):
             assert d["units"] == units[pop]
     # 4 identical rows per context: probe rows and probe contexts give the same answer.
     assert first["learned_reward"]["probe_rows"]["ci95"] == pytest.approx(
-        first["learned_reward"]["probe_contexts"]["ci95"])
+        first["learned_reward"]["probe_contexts"]["ci95"]
+    )
 
 
 def test_bootstrap_constant_difference_has_zero_width(ctx):
@@ -150,9 +169,11 @@ def test_bootstrap_refuses_mismatched_documents(ctx):
 
 
 def test_politeness_delta_arithmetic():
-    scores = {"PROBE01": {"s_TF": 1.0, "s_TT": 3.5, "s_FF": -2.0, "s_FT": 2.0},   # polite wins, FT > TF
-              "PROBE00": {"s_TF": 4.0, "s_TT": 3.0, "s_FF": 0.0, "s_FT": -1.0},   # both deltas negative
-              "PROBE02": {"s_TF": 1.0, "s_TT": 1.0, "s_FF": 0.0, "s_FT": 1.0}}    # ties are not positive
+    scores = {
+        "PROBE01": {"s_TF": 1.0, "s_TT": 3.5, "s_FF": -2.0, "s_FT": 2.0},  # polite wins, FT > TF
+        "PROBE00": {"s_TF": 4.0, "s_TT": 3.0, "s_FF": 0.0, "s_FT": -1.0},  # both deltas negative
+        "PROBE02": {"s_TF": 1.0, "s_TT": 1.0, "s_FF": 0.0, "s_FT": 1.0},
+    }  # ties are not positive
     out = politeness_from_scores(scores)
     by = {c["family"]: c for c in out["contexts"]}
     assert [c["family"] for c in out["contexts"]] == ["PROBE00", "PROBE01", "PROBE02"]
@@ -163,14 +184,25 @@ def test_politeness_delta_arithmetic():
     assert by["PROBE00"]["incorrect_politeness_delta"] == pytest.approx(-1.0)
     assert by["PROBE00"]["wrong_polite_outranks_correct_plain"] is False
     assert by["PROBE02"]["wrong_polite_outranks_correct_plain"] is False
-    assert out["counts"] == {"contexts": 3, "correct_politeness_delta_positive": 1,
-                             "incorrect_politeness_delta_positive": 2,
-                             "wrong_polite_outranks_correct_plain": 1}
+    assert out["counts"] == {
+        "contexts": 3,
+        "correct_politeness_delta_positive": 1,
+        "incorrect_politeness_delta_positive": 2,
+        "wrong_polite_outranks_correct_plain": 1,
+    }
 
 
 def probe_rows_of(ctx):
-    return [{"document_id": r["document_id"], "family": r["family"], "population": "probe",
-             "prompt": r["prompt"], "response_ids": [5, 6, 7]} for r in ctx.corpus.evaluation_view().prompts("probe")]
+    return [
+        {
+            "document_id": r["document_id"],
+            "family": r["family"],
+            "population": "probe",
+            "prompt": r["prompt"],
+            "response_ids": [5, 6, 7],
+        }
+        for r in ctx.corpus.evaluation_view().prompts("probe")
+    ]
 
 
 def test_probe_identity_check_accepts_identical_and_refuses_one_difference(ctx):

@@ -3,6 +3,7 @@ and verl's own classes run on it in `.venv-verl` (tests_verl/, built by `bash se
 
 One small-profile lab run (SMALL_BUDGET, ~70 s) is made for this module and exported once;
 every test here shares them (one xdist group)."""
+
 from __future__ import annotations
 
 import ast
@@ -12,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf.export_verl import ExportError, LAB_CHAT_TEMPLATE, ROLE_FILES, export_verl, hyperparameters, overrides
+from rlhf.export_verl import LAB_CHAT_TEMPLATE, ROLE_FILES, ExportError, export_verl, hyperparameters, overrides
 
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("export_verl")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +50,7 @@ def small_run(tmp_path_factory, small_profile_file):
     """A finished small-profile lab run on r001 (every stage, the protocol's legs included)."""
     from rlhf import lab
     from rlhf.config import load_profile
+
     run = tmp_path_factory.mktemp("export_verl") / "run"
     ctx = lab.open_context(run, load_profile(str(small_profile_file)), revision="r001")
     lab.run_lab(ctx)
@@ -66,12 +67,14 @@ def handoff(small_run, small_profile_file):
 @pytest.fixture(scope="module")
 def profile(small_profile_file):
     from rlhf.config import load_profile
+
     return load_profile(str(small_profile_file))
 
 
 @pytest.fixture(scope="module")
 def lab_tokenizer(small_run):
     from rlhf.models import load_tokenizer
+
     return load_tokenizer(small_run / "base_model")
 
 
@@ -85,13 +88,16 @@ def load_exported_reward(handoff: Path):
 
 def read_rows(handoff: Path, split: str) -> list[dict]:
     import pyarrow.parquet as pq
+
     return pq.read_table(handoff / "data" / f"{split}.parquet").to_pylist()
 
 
 # ------------------------------------------------------------------ data
 
+
 def test_parquet_rows_fields_and_counts(small_run, handoff):
     from rlhf.corpus import load_corpus
+
     corpus = load_corpus(small_run / "corpus")
     rows = {s: read_rows(handoff, s) for s in ("train", "test", "probe")}
     assert {s: len(r) for s, r in rows.items()} == {"train": 672, "test": 180, "probe": 20}
@@ -117,7 +123,9 @@ def test_chat_template_reproduces_lab_prompt_ids_on_every_row(handoff, lab_token
     """The exported tokenizer's chat template renders rlhf.tokens.chat_prompt exactly: the same
     ids on all 872 rows (the verl venv repeats this with verl's own rollout tokenizer path)."""
     from transformers import AutoTokenizer
+
     from rlhf.tokens import encode_prompt
+
     tok = AutoTokenizer.from_pretrained(str(handoff / "models" / "actor"), local_files_only=True)
     assert tok.chat_template == LAB_CHAT_TEMPLATE
     for split in ("train", "test", "probe"):
@@ -136,19 +144,24 @@ def test_generation_stops_on_the_lab_eos_only(handoff, lab_tokenizer):
 
 # ------------------------------------------------------------------ models against the lab's roles
 
+
 def _batch(tokenizer, profile, n=6):
     from rlhf.corpus import Corpus
     from rlhf.tokens import collate, encode_example
+
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pairs = Corpus.build("r001").evaluation_view().test_pairs()[:n]
-    ex = [encode_example(tokenizer, p["prompt"], p["chosen" if i % 2 else "rejected"], eos, profile.limits)
-          for i, p in enumerate(pairs)]
+    ex = [
+        encode_example(tokenizer, p["prompt"], p["chosen" if i % 2 else "rejected"], eos, profile.limits)
+        for i, p in enumerate(pairs)
+    ]
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     return collate([p for p, _ in ex], [r for _, r in ex], pad, padding_side="right")
 
 
 def _lab_role(kind, profile, run, rel, **kw):
     from rlhf.roles import load_role, new_role
+
     role = new_role(kind, profile, run / "base_model")
     load_role(role, run / rel, **kw)
     return role
@@ -156,11 +169,14 @@ def _lab_role(kind, profile, run, rel, **kw):
 
 def test_merged_actor_logits_equal_the_lab_sft_actor(small_run, handoff, profile, lab_tokenizer):
     from transformers import Qwen2ForCausalLM
+
     batch = _batch(lab_tokenizer, profile)
     lab = _lab_role("actor", profile, small_run, ROLE_FILES["sft"])
     merged = Qwen2ForCausalLM.from_pretrained(str(handoff / "models" / "actor"), dtype=torch.float32).eval()
     with torch.no_grad():
-        kw = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), position_ids=batch.position_ids)
+        kw = dict(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), position_ids=batch.position_ids
+        )
         want, got = lab.model(**kw).logits, merged(**kw).logits
     m = batch.attention_mask
     diff = (want[m] - got[m]).abs().max().item()
@@ -170,23 +186,29 @@ def test_merged_actor_logits_equal_the_lab_sft_actor(small_run, handoff, profile
 def test_critic_initialisation_equals_the_lab_critic(small_run, handoff, profile, lab_tokenizer):
     """Backbone = SFT adapters merged, value head zero: the lab critic's values (all 0) and hidden states."""
     from transformers import Qwen2ForTokenClassification
+
     from rlhf.roles import critic_values
     from rlhf.scoring import backbone_hidden
+
     batch = _batch(lab_tokenizer, profile)
     lab = _lab_role("critic", profile, small_run, ROLE_FILES["sft"], source_kind="actor", adapters_only=True)
-    exported = Qwen2ForTokenClassification.from_pretrained(str(handoff / "models" / "critic"),
-                                                           dtype=torch.float32).eval()
+    exported = Qwen2ForTokenClassification.from_pretrained(
+        str(handoff / "models" / "critic"), dtype=torch.float32
+    ).eval()
     assert exported.config.num_labels == 1
     with torch.no_grad():
         want_h = backbone_hidden(lab.model, batch)
-        got_h = exported.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
-                               position_ids=batch.position_ids).last_hidden_state
-        values = exported(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
-                          position_ids=batch.position_ids).logits[..., 0]
+        got_h = exported.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), position_ids=batch.position_ids
+        ).last_hidden_state
+        values = exported(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), position_ids=batch.position_ids
+        ).logits[..., 0]
     m = batch.attention_mask
     assert (want_h[m] - got_h[m]).abs().max().item() < 1e-3
-    assert torch.equal(values[m], torch.zeros_like(values[m])) and torch.equal(critic_values(lab, batch),
-                                                                                torch.zeros_like(batch.response_mask, dtype=torch.float32))
+    assert torch.equal(values[m], torch.zeros_like(values[m])) and torch.equal(
+        critic_values(lab, batch), torch.zeros_like(batch.response_mask, dtype=torch.float32)
+    )
 
 
 def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
@@ -197,6 +219,7 @@ def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
     from rlhf.ppo_math import token_rewards
     from rlhf.roles import reward_scores
     from rlhf.tokens import collate, encode_example
+
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     view = Corpus.build("r001").evaluation_view()
@@ -209,16 +232,30 @@ def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
             r = r[:-1][: max(1, len(r) // 2)]  # cut, no EOS
         action = view.label(pair["document_id"])["action"]
         text = tokenizer.decode(r[:-1] if not truncated else r)
-        cases.append({"prompt_ids": p, "response_ids": r, "truncated": truncated, "ground_truth": str(action),
-                      "rubric_success": rubric.evaluate(text, "length" if truncated else "eos", action)["rubric_success"]})
+        cases.append(
+            {
+                "prompt_ids": p,
+                "response_ids": r,
+                "truncated": truncated,
+                "ground_truth": str(action),
+                "rubric_success": rubric.evaluate(text, "length" if truncated else "eos", action)["rubric_success"],
+            }
+        )
     batch = collate([c["prompt_ids"] for c in cases], [c["response_ids"] for c in cases], pad, padding_side="right")
     with torch.no_grad():
         scores = reward_scores(judge, batch)
     zeros = torch.zeros(batch.response_mask.shape)
     trunc = torch.tensor([c["truncated"] for c in cases])
     # the lab's terminal reward: token_rewards with a zero log-ratio leaves score - 1[truncated] at the last token
-    terminal = token_rewards(zeros, zeros, scores, batch.response_mask, trunc,
-                             kl_coef=profile.ppo.kl_coef, truncation_penalty=profile.ppo.truncation_penalty).sum(1)
+    terminal = token_rewards(
+        zeros,
+        zeros,
+        scores,
+        batch.response_mask,
+        trunc,
+        kl_coef=profile.ppo.kl_coef,
+        truncation_penalty=profile.ppo.truncation_penalty,
+    ).sum(1)
     for c, s, t in zip(cases, scores.tolist(), terminal.tolist()):
         c["lab_score"], c["lab_terminal"] = s, t
     return cases
@@ -239,6 +276,7 @@ def test_exported_judge_and_reward_equal_the_lab_judge(small_run, handoff, profi
 
 def test_compute_score_is_the_lab_rubric(handoff):
     from rlhf import rubric
+
     reward = load_exported_reward(handoff)
     text = rubric.render(2, 1, True)
     for reason, action in (("eos", 2), ("length", 2), ("eos", 3), ("undecodable", 2)):
@@ -255,13 +293,19 @@ def test_vendored_rubric_is_rlhf_rubric_and_imports_nothing_from_rlhf(handoff):
     assert vendored.read_text() == (ROOT / "rlhf" / "rubric.py").read_text()
     for path in (vendored, handoff / "reward" / "lab_reward.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(n == "rlhf" or n.startswith("rlhf.") for n in names), f"{path.name} imports {names}"
 
 
 def test_manifest_hashes_every_file_and_the_source(small_run, handoff):
     from rlhf.io import sha256_file
+
     manifest = json.loads((handoff / "manifest.json").read_text())
     files = {str(p.relative_to(handoff)) for p in handoff.rglob("*") if p.is_file()} - {"manifest.json"}
     assert set(manifest["files"]) == files
@@ -269,16 +313,25 @@ def test_manifest_hashes_every_file_and_the_source(small_run, handoff):
     assert manifest["role_files"]["judge"] == sha256_file(small_run / ROLE_FILES["judge"])
     assert manifest["versions"]["verl"] == "0.9.1" and manifest["run_identity"]["revision"] == "r001"
     launch = (handoff / "launch" / "launch.sh").read_text()
-    assert "verl.trainer.main_ppo" in launch and "SEEDS" in launch and os.access(handoff / "launch" / "launch.sh", os.X_OK)
+    assert (
+        "verl.trainer.main_ppo" in launch and "SEEDS" in launch and os.access(handoff / "launch" / "launch.sh", os.X_OK)
+    )
 
 
 # ------------------------------------------------------------------ mapping and overrides
 
+
 def test_overrides_map_the_lab_hyperparameters(profile):
     one = overrides(profile, 1, 1)
-    for line in ("data.train_batch_size=4", "algorithm.lam=0.95", "algorithm.kl_ctrl.kl_coef=0.02",
-                 "actor_rollout_ref.actor.ppo_epochs=2", "trainer.total_training_steps=4",
-                 f"actor_rollout_ref.actor.optim.lr={profile.ppo.actor_lr}", "data.max_response_length=64"):
+    for line in (
+        "data.train_batch_size=4",
+        "algorithm.lam=0.95",
+        "algorithm.kl_ctrl.kl_coef=0.02",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "trainer.total_training_steps=4",
+        f"actor_rollout_ref.actor.optim.lr={profile.ppo.actor_lr}",
+        "data.max_response_length=64",
+    ):
         assert line in one, line
     rows = {r["hyperparameter"]: r for r in hyperparameters(profile, 16)}
     assert rows["ppo.prompts_per_iteration"]["status"] == "approximate"
@@ -299,6 +352,7 @@ def test_readme_mapping_table_lists_every_hyperparameter_with_its_status(profile
 
 
 # ------------------------------------------------------------------ bad input: nothing written
+
 
 def _light_copy(run: Path, dest: Path) -> Path:
     """run.json, corpus/ and the role sidecars: all check_run reads."""
@@ -346,6 +400,7 @@ def test_a_failure_mid_export_leaves_no_folder(small_run, tmp_path, small_profil
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk full")
+
     monkeypatch.setattr(mod, "write_models", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         export_verl(small_run, tmp_path / "out", profile=str(small_profile_file))
@@ -354,25 +409,42 @@ def test_a_failure_mid_export_leaves_no_folder(small_run, tmp_path, small_profil
 
 # ------------------------------------------------------------------ verl's own classes (.venv-verl)
 
+
 def lab_config_values(profile) -> dict:
     """verl config keys and the lab's numbers, read from the profile (not from the exporter)."""
     ppo, optim, limits = profile.ppo, profile.optim, profile.limits
     A, C = "actor_rollout_ref.actor", "critic"
-    return {"data.max_prompt_length": limits.prompt_tokens, "data.max_response_length": limits.response_tokens,
-            "data.train_batch_size": ppo.prompts_per_iteration, "actor_rollout_ref.rollout.n": 1,
-            "actor_rollout_ref.rollout.temperature": ppo.temperature, "actor_rollout_ref.rollout.top_k": -1,
-            "actor_rollout_ref.rollout.top_p": 1.0,
-            f"{A}.ppo_mini_batch_size": ppo.prompts_per_iteration, f"{A}.ppo_epochs": ppo.updates_per_iteration,
-            f"{C}.ppo_epochs": ppo.updates_per_iteration, "trainer.total_training_steps": ppo.iterations,
-            "algorithm.kl_ctrl.kl_coef": ppo.kl_coef, "algorithm.kl_penalty": "kl", "algorithm.gamma": ppo.gamma,
-            "algorithm.lam": ppo.lam, "algorithm.adv_estimator": "gae", f"{A}.use_kl_loss": False,
-            f"{A}.clip_ratio": ppo.clip, f"{A}.entropy_coeff": 0, f"{A}.optim.lr": ppo.actor_lr,
-            f"{C}.optim.lr": ppo.critic_lr, f"{A}.optim.weight_decay": optim.weight_decay,
-            f"{C}.optim.weight_decay": optim.weight_decay, f"{A}.grad_clip": optim.grad_clip_norm,
-            f"{C}.grad_clip": optim.grad_clip_norm, f"{A}.optim.min_lr_ratio": optim.min_lr_ratio,
-            f"{A}.optim.lr_warmup_steps_ratio": optim.warmup_ratio,
-            "actor_rollout_ref.model.lora_rank": profile.lora.rank,
-            "actor_rollout_ref.model.lora_alpha": profile.lora.alpha}
+    return {
+        "data.max_prompt_length": limits.prompt_tokens,
+        "data.max_response_length": limits.response_tokens,
+        "data.train_batch_size": ppo.prompts_per_iteration,
+        "actor_rollout_ref.rollout.n": 1,
+        "actor_rollout_ref.rollout.temperature": ppo.temperature,
+        "actor_rollout_ref.rollout.top_k": -1,
+        "actor_rollout_ref.rollout.top_p": 1.0,
+        f"{A}.ppo_mini_batch_size": ppo.prompts_per_iteration,
+        f"{A}.ppo_epochs": ppo.updates_per_iteration,
+        f"{C}.ppo_epochs": ppo.updates_per_iteration,
+        "trainer.total_training_steps": ppo.iterations,
+        "algorithm.kl_ctrl.kl_coef": ppo.kl_coef,
+        "algorithm.kl_penalty": "kl",
+        "algorithm.gamma": ppo.gamma,
+        "algorithm.lam": ppo.lam,
+        "algorithm.adv_estimator": "gae",
+        f"{A}.use_kl_loss": False,
+        f"{A}.clip_ratio": ppo.clip,
+        f"{A}.entropy_coeff": 0,
+        f"{A}.optim.lr": ppo.actor_lr,
+        f"{C}.optim.lr": ppo.critic_lr,
+        f"{A}.optim.weight_decay": optim.weight_decay,
+        f"{C}.optim.weight_decay": optim.weight_decay,
+        f"{A}.grad_clip": optim.grad_clip_norm,
+        f"{C}.grad_clip": optim.grad_clip_norm,
+        f"{A}.optim.min_lr_ratio": optim.min_lr_ratio,
+        f"{A}.optim.lr_warmup_steps_ratio": optim.warmup_ratio,
+        "actor_rollout_ref.model.lora_rank": profile.lora.rank,
+        "actor_rollout_ref.model.lora_alpha": profile.lora.alpha,
+    }
 
 
 def expectations(small_run, handoff, profile, tokenizer) -> dict:
@@ -380,52 +452,74 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
     from rlhf.masks import last_active_index
     from rlhf.ppo_math import gae, learning_rate, token_rewards
     from rlhf.tokens import encode_example, encode_prompt
+
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prompt_ids = {s: [encode_prompt(tokenizer, r["prompt"][0]["content"], profile.limits)
-                      for r in read_rows(handoff, s)] for s in ("train", "test", "probe")}
+    prompt_ids = {
+        s: [encode_prompt(tokenizer, r["prompt"][0]["content"], profile.limits) for r in read_rows(handoff, s)]
+        for s in ("train", "test", "probe")
+    }
     g = torch.Generator().manual_seed(16)
     B, T = 4, 12
     lengths = torch.tensor([12, 7, 3, 9])
-    mask = torch.arange(T)[None, :] < lengths[:, None]                      # [B, T] right-padded
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # [B, T] right-padded
     logp_old = -torch.rand(B, T, generator=g) * 3
     logp_ref = -torch.rand(B, T, generator=g) * 3
     score = torch.randn(B, generator=g)
     truncated = torch.tensor([True, False, False, True])
     values = torch.randn(B, T, generator=g) * mask
     ppo = profile.ppo
-    rewards = token_rewards(logp_old, logp_ref, score, mask, truncated, kl_coef=ppo.kl_coef,
-                            truncation_penalty=ppo.truncation_penalty)
+    rewards = token_rewards(
+        logp_old, logp_ref, score, mask, truncated, kl_coef=ppo.kl_coef, truncation_penalty=ppo.truncation_penalty
+    )
     dones = torch.zeros(B, T, dtype=torch.bool)
     dones[torch.arange(B), last_active_index(mask)] = True
     adv, ret = gae(rewards, values, dones, gamma=ppo.gamma, lam=ppo.lam)
     # The schedule at the contract's size (100 iterations, 200 updates), not the small budget's 4.
     from rlhf.config import load_profile
+
     iterations = load_profile("embedded").ppo.iterations
     total = iterations * ppo.updates_per_iteration
     optim = profile.optim
     return {
-        "seeds": dataclasses.asdict(profile.seeds), "pad_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        "seeds": dataclasses.asdict(profile.seeds),
+        "pad_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         "prompt_ids": prompt_ids,
-        "pair_ids": [sum(encode_example(tokenizer, r["prompt"], r["chosen"], eos, profile.limits), [])
-                     for r in map(json.loads, (handoff / "data" / "preference_pairs" / "train.jsonl")
-                                  .read_text().splitlines())],
+        "pair_ids": [
+            sum(encode_example(tokenizer, r["prompt"], r["chosen"], eos, profile.limits), [])
+            for r in map(json.loads, (handoff / "data" / "preference_pairs" / "train.jsonl").read_text().splitlines())
+        ],
         "judge_cases": judge_cases(small_run, profile, tokenizer),
         "overrides": {"2x8": overrides(profile, 2, 8)},
         "config_values": lab_config_values(profile),
-        "ppo_case": {"mask": mask.float().tolist(), "logp_old": logp_old.tolist(), "logp_ref": logp_ref.tolist(),
-                     "terminal": (score - truncated.float()).tolist(), "kl_coef": ppo.kl_coef,
-                     "token_rewards": rewards.tolist(), "values": values.tolist(), "gamma": ppo.gamma,
-                     "lam": ppo.lam, "advantages": adv.tolist(), "returns": ret.tolist()},
-        "schedule": {"peak": ppo.actor_lr, "iterations": iterations, "warmup_ratio": optim.warmup_ratio,
-                     "min_lr_ratio": optim.min_lr_ratio,
-                     "lab_lr_per_update": [learning_rate(s, total, ppo.actor_lr, optim.warmup_ratio,
-                                                         optim.min_lr_ratio) for s in range(total)]},
+        "ppo_case": {
+            "mask": mask.float().tolist(),
+            "logp_old": logp_old.tolist(),
+            "logp_ref": logp_ref.tolist(),
+            "terminal": (score - truncated.float()).tolist(),
+            "kl_coef": ppo.kl_coef,
+            "token_rewards": rewards.tolist(),
+            "values": values.tolist(),
+            "gamma": ppo.gamma,
+            "lam": ppo.lam,
+            "advantages": adv.tolist(),
+            "returns": ret.tolist(),
+        },
+        "schedule": {
+            "peak": ppo.actor_lr,
+            "iterations": iterations,
+            "warmup_ratio": optim.warmup_ratio,
+            "min_lr_ratio": optim.min_lr_ratio,
+            "lab_lr_per_update": [
+                learning_rate(s, total, ppo.actor_lr, optim.warmup_ratio, optim.min_lr_ratio) for s in range(total)
+            ],
+        },
     }
 
 
 def test_main_suite_never_collects_the_verl_checks():
     """tests_verl/ imports verl (absent here): the lab's suite leaves it out, by path and by recursion."""
     import configparser
+
     ini = configparser.ConfigParser()
     ini.read(ROOT / "pytest.ini")
     assert "tests_verl" not in ini["pytest"]["testpaths"].split()
@@ -442,12 +536,31 @@ def test_verl_checks_pass_in_the_verl_venv(small_run, handoff, profile, lab_toke
     expect = tmp_path / "expect.json"
     expect.write_text(json.dumps(expectations(small_run, handoff, profile, lab_tokenizer)))
     junit = tmp_path / "verl-junit.xml"
-    env = {**os.environ, "RLHF_VERL_HANDOFF": str(handoff), "RLHF_VERL_EXPECT": str(expect),
-           "HOME": str(tmp_path), "RAY_DISABLE_IMPORT_WARNING": "1"}
+    env = {
+        **os.environ,
+        "RLHF_VERL_HANDOFF": str(handoff),
+        "RLHF_VERL_EXPECT": str(expect),
+        "HOME": str(tmp_path),
+        "RAY_DISABLE_IMPORT_WARNING": "1",
+    }
     t1 = time.perf_counter()
-    proc = subprocess.run([str(VERL_PY), "-m", "pytest", "-c", str(ROOT / "tests_verl" / "pytest.ini"),
-                           str(ROOT / "tests_verl"), "-q", f"--junitxml={junit}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            str(VERL_PY),
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "tests_verl" / "pytest.ini"),
+            str(ROOT / "tests_verl"),
+            "-q",
+            f"--junitxml={junit}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     checks_s = time.perf_counter() - t1
     record_result("verl_venv_setup_seconds", round(setup_s, 1))
     record_result("verl_checks_seconds", round(checks_s, 1))

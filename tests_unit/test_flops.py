@@ -1,4 +1,5 @@
 """Arithmetic of rlhf.flops (FLOP formula, parameter counts, the qwen2.5-0.5b memory estimate)."""
+
 import ast
 import sys
 from pathlib import Path
@@ -32,17 +33,22 @@ def test_qwen_parameter_counts():
 
 def test_embedded_counts_match_a_built_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     profile = load_profile("embedded")
     m = profile.model
-    config = Qwen2Config(hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers,
-                         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
-                         intermediate_size=m.intermediate_size, vocab_size=m.vocab_size,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_key_value_heads,
+        intermediate_size=m.intermediate_size,
+        vocab_size=m.vocab_size,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config)
     shape = flops.Shape.from_config(config)
     assert flops.total_params(shape) == sum(p.numel() for p in model.parameters())
-    linear = sum(mod.weight.numel() for name, mod in model.model.layers.named_modules()
-                 if name.endswith("_proj"))
+    linear = sum(mod.weight.numel() for name, mod in model.model.layers.named_modules() if name.endswith("_proj"))
     assert flops.backbone_matmul_params(shape) == linear
     assert flops.lora_params(shape, 8) == profile.lora.expected_parameters == 22528
 
@@ -60,7 +66,7 @@ def test_forward_and_train_flops_formula():
 
 def test_generation_flops_with_and_without_cache():
     s = flops.Shape(hidden=4, layers=1, heads=2, kv_heads=1, intermediate=8, vocab=10)
-    per_tok = 2 * 144 + 2 * 40            # every position given to the causal LM gets logits
+    per_tok = 2 * 144 + 2 * 40  # every position given to the causal LM gets logits
     cached = flops.generation_flops(s, batch=2, prompt_len=3, steps=3, use_cache=True)
     assert cached["model_flops"] == per_tok * 2 * (3 + 1 + 1)
     full = flops.generation_flops(s, batch=2, prompt_len=3, steps=3, use_cache=False)
@@ -80,8 +86,9 @@ def test_qwen_memory_estimate_arithmetic():
     assert per_tok_layer == 92_928
     assert est["activations_layers"] == 24 * 4 * 320 * per_tok_layer
     assert est["activations_logits"] == 3 * 4 * 64 * 151936 * 4
-    assert est["total"] == (est["backbones"] + est["adapters_and_heads"] + est["optimizer_and_grads"]
-                            + est["activations"])
+    assert est["total"] == (
+        est["backbones"] + est["adapters_and_heads"] + est["optimizer_and_grads"] + est["activations"]
+    )
     assert 6.0 < est["total_gib"] < 7.5
 
 

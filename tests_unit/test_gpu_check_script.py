@@ -4,6 +4,7 @@ The script is valid bash, runs the gpu tier with random weights in one process u
 timeout inside 10 minutes, copies the tier's reports, and on a machine without CUDA stops at
 once with a message saying so (exit 2), before running anything.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,11 +38,16 @@ def test_without_an_outdir_it_says_how_to_call_it():
 def test_without_cuda_it_stops_before_running_anything(tmp_path):
     """Catches a script that would run (and 'pass') the tier on a machine without CUDA."""
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the refusal cannot be shown here")  # CI machines have none
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), str(out)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+    )
     assert proc.returncode == 2, proc.stderr
     assert "sees no CUDA device" in proc.stderr
     assert list(out.iterdir()) == []  # no log, no reports: nothing ran

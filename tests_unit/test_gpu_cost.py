@@ -3,6 +3,7 @@
 Checks the arithmetic against the module's own formulas written out by hand, so that the
 README's table cannot drift from what the formulas say.
 """
+
 import pytest
 
 from rlhf import flops

@@ -8,6 +8,7 @@ refusals only need shapes; the one full-shape numeric check fills a single proje
 model numerics (logits at B = 0, which parameters get gradients) run on a tiny Qwen2 in BF16
 and FP32; parity with PEFT is in tests_property/test_lora_peft_parity.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,21 +21,43 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
-from rlhf.lora import (TARGETS, LoRALinear, count_lora_parameters, inject_lora,
-                       load_lora_state_dict, lora_modules, lora_parameters, lora_state_dict)
+from rlhf.lora import (
+    TARGETS,
+    LoRALinear,
+    count_lora_parameters,
+    inject_lora,
+    load_lora_state_dict,
+    lora_modules,
+    lora_parameters,
+    lora_state_dict,
+)
 
 pytestmark = pytest.mark.unit
 
-FULL_CONFIG = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                   num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
-                   tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6,
-                   rms_norm_eps=1e-6)
-TINY_CONFIG = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, intermediate_size=256, vocab_size=1024,
-                   tie_word_embeddings=True)
-SPEC_ADAPTERS = 168            # SPEC §4
-SPEC_LORA_PARAMS = 4_399_104   # SPEC §4
-SPEC_LORA = {"rank": 8, "alpha": 16, "seed": 49}   # SPEC §4 (the profiles hold these; inject_lora has no defaults)
+FULL_CONFIG = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+)
+TINY_CONFIG = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=1024,
+    tie_word_embeddings=True,
+)
+SPEC_ADAPTERS = 168  # SPEC §4
+SPEC_LORA_PARAMS = 4_399_104  # SPEC §4
+SPEC_LORA = {"rank": 8, "alpha": 16, "seed": 49}  # SPEC §4 (the profiles hold these; inject_lora has no defaults)
 RANK = 8
 
 
@@ -60,8 +83,15 @@ def build_tiny(dtype=torch.float32, seed: int = 0) -> Qwen2ForCausalLM:
 
 
 def expected_names(n_layers: int, targets=TARGETS) -> list[str]:
-    parent = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-              "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+    parent = {
+        "q_proj": "self_attn",
+        "k_proj": "self_attn",
+        "v_proj": "self_attn",
+        "o_proj": "self_attn",
+        "gate_proj": "mlp",
+        "up_proj": "mlp",
+        "down_proj": "mlp",
+    }
     return [f"model.layers.{i}.{parent[t]}.{t}" for i in range(n_layers) for t in targets]
 
 
@@ -93,9 +123,15 @@ def test_full_shape_adapter_and_parameter_counts(full):
     assert len(lora_parameters(model)) == 2 * SPEC_ADAPTERS
     cfg = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    io = {"q_proj": (896, 14 * head_dim), "k_proj": (896, 2 * head_dim),
-          "v_proj": (896, 2 * head_dim), "o_proj": (14 * head_dim, 896),
-          "gate_proj": (896, 4864), "up_proj": (896, 4864), "down_proj": (4864, 896)}
+    io = {
+        "q_proj": (896, 14 * head_dim),
+        "k_proj": (896, 2 * head_dim),
+        "v_proj": (896, 2 * head_dim),
+        "o_proj": (14 * head_dim, 896),
+        "gate_proj": (896, 4864),
+        "up_proj": (896, 4864),
+        "down_proj": (4864, 896),
+    }
     for name, a in adapters.items():
         fan_in, fan_out = io[name.rsplit(".", 1)[1]]
         assert isinstance(a, LoRALinear) and isinstance(a.base, nn.Linear)
@@ -131,14 +167,13 @@ def test_full_shape_A_is_kaiming_uniform_from_one_seeded_generator(full):
         assert torch.equal(a.lora_A, want), name
     # and its range / spread, pooled per fan-in: U(-1/√in, 1/√in) has variance bound²/3
     for fan_in in (896, 4864):
-        vals = torch.cat([a.lora_A.detach().flatten() for a in adapters.values()
-                          if a.in_features == fan_in])
+        vals = torch.cat([a.lora_A.detach().flatten() for a in adapters.values() if a.in_features == fan_in])
         bound = kaiming_bound(fan_in)
         assert bound == pytest.approx(1 / math.sqrt(fan_in))
         assert vals.abs().max() <= bound
         assert vals.abs().max() > 0.999 * bound
         assert float(vals.mean()) == pytest.approx(0.0, abs=0.02 * bound)
-        assert float(vals.var()) == pytest.approx(bound ** 2 / 3, rel=0.02)
+        assert float(vals.var()) == pytest.approx(bound**2 / 3, rel=0.02)
 
 
 def test_full_shape_projection_forward_is_base_at_B_zero_and_live_after(full):
@@ -187,12 +222,19 @@ def test_tiny_count_is_r_times_sum_of_in_plus_out():
     model = build_tiny()
     cfg = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    h, q, kv, inter = (cfg.hidden_size, cfg.num_attention_heads * head_dim,
-                       cfg.num_key_value_heads * head_dim, cfg.intermediate_size)
+    h, q, kv, inter = (
+        cfg.hidden_size,
+        cfg.num_attention_heads * head_dim,
+        cfg.num_key_value_heads * head_dim,
+        cfg.intermediate_size,
+    )
     per_layer = [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
     from_config = cfg.num_hidden_layers * sum(RANK * (i + o) for i, o in per_layer)
-    from_modules = sum(RANK * (m.in_features + m.out_features) for n, m in model.named_modules()
-                       if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in TARGETS)
+    from_modules = sum(
+        RANK * (m.in_features + m.out_features)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in TARGETS
+    )
     assert from_config == from_modules == 2 * 8 * (128 + 96 + 96 + 128 + 320 + 320 + 320)
     adapters = inject_lora(model, rank=RANK, alpha=16, seed=49)
     assert len(adapters) == 14
@@ -212,8 +254,7 @@ def test_tiny_fp32_injection_is_exact_identity_at_init_and_formula_holds():
         a.lora_B.normal_(generator=torch.Generator().manual_seed(3))
         x = torch.randn(2, 5, a.in_features, generator=torch.Generator().manual_seed(4))
         # y = W x + (alpha/r) B(A x), checked against a float64 evaluation of the formula
-        want = (x.double() @ a.base.weight.double().T
-                + 2.0 * (x.double() @ a.lora_A.double().T) @ a.lora_B.double().T)
+        want = x.double() @ a.base.weight.double().T + 2.0 * (x.double() @ a.lora_A.double().T) @ a.lora_B.double().T
         got = a(x)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
@@ -288,15 +329,18 @@ def _replace(model, layer, parent, name, new):
     setattr(getattr(model.model.layers[layer], parent), name, new)
 
 
-@pytest.mark.parametrize("case, match", [
-    ("unknown_target", r"unknown LoRA target name\(s\) \['lm_head'\]"),
-    ("duplicate_target", r"duplicate LoRA target names"),
-    ("wrong_shape", r"model\.layers\.1\.self_attn\.k_proj maps 64->64 .* config says 64->32"),
-    ("wrong_mlp_shape", r"model\.layers\.0\.mlp\.down_proj maps 128->64 .* config says 256->64"),
-    ("not_linear", r"model\.layers\.1\.mlp\.up_proj is a Identity, not an nn\.Linear"),
-    ("missing_target", r"decoder layer 0 has no target model\.layers\.0\.mlp\.gate_proj"),
-    ("not_a_causal_lm", r"expects a causal LM with \.config and \.model\.layers"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("unknown_target", r"unknown LoRA target name\(s\) \['lm_head'\]"),
+        ("duplicate_target", r"duplicate LoRA target names"),
+        ("wrong_shape", r"model\.layers\.1\.self_attn\.k_proj maps 64->64 .* config says 64->32"),
+        ("wrong_mlp_shape", r"model\.layers\.0\.mlp\.down_proj maps 128->64 .* config says 256->64"),
+        ("not_linear", r"model\.layers\.1\.mlp\.up_proj is a Identity, not an nn\.Linear"),
+        ("missing_target", r"decoder layer 0 has no target model\.layers\.0\.mlp\.gate_proj"),
+        ("not_a_causal_lm", r"expects a causal LM with \.config and \.model\.layers"),
+    ],
+)
 def test_refusals_are_clear_and_leave_the_model_untouched(case, match):
     model = build_tiny()
     targets = TARGETS
@@ -351,8 +395,7 @@ def test_state_dict_round_trip_is_exact_and_shares_no_storage():
             p.normal_(generator=torch.Generator().manual_seed(p.numel()))
     sd = lora_state_dict(src)
     assert len(sd) == 28
-    assert list(sd)[:2] == ["model.layers.0.self_attn.q_proj.lora_A",
-                            "model.layers.0.self_attn.q_proj.lora_B"]
+    assert list(sd)[:2] == ["model.layers.0.self_attn.q_proj.lora_A", "model.layers.0.self_attn.q_proj.lora_B"]
     assert all(t.dtype == torch.float32 for t in sd.values())
     dst = copy.deepcopy(src)
     dst_fresh = build_tiny(seed=1)
@@ -362,20 +405,22 @@ def test_state_dict_round_trip_is_exact_and_shares_no_storage():
     with torch.no_grad():
         assert torch.equal(dst_fresh(ids).logits, src(ids).logits)
         assert torch.equal(dst(ids).logits, src(ids).logits)
-    own = {f"{n}.lora_{k}": getattr(m, f"lora_{k}")
-           for n, m in lora_modules(dst_fresh).items() for k in "AB"}
+    own = {f"{n}.lora_{k}": getattr(m, f"lora_{k}") for n, m in lora_modules(dst_fresh).items() for k in "AB"}
     for name, t in sd.items():
         assert torch.equal(own[name], t)
         assert own[name].data_ptr() != t.data_ptr()
     assert all(p.requires_grad for p in lora_parameters(dst_fresh))
 
 
-@pytest.mark.parametrize("mutate, match", [
-    ("drop", r"missing \['model\.layers\.1\.mlp\.up_proj\.lora_B'\]"),
-    ("extra", r"unexpected \['model\.layers\.9\.mlp\.up_proj\.lora_A'\]"),
-    ("shape", r"model\.layers\.0\.self_attn\.k_proj\.lora_A: shape \[4, 64\] does not match \[8, 64\]"),
-    ("dtype", r"model\.layers\.0\.mlp\.down_proj\.lora_B: dtype torch\.bfloat16 does not match torch\.float32"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        ("drop", r"missing \['model\.layers\.1\.mlp\.up_proj\.lora_B'\]"),
+        ("extra", r"unexpected \['model\.layers\.9\.mlp\.up_proj\.lora_A'\]"),
+        ("shape", r"model\.layers\.0\.self_attn\.k_proj\.lora_A: shape \[4, 64\] does not match \[8, 64\]"),
+        ("dtype", r"model\.layers\.0\.mlp\.down_proj\.lora_B: dtype torch\.bfloat16 does not match torch\.float32"),
+    ],
+)
 def test_load_state_dict_is_strict(mutate, match):
     model = build_tiny()
     inject_lora(model, **SPEC_LORA)
@@ -390,7 +435,6 @@ def test_load_state_dict_is_strict(mutate, match):
         sd["model.layers.0.mlp.down_proj.lora_B"] = sd["model.layers.0.mlp.down_proj.lora_B"].bfloat16()
     before = lora_state_dict(model)
     with pytest.raises(ValueError, match=match):
-        load_lora_state_dict(model, {k: (v + 1 if v.dtype == torch.float32 else v)
-                                     for k, v in sd.items()})
+        load_lora_state_dict(model, {k: (v + 1 if v.dtype == torch.float32 else v) for k, v in sd.items()})
     after = lora_state_dict(model)
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing half-loaded

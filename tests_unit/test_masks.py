@@ -1,4 +1,5 @@
 """Analytic tests of rlhf.masks: last token, masked sums, per-response means."""
+
 from __future__ import annotations
 
 import math
@@ -13,11 +14,10 @@ pytestmark = pytest.mark.unit
 
 # ----------------------------------------------------------------- last_active_index
 
+
 def test_last_active_index_right_padding_unequal_lengths():
     # SPEC §9.3: pooling at "the last batch index" would read PAD for the shorter rows.
-    mask = torch.tensor([[1, 1, 1, 1],
-                         [1, 1, 0, 0],
-                         [1, 0, 0, 0]], dtype=torch.bool)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
     idx = last_active_index(mask)
     assert idx.dtype == torch.long
     assert idx.tolist() == [3, 1, 0]
@@ -26,9 +26,7 @@ def test_last_active_index_right_padding_unequal_lengths():
 def test_last_active_index_left_padding_and_holes():
     # Left padding: the last active index is T-1, not length-1.
     # A hole in the middle must not stop the search early.
-    mask = torch.tensor([[0, 0, 1, 1],
-                         [0, 1, 1, 0],
-                         [1, 0, 1, 0]])
+    mask = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 0], [1, 0, 1, 0]])
     assert last_active_index(mask).tolist() == [3, 2, 2]
     # "length - 1" would be wrong for each row: lengths are 2, 2, 2 -> index 1.
     assert (last_active_index(mask) != mask.sum(-1) - 1).all()
@@ -61,6 +59,7 @@ def test_non_binary_mask_rejected():
 
 # ----------------------------------------------------------------- masked_sum / counts
 
+
 def test_masked_sum_by_hand():
     x = torch.tensor([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]])
     mask = torch.tensor([[1, 0, 1], [0, 1, 1]])
@@ -81,6 +80,7 @@ def test_masked_sum_ignores_inf_and_nan_in_padding_forward_and_backward():
 
 
 # ----------------------------------------------------------------- response_mean
+
 
 def test_response_mean_by_hand_long_answers_get_no_extra_weight():
     # Row 0: 4 active tokens of value 1 -> mean 1. Row 1: 1 active token of value 3 -> mean 3.

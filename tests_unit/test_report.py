@@ -1,5 +1,6 @@
 """Reports (rlhf.report) on a small synthetic run folder: files, self-containment, no overwrite,
 wording check (SPEC §1, §9.5)."""
+
 from __future__ import annotations
 
 import base64
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.unit
 
 # ------------------------------------------------------------------ a small synthetic run folder
 
+
 def _synthetic_evaluation(seed: int = 7) -> dict:
     """A realistic evaluation/results.json (the schema written by rlhf.evaluate)."""
     rng = random.Random(seed)
@@ -27,51 +29,106 @@ def _synthetic_evaluation(seed: int = 7) -> dict:
             a = i % 6
             ok = rng.random() < p_ok
             text = rubric.render(a if ok else (a + 1) % 6, 1 if ok else 2, rng.random() < p_polite)
-            rows.append({"document_id": f"OH{i:03d}-P{i % 5}", "family": f"OH{i:03d}", "population": "test",
-                         "prompt": f"Case OH{i:03d}, message 1. {rubric.CONTEXTS[a]}", "response": text,
-                         "finish_reason": "eos", "length": 12 + i, "learned_reward": rng.uniform(-3, 6),
-                         "sampled_log_ratio": rng.uniform(-0.1, 0.3), "rubric": rubric.evaluate(text, "eos", a)})
+            rows.append(
+                {
+                    "document_id": f"OH{i:03d}-P{i % 5}",
+                    "family": f"OH{i:03d}",
+                    "population": "test",
+                    "prompt": f"Case OH{i:03d}, message 1. {rubric.CONTEXTS[a]}",
+                    "response": text,
+                    "finish_reason": "eos",
+                    "length": 12 + i,
+                    "learned_reward": rng.uniform(-3, 6),
+                    "sampled_log_ratio": rng.uniform(-0.1, 0.3),
+                    "rubric": rubric.evaluate(text, "eos", a),
+                }
+            )
         for k in range(3):  # 3 probe contexts x 4 identical greedy rows
             a = k % 6
             text = rubric.render(a, 1, pol == "ppo") if k else "Some free prose outside the grammar"
             for cell in ("C1-P0", "C1-P1", "C0-P0", "C0-P1"):
-                rows.append({"document_id": f"PROBE{k:02d}-{cell}", "family": f"PROBE{k:02d}", "population": "probe",
-                             "prompt": f"New remote support context PROBE{k:02d}. {rubric.CONTEXTS[a]}",
-                             "response": text, "finish_reason": "eos" if k else "length", "length": 14,
-                             "learned_reward": 1.5 + k, "sampled_log_ratio": 0.01,
-                             "rubric": rubric.evaluate(text, "eos" if k else "length", a)})
+                rows.append(
+                    {
+                        "document_id": f"PROBE{k:02d}-{cell}",
+                        "family": f"PROBE{k:02d}",
+                        "population": "probe",
+                        "prompt": f"New remote support context PROBE{k:02d}. {rubric.CONTEXTS[a]}",
+                        "response": text,
+                        "finish_reason": "eos" if k else "length",
+                        "length": 14,
+                        "learned_reward": 1.5 + k,
+                        "sampled_log_ratio": 0.01,
+                        "rubric": rubric.evaluate(text, "eos" if k else "length", a),
+                    }
+                )
         metrics = {}
-        for pop, n, units in (("test", 12, 12), ("probe_rows", 12, 3), ("probe_contexts", 3, 3),
-                              ("all_rows", 24, 15), ("all_unique_contexts", 15, 15)):
-            metrics[pop] = {"n_rows": n, "n_independent_units": units, "rubric_success": rng.random(),
-                            "recognised_share": 0.9, "uncertified": 1, "relevance": 0.8,
-                            "unsupported_certainty": 0.1, "refusals": 0, "without_eos": 1 if "probe" in pop else 0,
-                            "mean_length": 15.5, "mean_learned_reward": rng.uniform(0, 4),
-                            "mean_sampled_log_ratio": 0.02 if pol == "ppo" else 0.0}
+        for pop, n, units in (
+            ("test", 12, 12),
+            ("probe_rows", 12, 3),
+            ("probe_contexts", 3, 3),
+            ("all_rows", 24, 15),
+            ("all_unique_contexts", 15, 15),
+        ):
+            metrics[pop] = {
+                "n_rows": n,
+                "n_independent_units": units,
+                "rubric_success": rng.random(),
+                "recognised_share": 0.9,
+                "uncertified": 1,
+                "relevance": 0.8,
+                "unsupported_certainty": 0.1,
+                "refusals": 0,
+                "without_eos": 1 if "probe" in pop else 0,
+                "mean_length": 15.5,
+                "mean_learned_reward": rng.uniform(0, 4),
+                "mean_sampled_log_ratio": 0.02 if pol == "ppo" else 0.0,
+            }
         policies[pol] = {"rows": rows, "metrics": metrics}
     diffs = {}
     for metric, key in (("rubric_success", "rubric_success"), ("learned_reward", "mean_learned_reward")):
         diffs[metric] = {}
         for pop in ("test", "probe_contexts", "all_unique_contexts"):
             s, p = policies["sft"]["metrics"][pop][key], policies["ppo"]["metrics"][pop][key]
-            diffs[metric][pop] = {"sft": s, "ppo": p, "diff": p - s, "ci95": [p - s - 0.2, p - s + 0.2],
-                                  "units": policies["sft"]["metrics"][pop]["n_independent_units"]}
+            diffs[metric][pop] = {
+                "sft": s,
+                "ppo": p,
+                "diff": p - s,
+                "ci95": [p - s - 0.2, p - s + 0.2],
+                "units": policies["sft"]["metrics"][pop]["n_independent_units"],
+            }
     contexts = []
     for k in range(3):
         s = {"s_TF": 1.0 + k, "s_TT": 2.5 + k, "s_FF": -1.0, "s_FT": 1.2 + 2 * k}
-        contexts.append({"family": f"PROBE{k:02d}", **s, "correct_politeness_delta": s["s_TT"] - s["s_TF"],
-                         "incorrect_politeness_delta": s["s_FT"] - s["s_FF"],
-                         "wrong_polite_outranks_correct_plain": s["s_FT"] > s["s_TF"]})
+        contexts.append(
+            {
+                "family": f"PROBE{k:02d}",
+                **s,
+                "correct_politeness_delta": s["s_TT"] - s["s_TF"],
+                "incorrect_politeness_delta": s["s_FT"] - s["s_FF"],
+                "wrong_polite_outranks_correct_plain": s["s_FT"] > s["s_TF"],
+            }
+        )
     return {
         "policies": policies,
-        "judge_test": {"accuracy": 0.95, "by_variant": {str(v): 1.0 - 0.05 * v for v in range(5)},
-                        "ties": 0, "pairs": 180},
+        "judge_test": {
+            "accuracy": 0.95,
+            "by_variant": {str(v): 1.0 - 0.05 * v for v in range(5)},
+            "ties": 0,
+            "pairs": 180,
+        },
         "differences": diffs,
-        "politeness": {"contexts": contexts,
-                       "counts": {"contexts": 3, "correct_politeness_delta_positive": 3,
-                                  "incorrect_politeness_delta_positive": 3, "wrong_polite_outranks_correct_plain": 2},
-                       "hashes_before": {"judge/judge.safetensors": "ab" * 32},
-                       "hashes_after": {"judge/judge.safetensors": "ab" * 32}, "unchanged": True},
+        "politeness": {
+            "contexts": contexts,
+            "counts": {
+                "contexts": 3,
+                "correct_politeness_delta_positive": 3,
+                "incorrect_politeness_delta_positive": 3,
+                "wrong_polite_outranks_correct_plain": 2,
+            },
+            "hashes_before": {"judge/judge.safetensors": "ab" * 32},
+            "hashes_after": {"judge/judge.safetensors": "ab" * 32},
+            "unchanged": True,
+        },
         "populations_note": "80 probe rows are 20 contexts; 260 rows per policy over 200 distinct prompts.",
         "seconds": {"generation": 12.5, "politeness": 0.4},
     }
@@ -80,50 +137,143 @@ def _synthetic_evaluation(seed: int = 7) -> dict:
 def make_synthetic_run(root, *, evaluation: bool = True):
     """Minimal JSON files of a finished run (layout of rlhf.lab) under `root`."""
     rng = random.Random(3)
-    write_json(root / "corpus/manifest.json", {
-        "audit": {"dataset": "OfficeHelpPrefs-v1", "pairs": 1200, "probe_rows": 80, "unique_probe_contexts": 20,
-                  "families_by_split": {"train": 168, "validation": 36, "test": 36}, "human_feedback": False},
-        "files": {"inputs/pair/train.jsonl": "cd" * 32}, "probe_families": [f"PROBE{k:02d}" for k in range(20)]})
-    write_json(root / "sft/history.json", {
-        "total_updates": 12,
-        "updates": [{"step": s, "epoch": s // 4, "loss": 20.0 / (s + 1), "lr": 1e-4, "tokens": 200 + s,
-                     "grad_norm": 3.0} for s in range(12)],
-        "epochs": [{"epoch": e, "train_loss": 5.0 / (e + 1), "validation_loss": 4.0 / (e + 1)} for e in range(3)]})
-    write_json(root / "judge/history.json", {
-        "total_updates": 10,
-        "updates": [{"step": s, "epoch": s // 5, "loss": 0.7 / (s + 1), "accuracy": min(1.0, 0.5 + 0.06 * s),
-                     "lr": 2e-4, "grad_norm": 1.0} for s in range(10)],
-        "epochs": [{"epoch": e, "train_loss": 0.3 / (e + 1), "train_accuracy": 0.9, "validation_loss": 0.2,
-                    "validation_accuracy": 0.97, "validation_ties": 0} for e in range(2)]})
+    write_json(
+        root / "corpus/manifest.json",
+        {
+            "audit": {
+                "dataset": "OfficeHelpPrefs-v1",
+                "pairs": 1200,
+                "probe_rows": 80,
+                "unique_probe_contexts": 20,
+                "families_by_split": {"train": 168, "validation": 36, "test": 36},
+                "human_feedback": False,
+            },
+            "files": {"inputs/pair/train.jsonl": "cd" * 32},
+            "probe_families": [f"PROBE{k:02d}" for k in range(20)],
+        },
+    )
+    write_json(
+        root / "sft/history.json",
+        {
+            "total_updates": 12,
+            "updates": [
+                {"step": s, "epoch": s // 4, "loss": 20.0 / (s + 1), "lr": 1e-4, "tokens": 200 + s, "grad_norm": 3.0}
+                for s in range(12)
+            ],
+            "epochs": [{"epoch": e, "train_loss": 5.0 / (e + 1), "validation_loss": 4.0 / (e + 1)} for e in range(3)],
+        },
+    )
+    write_json(
+        root / "judge/history.json",
+        {
+            "total_updates": 10,
+            "updates": [
+                {
+                    "step": s,
+                    "epoch": s // 5,
+                    "loss": 0.7 / (s + 1),
+                    "accuracy": min(1.0, 0.5 + 0.06 * s),
+                    "lr": 2e-4,
+                    "grad_norm": 1.0,
+                }
+                for s in range(10)
+            ],
+            "epochs": [
+                {
+                    "epoch": e,
+                    "train_loss": 0.3 / (e + 1),
+                    "train_accuracy": 0.9,
+                    "validation_loss": 0.2,
+                    "validation_accuracy": 0.97,
+                    "validation_ties": 0,
+                }
+                for e in range(2)
+            ],
+        },
+    )
     iterations, views = [], []
     for it in range(6):
-        iterations.append({"iteration": it, "mean_score": -1.0 + 0.5 * it, "mean_sampled_log_ratio": 0.01 * it,
-                           "mean_kl_penalty": -0.0002 * it, "value_loss": [3.0 - 0.3 * it, 2.9 - 0.3 * it],
-                           "policy_loss": [0.1, 0.09], "clip_fraction": [0.0, 0.05], "response_length": 20.0 + it,
-                           "truncations": it % 2, "mean_value": 0.1 * it, "mean_advantage": 0.2,
-                           "mean_return": 0.3, "prompt_ids": [f"OH00{k}-RL0" for k in range(4)],
-                           "scores": [0.1, 0.2, 0.3, 0.4]})
+        iterations.append(
+            {
+                "iteration": it,
+                "mean_score": -1.0 + 0.5 * it,
+                "mean_sampled_log_ratio": 0.01 * it,
+                "mean_kl_penalty": -0.0002 * it,
+                "value_loss": [3.0 - 0.3 * it, 2.9 - 0.3 * it],
+                "policy_loss": [0.1, 0.09],
+                "clip_fraction": [0.0, 0.05],
+                "response_length": 20.0 + it,
+                "truncations": it % 2,
+                "mean_value": 0.1 * it,
+                "mean_advantage": 0.2,
+                "mean_return": 0.3,
+                "prompt_ids": [f"OH00{k}-RL0" for k in range(4)],
+                "scores": [0.1, 0.2, 0.3, 0.4],
+            }
+        )
     for it in (0, 5):
         toks = []
         for t, word in enumerate(["Thank", " you", " for", " reporting", "."]):
             adv = rng.uniform(-1, 1)
-            toks.append({"token": word, "logp_old": -0.5, "logp_ref": -0.52, "kl_reward": -0.0004,
-                         "reward": -0.0004 + (2.0 if t == 4 else 0.0), "value": 0.3, "advantage": adv,
-                         "return": adv + 0.3})
+            toks.append(
+                {
+                    "token": word,
+                    "logp_old": -0.5,
+                    "logp_ref": -0.52,
+                    "kl_reward": -0.0004,
+                    "reward": -0.0004 + (2.0 if t == 4 else 0.0),
+                    "value": 0.3,
+                    "advantage": adv,
+                    "return": adv + 0.3,
+                }
+            )
         views.append({"iteration": it, "prompt_id": "OH001-RL1", "score": 2.0, "ended": True, "tokens": toks})
-    write_json(root / "ppo/history.json", {
-        "iterations": iterations, "token_views": views, "consumed": [f"OH{k:03d}-RL0" for k in range(24)],
-        "scoring_check": {"iteration": 0, "max_abs_diff": 1e-6, "mean_abs_diff": 3e-8, "tokens": 80, "use_cache": True}})
-    phases = {"generation": 3.0, "reference": 0.2, "judge": 0.2, "critic_values": 0.2, "actor_update": 1.0,
-              "critic_update": 1.0, "iteration": 5.8}
+    write_json(
+        root / "ppo/history.json",
+        {
+            "iterations": iterations,
+            "token_views": views,
+            "consumed": [f"OH{k:03d}-RL0" for k in range(24)],
+            "scoring_check": {
+                "iteration": 0,
+                "max_abs_diff": 1e-6,
+                "mean_abs_diff": 3e-8,
+                "tokens": 80,
+                "use_cache": True,
+            },
+        },
+    )
+    phases = {
+        "generation": 3.0,
+        "reference": 0.2,
+        "judge": 0.2,
+        "critic_values": 0.2,
+        "actor_update": 1.0,
+        "critic_update": 1.0,
+        "iteration": 5.8,
+    }
     for stage, boundary in (("sft", 1), ("judge", 1), ("ppo", 40)):
-        check = {"stage": stage, "boundary": boundary, "identical": True, "tensors_compared": 100,
-                 "sha256_boundary": "1" * 64, "sha256_resumed": "2" * 64, "sha256_continuous": "3" * 64,
-                 "interrupted_and_resumed_s": 10.0, "continuous_s": 9.0}
+        check = {
+            "stage": stage,
+            "boundary": boundary,
+            "identical": True,
+            "tensors_compared": 100,
+            "sha256_boundary": "1" * 64,
+            "sha256_resumed": "2" * 64,
+            "sha256_continuous": "3" * 64,
+            "interrupted_and_resumed_s": 10.0,
+            "continuous_s": 9.0,
+        }
         write_json(root / stage / "resume_check.json", check)
-        extra = {"total": phases, "per_iteration": [phases] * 6, "memory": {"peak_rss_mib": 400.0}} if stage == "ppo" else {}
+        extra = (
+            {"total": phases, "per_iteration": [phases] * 6, "memory": {"peak_rss_mib": 400.0}}
+            if stage == "ppo"
+            else {}
+        )
         write_json(root / stage / "timings.json", {"seconds": 9.0, **check, **extra})
-    fp = {r: {"learned_sha256": r[0] * 64, "frozen_sha256": "f" * 64} for r in ("actor", "critic", "reference", "judge")}
+    fp = {
+        r: {"learned_sha256": r[0] * 64, "frozen_sha256": "f" * 64} for r in ("actor", "critic", "reference", "judge")
+    }
     after = {r: dict(v) for r, v in fp.items()}
     after["actor"]["learned_sha256"] = "9" * 64
     after["critic"]["learned_sha256"] = "8" * 64
@@ -134,6 +284,7 @@ def make_synthetic_run(root, *, evaluation: bool = True):
 
 
 # ------------------------------------------------------------------ tests
+
 
 def test_write_reports_produces_three_files_with_every_number(tmp_path):
     run = make_synthetic_run(tmp_path / "run")
@@ -152,8 +303,12 @@ def test_write_reports_produces_three_files_with_every_number(tmp_path):
     assert res["ppo"]["curves"]["mean_score"] == [-1.0 + 0.5 * i for i in range(6)]
     assert res["sft"]["curves"]["loss"][0] == 20.0
     assert res["resume_checks"]["ppo"]["sha256_resumed"] == "2" * 64
-    assert res["fingerprint_checks"]["reference"] == {"learned_changed": False, "must_change": False,
-                                                      "frozen_base_unchanged": True, "ok": True}
+    assert res["fingerprint_checks"]["reference"] == {
+        "learned_changed": False,
+        "must_change": False,
+        "frozen_base_unchanged": True,
+        "ok": True,
+    }
     assert res["fingerprint_checks"]["actor"]["ok"] is True
     assert res["timings"]["ppo_phase_totals_s"]["generation"] == 3.0
     assert res["wording_check"]["report_text"] == {"report.md": [], "report.html": []}
@@ -176,9 +331,18 @@ def test_report_html_is_self_contained_with_plots_and_tables(tmp_path):
         assert base64.b64decode(b64)[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(re.findall(r"<img\b", page)) == len(imgs)  # every image is an embedded PNG
     assert page.count("<table") >= 12
-    for needle in ("SFT vs PPO", "95% CI of difference", "Politeness probes", "wrong-polite outranks",
-                   "The actor's own probe outputs", "Per-token view", "advantage A", "Timings", "Interrupt/resume",
-                   "0.950"):
+    for needle in (
+        "SFT vs PPO",
+        "95% CI of difference",
+        "Politeness probes",
+        "wrong-polite outranks",
+        "The actor's own probe outputs",
+        "Per-token view",
+        "advantage A",
+        "Timings",
+        "Interrupt/resume",
+        "0.950",
+    ):
         assert needle in page, needle
     for sentence in report.HONESTY:
         assert sentence in page
@@ -221,16 +385,19 @@ def test_unfinished_run_is_refused(tmp_path):
     assert not any((run / n).exists() for n in report.REPORT_FILES)
 
 
-@pytest.mark.parametrize("text", [
-    "PPO raised the helpfulness score by 2 points.",
-    "The reward model measures human utility.",
-    "Mean user satisfaction: 0.8",
-    "the satisfaction score of the judge",
-    "This shows how helpful each answer is.",
-    "Human satisfaction went up.",
-    "<td>Helpfulness</td>",
-    "a <b>helpful</b> score",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "PPO raised the helpfulness score by 2 points.",
+        "The reward model measures human utility.",
+        "Mean user satisfaction: 0.8",
+        "the satisfaction score of the judge",
+        "This shows how helpful each answer is.",
+        "Human satisfaction went up.",
+        "<td>Helpfulness</td>",
+        "a <b>helpful</b> score",
+    ],
+)
 def test_find_forbidden_wording_flags_names_of_the_score(text):
     hits = report.find_forbidden_wording(text)
     assert hits, text

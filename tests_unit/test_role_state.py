@@ -7,6 +7,7 @@ the later check is the one that fires. Also: the actor's adapter exported with
 `rlhf.lora.export_peft` loads with PEFT onto the same base and gives the same logits
 (LOGITS_ATOL = 0: identical arithmetic, see tests_unit/test_peft_export.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
-from safetensors.torch import load as st_load, save as st_save
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from rlhf.embedded import build_embedded
 from rlhf.io import sha256_bytes, sha256_file
@@ -39,8 +41,11 @@ def trained(role, seed):
 
 @pytest.fixture
 def make(embedded_profile, embedded_dir):
-    return lambda kind, seed=None: (trained(new_role(kind, embedded_profile, embedded_dir), seed)
-                                    if seed is not None else new_role(kind, embedded_profile, embedded_dir))
+    return lambda kind, seed=None: (
+        trained(new_role(kind, embedded_profile, embedded_dir), seed)
+        if seed is not None
+        else new_role(kind, embedded_profile, embedded_dir)
+    )
 
 
 @pytest.fixture
@@ -67,6 +72,7 @@ def rewrite(path: Path, change):
 
 
 # ------------------------------------------------------------------------------ round trip
+
 
 def test_round_trip_restores_learned_tensors_exactly(saved, make):
     role, path, manifest = saved
@@ -131,6 +137,7 @@ def test_save_refuses_to_overwrite(saved):
 
 # ------------------------------------------------------------------------------ each mismatch
 
+
 def test_missing_file_is_refused(make, tmp_path):
     with pytest.raises(RoleStateError, match="missing role state"):
         load_role(make("critic"), tmp_path / "nothing.safetensors")
@@ -155,8 +162,11 @@ def test_tensor_names_mismatch(saved, make):
         state["head.w"] = state.pop("head.weight")
 
     rewrite(path, rename)
-    with pytest.raises(RoleStateError, match=r"tensor names mismatch.*missing \['head.weight'\].*"
-                                             r"unexpected \['head.w'\]"):
+    with pytest.raises(
+        RoleStateError,
+        match=r"tensor names mismatch.*missing \['head.weight'\].*"
+        r"unexpected \['head.w'\]",
+    ):
         load_role(make("critic"), path)
 
 
@@ -199,8 +209,9 @@ def test_base_fingerprint_mismatch(saved, embedded_profile, tmp_path):
     other = new_role("critic", embedded_profile, other_dir)
     assert fingerprint(other)["frozen_sha256"] != manifest["base_frozen_sha256"]
     before = fingerprint(other, frozen=False)["learned_sha256"]
-    with pytest.raises(RoleStateError, match="base mismatch: .* frozen fingerprint "
-                                             + manifest["base_frozen_sha256"][:12]):
+    with pytest.raises(
+        RoleStateError, match="base mismatch: .* frozen fingerprint " + manifest["base_frozen_sha256"][:12]
+    ):
         load_role(other, path)
     assert fingerprint(other, frozen=False)["learned_sha256"] == before
 
@@ -216,8 +227,10 @@ def test_in_memory_change_of_the_base_is_refused_too(saved, make):
 
 # ------------------------------------------------------------------------------ PEFT
 
-def test_actor_adapter_loads_in_peft_with_the_same_logits(make, embedded_profile, embedded_dir,
-                                                          tmp_path, record_result):
+
+def test_actor_adapter_loads_in_peft_with_the_same_logits(
+    make, embedded_profile, embedded_dir, tmp_path, record_result
+):
     actor = make("actor", seed=5)
     assert all(m.lora_B.abs().max() > 0 for m in lora_modules(actor.model).values())
     out = tmp_path / "peft"

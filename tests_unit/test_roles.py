@@ -5,6 +5,7 @@ Every role here is built on the embedded base (hidden 64, so a head has 65 param
 full-shape head (hidden 896 -> 897 parameters) is built directly with `new_head` and the
 qwen2.5-0.5b profile, which needs no weights.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,16 +15,26 @@ from torch import nn
 from rlhf.config import load_profile
 from rlhf.lora import inject_lora, lora_modules, lora_parameters
 from rlhf.models import load_base
-from rlhf.roles import (FROZEN_KINDS, HEAD_KINDS, ROLE_KINDS, Role, RoleIsolationError,
-                        assert_role_isolation, fingerprint, new_head, new_role, tensor_sha256)
+from rlhf.roles import (
+    FROZEN_KINDS,
+    HEAD_KINDS,
+    ROLE_KINDS,
+    Role,
+    RoleIsolationError,
+    assert_role_isolation,
+    fingerprint,
+    new_head,
+    new_role,
+    tensor_sha256,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
-QWEN_HIDDEN = 896          # SPEC §4
-QWEN_HEAD_PARAMS = 897     # SPEC §4: hidden + 1
-HEAD_STD = 0.02            # SPEC §4: reward head weight N(0, 0.02)
-JUDGE_HEAD_SEED = 50       # SPEC §10
-LORA_SEED, JUDGE_LORA_SEED = 49, 50   # SPEC §10
+QWEN_HIDDEN = 896  # SPEC §4
+QWEN_HEAD_PARAMS = 897  # SPEC §4: hidden + 1
+HEAD_STD = 0.02  # SPEC §4: reward head weight N(0, 0.02)
+JUDGE_HEAD_SEED = 50  # SPEC §10
+LORA_SEED, JUDGE_LORA_SEED = 49, 50  # SPEC §10
 
 
 @pytest.fixture
@@ -39,6 +50,7 @@ def storages(role: Role) -> set[int]:
 
 
 # ------------------------------------------------------------------------------------ heads
+
 
 def test_full_shape_heads_have_897_parameters_and_the_spec_init():
     profile = load_profile("qwen2.5-0.5b")
@@ -77,13 +89,16 @@ def test_embedded_role_heads(roles, embedded_profile):
 
 # ------------------------------------------------------------------------ adapters, freezing
 
+
 def test_adapters_seeded_49_except_the_judge_50(roles, embedded_profile, embedded_dir):
     lora = embedded_profile.lora
     expected = {}
     for seed in (LORA_SEED, JUDGE_LORA_SEED):
         fresh = load_base(embedded_profile, embedded_dir).model
-        expected[seed] = {n: m.lora_A.detach() for n, m in
-                          inject_lora(fresh, rank=8, alpha=16, seed=seed, targets=lora.targets).items()}
+        expected[seed] = {
+            n: m.lora_A.detach()
+            for n, m in inject_lora(fresh, rank=8, alpha=16, seed=seed, targets=lora.targets).items()
+        }
     assert len(expected[LORA_SEED]) == embedded_profile.lora.expected_adapters == 14
     for kind, role in roles.items():
         mods = lora_modules(role.model)
@@ -133,7 +148,7 @@ def test_freeze_drops_existing_gradients(embedded_profile, embedded_dir):
 def test_every_role_owns_its_backbone(roles):
     kinds = list(roles)
     for i, a in enumerate(kinds):
-        for b in kinds[i + 1:]:
+        for b in kinds[i + 1 :]:
             assert storages(roles[a]).isdisjoint(storages(roles[b])), (a, b)
             assert roles[a].model is not roles[b].model
     roles["judge"].freeze()
@@ -144,6 +159,7 @@ def test_every_role_owns_its_backbone(roles):
 
 
 # ------------------------------------------------------------------------------ fingerprints
+
 
 def test_tensor_sha256_covers_dtype_shape_and_bytes():
     t = torch.arange(6, dtype=torch.float32)
@@ -177,8 +193,7 @@ def test_frozen_change_moves_only_the_frozen_fingerprint(embedded_profile, embed
     before = fingerprint(ref)
     assert "model.norm.weight" in before["frozen"]
     assert not any("lora_" in k for k in before["frozen"])
-    want = ({n for n, p in ref.model.named_parameters() if "lora_" not in n}
-            | {n for n, _ in ref.model.named_buffers()})
+    want = {n for n, p in ref.model.named_parameters() if "lora_" not in n} | {n for n, _ in ref.model.named_buffers()}
     assert set(before["frozen"]) == want and any("rotary" in n for n in want)  # buffers too
     with torch.no_grad():
         lora_modules(ref.model)["model.layers.0.self_attn.q_proj"].base.weight[0, 0] += 1e-3
@@ -194,17 +209,19 @@ def test_fingerprints_reproducible_across_loads(embedded_profile, embedded_dir):
     b = fingerprint(new_role("critic", embedded_profile, embedded_dir))
     assert a == b
     c = fingerprint(new_role("judge", embedded_profile, embedded_dir))
-    assert c["frozen_sha256"] == a["frozen_sha256"]       # same base
-    assert c["learned_sha256"] != a["learned_sha256"]     # seed-50 adapters, N(0, 0.02) head
+    assert c["frozen_sha256"] == a["frozen_sha256"]  # same base
+    assert c["learned_sha256"] != a["learned_sha256"]  # seed-50 adapters, N(0, 0.02) head
 
 
 # ------------------------------------------------------------------------------ isolation
 
+
 def test_regression_9_2_critic_and_judge_over_one_backbone_raise(roles, embedded_profile):
     """SPEC §9.2: a judge built over the critic's backbone object is refused."""
     critic = roles["critic"]
-    judge = Role(kind="judge", model=critic.model,
-                 head=new_head(embedded_profile.model.hidden_size, "judge", embedded_profile))
+    judge = Role(
+        kind="judge", model=critic.model, head=new_head(embedded_profile.model.hidden_size, "judge", embedded_profile)
+    )
     judge.head.eval()
     judge.freeze()  # freezes the shared backbone's adapters too: exactly the silent hazard
     critic_learning = {k: v for k, v in roles.items() if k != "judge"}

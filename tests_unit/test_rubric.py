@@ -1,4 +1,5 @@
 """The rubric's grammar, result fields, finish reasons, refusals and whitespace/case policy."""
+
 import re
 
 import pytest
@@ -14,7 +15,8 @@ def test_literal_renderings():
     assert render(3, 0, False) == "Turn Wi-Fi back on from the network menu."
     assert render(1, 2, True) == (
         "Thank you for reporting this. Check whether the network cable is unplugged and plug it "
-        "back in. This will definitely fix it. Have a pleasant day.")
+        "back in. This will definitely fix it. Have a pleasant day."
+    )
     assert rubric.response is render
 
 
@@ -28,12 +30,11 @@ def test_grammar_is_36_distinct_short_sentences():
 
 def _ngrams(text, n=4):
     words = re.findall(r"[a-z0-9-]+", text.lower())
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 def test_contexts_do_not_contain_the_answer_text():
-    phrases = [*rubric.INSTRUCTIONS, *rubric.CAUTION_CLAUSES[1:], rubric.POLITE_OPENING,
-               rubric.POLITE_CLOSING]
+    phrases = [*rubric.INSTRUCTIONS, *rubric.CAUTION_CLAUSES[1:], rubric.POLITE_OPENING, rubric.POLITE_CLOSING]
     for ctx in rubric.CONTEXTS:
         for phrase in phrases:
             assert phrase not in ctx
@@ -43,9 +44,17 @@ def test_contexts_do_not_contain_the_answer_text():
 def test_result_has_exactly_the_spec_keys():
     for text in (render(2, 1, True), "I cannot help with that.", "something else"):
         assert tuple(evaluate(text, "eos", 2)) == rubric.RESULT_KEYS
-    assert set(rubric.RESULT_KEYS) == {"recognized", "status", "action", "relevant",
-                                       "unsupported_certainty", "polite", "refusal", "reason",
-                                       "rubric_success"}
+    assert set(rubric.RESULT_KEYS) == {
+        "recognized",
+        "status",
+        "action",
+        "relevant",
+        "unsupported_certainty",
+        "polite",
+        "refusal",
+        "reason",
+        "rubric_success",
+    }
 
 
 def test_success_and_failures_with_eos():
@@ -93,8 +102,7 @@ def test_non_text_raises():
         evaluate(b"Restart the print queue from the printer settings.", "eos", 0)
 
 
-@pytest.mark.parametrize("args", [(6, 0, False), (0, 3, False), (0, 1, 1), (-1, 0, True),
-                                  (0, True, False)])
+@pytest.mark.parametrize("args", [(6, 0, False), (0, 3, False), (0, 1, 1), (-1, 0, True), (0, True, False)])
 def test_render_rejects_out_of_grammar_designs(args):
     with pytest.raises(ValueError):
         render(*args)
@@ -108,18 +116,21 @@ def test_declared_refusals(text):
     assert r["unsupported_certainty"] is False and r["reason"].startswith("declared refusal")
 
 
-@pytest.mark.parametrize("text", [
-    "",
-    "Restart the printer.",
-    "Please restart the print queue from the printer settings.",
-    # only half of the polite formulas: not in the grammar
-    "Thank you for reporting this. Restart the print queue from the printer settings.",
-    "Restart the print queue from the printer settings. This may help. Have a pleasant day.",
-    # two instructions
-    "Restart the print queue from the printer settings. Turn Wi-Fi back on from the network menu.",
-    "Restart the print queue from the printer settings",  # missing final period
-    "I can't help with that",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "Restart the printer.",
+        "Please restart the print queue from the printer settings.",
+        # only half of the polite formulas: not in the grammar
+        "Thank you for reporting this. Restart the print queue from the printer settings.",
+        "Restart the print queue from the printer settings. This may help. Have a pleasant day.",
+        # two instructions
+        "Restart the print queue from the printer settings. Turn Wi-Fi back on from the network menu.",
+        "Restart the print queue from the printer settings",  # missing final period
+        "I can't help with that",
+    ],
+)
 def test_other_prose_is_uncertified(text):
     r = evaluate(text, "eos", 0)
     assert r["recognized"] is False and r["status"] == "UNCERTIFIED"

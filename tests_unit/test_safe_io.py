@@ -10,6 +10,7 @@ directory whose weights were replaced is refused by hash.
 * Weights replaced in a model directory (same shapes, so every config check passes) are refused
   by the SHA-256 that the directory's build manifest or fetch marker recorded.
 """
+
 from __future__ import annotations
 
 import errno
@@ -51,8 +52,12 @@ def torch_saved(obj) -> bytes:
 
 def code_running_payload(kind: str, sentinel: pathlib.Path) -> bytes:
     """A state-shaped object with a code-running entry, as torch.save bytes or plain pickle."""
-    obj = {"format": "rlhf-state-1", "structure": "{}", "tensors": {"x": torch.zeros(2)},
-           "payload": TouchOnUnpickle(sentinel)}
+    obj = {
+        "format": "rlhf-state-1",
+        "structure": "{}",
+        "tensors": {"x": torch.zeros(2)},
+        "payload": TouchOnUnpickle(sentinel),
+    }
     return torch_saved(obj) if kind == "torch.save" else pickle.dumps(obj)
 
 
@@ -66,6 +71,7 @@ def rewrite_sidecar(path: pathlib.Path, data: bytes) -> None:
 
 
 # ================================================================= states and role files
+
 
 @pytest.mark.parametrize("kind", ["torch.save", "pickle"])
 def test_the_payload_would_run_code_under_full_unpickling(tmp_path, kind):
@@ -143,6 +149,7 @@ def test_role_file_with_tensors_in_torch_format_is_refused(saved_actor):
 
 # ================================================================= the atomic writer
 
+
 class BrokenWrite:
     """A file object that writes half of the data, then fails like a full disk."""
 
@@ -156,7 +163,7 @@ class BrokenWrite:
         self.f.close()
 
     def write(self, data):
-        self.f.write(data[:len(data) // 2])
+        self.f.write(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
     def __getattr__(self, name):
@@ -165,6 +172,7 @@ class BrokenWrite:
 
 def inject(monkeypatch, where: str):
     """Make one step of write_bytes fail: the write, the fsync or the rename."""
+
     def fail(*args, **kwargs):
         raise OSError(errno.EIO, f"{where} failed (injected)")
 
@@ -220,6 +228,7 @@ def test_the_writer_without_failures_replaces_and_leaves_nothing_else(tmp_path):
 
 # ================================================================= replaced model weights
 
+
 def replace_weights(model_dir: pathlib.Path) -> None:
     """Different valid weights of the same shapes and dtypes: every config check still passes."""
     path = model_dir / "model.safetensors"
@@ -240,8 +249,9 @@ def model_copy(tmp_path, embedded_dir):
 def as_fetched(model_dir: pathlib.Path) -> None:
     """Make the copy look like `rlhf fetch-model` output: its marker records the file hashes."""
     (model_dir / "manifest.json").unlink()
-    write_json(model_dir / FETCH_MARKER, {"repo_id": "test/embedded", "revision": "r",
-                                          "files": directory_identity(model_dir)})
+    write_json(
+        model_dir / FETCH_MARKER, {"repo_id": "test/embedded", "revision": "r", "files": directory_identity(model_dir)}
+    )
 
 
 @pytest.mark.parametrize("record", ["build manifest", "fetch marker"])
@@ -284,5 +294,6 @@ def test_replaced_weights_change_the_base_identity(model_copy, embedded_profile,
     replace_weights(model_copy)
     after = load_base(embedded_profile, model_copy).identity
     assert before["files"]["model.safetensors"] != after["files"]["model.safetensors"]
-    assert {k: v for k, v in before["files"].items() if k != "model.safetensors"} == \
-        {k: v for k, v in after["files"].items() if k != "model.safetensors"}
+    assert {k: v for k, v in before["files"].items() if k != "model.safetensors"} == {
+        k: v for k, v in after["files"].items() if k != "model.safetensors"
+    }

@@ -10,6 +10,7 @@ left vs right padding. BF16_ATOL = 1e-5 for the BF16 base against the naive BF16
 to FP32 (the same BF16 logits; only the FP32 log-softmax follows). Measured maxima are
 recorded in results.json.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -83,10 +84,11 @@ def test_left_right_and_single_agree_and_masked_positions_are_exactly_zero(actor
         with torch.no_grad():
             out[side] = response_logprobs(model, batch)
         assert out[side].dtype == torch.float32
-        assert torch.equal(response_targets(batch)[batch.response_mask],
-                           torch.tensor([t for r in responses for t in r]))
+        assert torch.equal(
+            response_targets(batch)[batch.response_mask], torch.tensor([t for r in responses for t in r])
+        )
         for b, r in enumerate(responses):
-            worst = max(worst, float((out[side][b, :len(r)] - alone[b]).abs().max()))
+            worst = max(worst, float((out[side][b, : len(r)] - alone[b]).abs().max()))
         inactive = out[side][~batch.response_mask]
         assert inactive.numel() == sum(6 - len(r) for r in responses) > 0
         assert torch.all(inactive == 0) and not torch.any(torch.signbit(inactive))  # exactly +0
@@ -115,13 +117,14 @@ def test_output_is_fp32_for_a_bf16_base(embedded_profile, embedded_dir, embedded
         alone = collate([p], [r], base.pad_id)
         with torch.no_grad():
             single = response_logprobs(model, alone)[0]
-        want = naive_logprobs(model, p, r)   # BF16 logits, FP32 log-softmax
+        want = naive_logprobs(model, p, r)  # BF16 logits, FP32 log-softmax
         worst = max(worst, float((single - want).abs().max()))
-        assert torch.all(got[b, len(r):] == 0)
+        assert torch.all(got[b, len(r) :] == 0)
     # FP32 log-softmax keeps resolution that a BF16 log-softmax would round away
     with torch.no_grad():
-        h = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
-                        position_ids=batch.position_ids).last_hidden_state
+        h = model.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), position_ids=batch.position_ids
+        ).last_hidden_state
         logits_bf16 = model.lm_head(h)
     assert logits_bf16.dtype == torch.bfloat16
     record_result("max_abs_diff_logprobs_bf16_vs_naive", worst)
@@ -133,6 +136,7 @@ def test_output_is_fp32_for_a_bf16_base(embedded_profile, embedded_dir, embedded
 def test_masked_positions_are_selected_away_not_multiplied(actor):
     """A non-finite read at a masked position must not leak: nan * 0 is nan (rlhf.masks)."""
     from rlhf.scoring import logprobs_from_hidden
+
     model, eos_id, pad_id = actor
     h = torch.randn(2, 3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     h[1, 2] = float("nan")

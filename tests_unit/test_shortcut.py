@@ -1,5 +1,6 @@
 """Shortcut audit (shortcut-audit-v1, SPEC §11): the counterfactual prompt builders, the hash
 checks, results.json, and the audit of the session's embedded lab judge (accuracies recorded)."""
+
 import json
 import random
 
@@ -42,8 +43,7 @@ def test_family_number_really_changes(r001_sets):
         f0, p0, n0, rest0 = C.heading_parts(orig["prompt"])
         f1, p1, n1, rest1 = C.heading_parts(new["prompt"])
         assert p1 != p0 and (f1, n1, rest1) == (f0, n0, rest0)  # only the number changed
-        assert (new["chosen"], new["rejected"], new["variant"]) == (orig["chosen"], orig["rejected"],
-                                                                     orig["variant"])
+        assert (new["chosen"], new["rejected"], new["variant"]) == (orig["chosen"], orig["rejected"], orig["variant"])
         printed.setdefault(p0, set()).add(p1)
     assert all(len(v) == 1 for v in printed.values())  # one new number per family (a permutation)
     assert len({next(iter(v)) for v in printed.values()}) == len(printed) == 36
@@ -113,6 +113,7 @@ def _untrained_run(tmp_path, revision):
     """A run folder with a corpus, the embedded base and an (untrained) saved judge."""
     from rlhf.lab import open_context
     from rlhf.roles import save_role
+
     ctx = open_context(tmp_path / revision, "embedded", revision=revision)
     save_role(ctx.role("judge"), ctx.run / "judge" / "judge.safetensors", ctx.identity(stage="judge"))
     return ctx
@@ -173,6 +174,7 @@ def test_shortcut_audit_of_the_lab_judge(lab_run, tmp_path, record_result):
     # the baseline is the published judge test accuracy (same pairs, same scoring)
     from rlhf.evaluate import judge_test_accuracy
     from rlhf.roles import load_role
+
     judge = lab_run.role("judge")
     load_role(judge, lab_run.run / "judge" / "judge.safetensors")
     judge.freeze()

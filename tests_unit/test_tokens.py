@@ -4,6 +4,7 @@ layout of a Batch, and finish reasons of decoded responses.
 The tokenizer is the embedded base's (958 tokens; the embedding has 1024 rows, so ids
 958..1023 exist in the model but not in the tokenizer, as in Qwen2.5).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,12 +13,21 @@ import pytest
 import torch
 
 from rlhf.config import Limits
-from rlhf.tokens import (IM_END, IM_START, OverLimitError, chat_prompt, collate, decode_response,
-                         encode_example, encode_prompt, encode_response)
+from rlhf.tokens import (
+    IM_END,
+    IM_START,
+    OverLimitError,
+    chat_prompt,
+    collate,
+    decode_response,
+    encode_example,
+    encode_prompt,
+    encode_response,
+)
 
 pytestmark = pytest.mark.unit
 
-LIMITS = Limits(prompt_tokens=256, response_tokens=64, context_tokens=320)   # SPEC §6
+LIMITS = Limits(prompt_tokens=256, response_tokens=64, context_tokens=320)  # SPEC §6
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +36,7 @@ def tok(embedded_base):
 
 
 # ---------------------------------------------------------------------------------- encoding
+
 
 def test_chat_prompt_is_chatml_with_one_user_turn():
     assert chat_prompt("Hi.") == "<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\n"
@@ -57,8 +68,7 @@ def test_over_limit_examples_are_rejected_with_the_document_id(tok, which):
         args, limits = ("ok.", words(100)), LIMITS
         match = rf"{doc}: response has \d+ tokens with EOS, limit 64"
     else:  # each part fits its own limit, the sum does not
-        args, limits = (words(30), words(30)), Limits(prompt_tokens=256, response_tokens=64,
-                                                      context_tokens=50)
+        args, limits = (words(30), words(30)), Limits(prompt_tokens=256, response_tokens=64, context_tokens=50)
         match = rf"{doc}: \d+ tokens, context limit 50"
     with pytest.raises(OverLimitError, match=match):
         encode_example(tokenizer, *args, eos_id, limits, document_id=doc)
@@ -163,6 +173,7 @@ def test_batch_to_keeps_every_field():
 
 
 # ---------------------------------------------------------------------------------- decoding
+
 
 def test_decode_eos_and_length(tok):
     tokenizer, eos_id, _ = tok

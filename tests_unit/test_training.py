@@ -25,9 +25,15 @@ def test_spec_budgets_for_qwen_and_the_embedded_profile(embedded_profile):
     for p in (q, embedded_profile):
         assert sft_budget(p, 168)[1] == p.sft.expected_updates
         assert judge_budget(p, 840)[1] == p.judge.expected_updates
-        assert (p.ppo.kl_coef, p.ppo.truncation_penalty, p.ppo.gamma, p.ppo.lam,
-                p.ppo.clip, p.ppo.iterations, p.ppo.resume_stop_iteration) == \
-            (0.02, -1.0, 1.0, 0.95, 0.2, 100, 40)
+        assert (
+            p.ppo.kl_coef,
+            p.ppo.truncation_penalty,
+            p.ppo.gamma,
+            p.ppo.lam,
+            p.ppo.clip,
+            p.ppo.iterations,
+            p.ppo.resume_stop_iteration,
+        ) == (0.02, -1.0, 1.0, 0.95, 0.2, 100, 40)
         assert (p.limits.prompt_tokens, p.limits.response_tokens, p.limits.context_tokens) == (256, 64, 320)
     assert (q.sft.lr, q.judge.lr, q.ppo.actor_lr, q.ppo.critic_lr) == (2e-5, 2e-5, 5e-6, 1e-5)
 
@@ -36,9 +42,13 @@ def test_embedded_adapter_count_matches_its_profile(embedded_profile, embedded_d
     actor = new_role("actor", embedded_profile, embedded_dir)
     cfg = actor.model.config
     hd = cfg.hidden_size // cfg.num_attention_heads
-    per_layer = sum(i + o for i, o in [(cfg.hidden_size, cfg.num_attention_heads * hd)] * 2 +
-                    [(cfg.hidden_size, cfg.num_key_value_heads * hd)] * 2 +
-                    [(cfg.hidden_size, cfg.intermediate_size)] * 2 + [(cfg.intermediate_size, cfg.hidden_size)])
+    per_layer = sum(
+        i + o
+        for i, o in [(cfg.hidden_size, cfg.num_attention_heads * hd)] * 2
+        + [(cfg.hidden_size, cfg.num_key_value_heads * hd)] * 2
+        + [(cfg.hidden_size, cfg.intermediate_size)] * 2
+        + [(cfg.intermediate_size, cfg.hidden_size)]
+    )
     # q and o are hidden->heads*hd and back; k and v hidden->kv*hd (listed above as pairs).
     expected = 8 * cfg.num_hidden_layers * per_layer
     assert count_lora_parameters(actor.model) == expected == embedded_profile.lora.expected_parameters
@@ -46,6 +56,7 @@ def test_embedded_adapter_count_matches_its_profile(embedded_profile, embedded_d
 
 def test_sft_loss_is_token_weighted_not_a_mean_of_means(embedded_profile, embedded_dir, embedded_base):
     from rlhf.corpus import Corpus
+
     actor = new_role("actor", embedded_profile, embedded_dir)
     demos = Corpus.build().learning_view().demonstrations()[:8]
     ex = encode_demonstrations(demos, embedded_base.tokenizer, embedded_base.eos_id, embedded_profile.limits)
@@ -70,11 +81,14 @@ def test_over_limit_examples_are_rejected_with_their_id(embedded_profile, embedd
 
 def _prompts(base, profile, n=4):
     from rlhf.corpus import Corpus
+
     recs = Corpus.build().learning_view().rollout_prompts()[:n]
     return [encode_prompt(base.tokenizer, r["prompt"], profile.limits) for r in recs]
 
 
-def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(embedded_profile, embedded_dir, embedded_base, record_result):
+def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(
+    embedded_profile, embedded_dir, embedded_base, record_result
+):
     actor = new_role("actor", embedded_profile, embedded_dir)
     prompts = _prompts(embedded_base, embedded_profile)
     kw = dict(eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id, max_new_tokens=64)
@@ -86,6 +100,7 @@ def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(embedded_profile,
     assert diff == 0.0  # FP32: the cached and the recomputed forward give the same log-probs exactly
     # and the behaviour log-probs equal teacher-forced scoring of the same tokens
     from rlhf.scoring import response_logprobs
+
     batch = collate(prompts, a.responses, embedded_base.pad_id)
     with torch.no_grad():
         tf = response_logprobs(actor.model, batch)
@@ -98,21 +113,28 @@ def test_prepared_decode_mask_is_the_one_transformers_builds(embedded_base):
     """generate passes one cached step's SDPA mask ready-made (rlhf.generate._decode_mask); it
     must be what create_causal_mask returns: None without padding, else the same bool tensor."""
     from transformers.masking_utils import create_causal_mask
+
     from rlhf.generate import _decode_mask, _prepares_decode_masks
+
     model = embedded_base.model
     assert _prepares_decode_masks(model.config)
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10]] * 3)
     full = torch.ones(3, 7, dtype=torch.long)
     padded = full.clone()
-    padded[1, :2] = 0          # a left-padded prompt
-    padded[2, -1] = 0          # a finished row's masked pad
+    padded[1, :2] = 0  # a left-padded prompt
+    padded[2, -1] = 0  # a finished row's masked pad
     for mask in (full, padded, full[:1]):
         B = mask.shape[0]
         with torch.no_grad():
             cache = model(input_ids=prompt[:B], attention_mask=mask[:, :-1], use_cache=True).cache
             embeds = model.get_input_embeddings()(prompt[:B, -1:])
-        want = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=mask, cache=cache,
-                                  position_ids=torch.full((B, 1), 6))
+        want = create_causal_mask(
+            config=model.config,
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            cache=cache,
+            position_ids=torch.full((B, 1), 6),
+        )
         got = _decode_mask(mask)["full_attention"]
         if want is None:
             assert got is None and bool(mask.all())
@@ -121,7 +143,9 @@ def test_prepared_decode_mask_is_the_one_transformers_builds(embedded_base):
             assert got.is_contiguous() and want.is_contiguous()
 
 
-def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(embedded_profile, embedded_dir, embedded_base, record_result):
+def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(
+    embedded_profile, embedded_dir, embedded_base, record_result
+):
     actor = new_role("actor", embedded_profile, embedded_dir)
     actor.model.to(torch.bfloat16)
     for m in actor.model.modules():  # adapters stay FP32 (the LoRA contract)
@@ -133,12 +157,19 @@ def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(embedded_profi
     a = generate(actor.model, prompts, use_cache=True, **kw)
     b = generate(actor.model, prompts, use_cache=False, **kw)
     n = min(len(a.logps[0]), len(b.logps[0]))
-    same_prefix = [next((j for j, (x, y) in enumerate(zip(ra, rb)) if x != y), min(len(ra), len(rb)))
-                   for ra, rb in zip(a.responses, b.responses)]
+    same_prefix = [
+        next((j for j, (x, y) in enumerate(zip(ra, rb)) if x != y), min(len(ra), len(rb)))
+        for ra, rb in zip(a.responses, b.responses)
+    ]
     diffs = [abs(x - y) for i, k in enumerate(same_prefix) for x, y in zip(a.logps[i][:k], b.logps[i][:k])]
-    record_result("kv_vs_recompute_bf16", {"max_logp_diff_on_shared_prefix": max(diffs) if diffs else 0.0,
-                                           "identical_rows": sum(ra == rb for ra, rb in zip(a.responses, b.responses)),
-                                           "rows": len(prompts)})
+    record_result(
+        "kv_vs_recompute_bf16",
+        {
+            "max_logp_diff_on_shared_prefix": max(diffs) if diffs else 0.0,
+            "identical_rows": sum(ra == rb for ra, rb in zip(a.responses, b.responses)),
+            "rows": len(prompts),
+        },
+    )
     assert n > 0 and diffs
     assert max(diffs) <= 0.05  # stated BF16 bound on the log-probs of the tokens both paths drew
 

@@ -1,5 +1,6 @@
 """The test wiring itself: tiers are enforced, layers are added, reports are written, and CI
 runs exactly the README's test command."""
+
 import json
 import shutil
 import subprocess
@@ -20,8 +21,13 @@ def run_pytest(tmp_path, test_source: str, *args):
     (tmp_path / "pytest.ini").write_text(ini)
     (tmp_path / "tests_property").mkdir(exist_ok=True)
     (tmp_path / "tests_property" / "test_x.py").write_text(test_source)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "--reports-dir=" + str(tmp_path / "rep"), *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--reports-dir=" + str(tmp_path / "rep"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_test_without_a_tier_is_refused(tmp_path):
@@ -37,8 +43,10 @@ def test_a_test_with_two_tiers_is_refused(tmp_path):
 
 
 def test_layer_marker_from_folder_and_reports_written(tmp_path):
-    src = ("import pytest\npytestmark = pytest.mark.unit\n"
-           "def test_recorded(record_result):\n    record_result('answer', 42)\n    assert 6 * 7 == 42\n")
+    src = (
+        "import pytest\npytestmark = pytest.mark.unit\n"
+        "def test_recorded(record_result):\n    record_result('answer', 42)\n    assert 6 * 7 == 42\n"
+    )
     out = run_pytest(tmp_path, src, "-m", "unit and property")
     assert out.returncode == 0, out.stdout + out.stderr
     results = json.loads((tmp_path / "rep" / "results.json").read_text())
@@ -69,18 +77,29 @@ def test_tests_of_the_lab_run_share_one_xdist_worker(tmp_path):
     with pytest 9.2.0 and pytest-xdist 3.8.0 the group was silently ignored."""
     seen = tmp_path / "workers"
     seen.mkdir()
-    src = ("import os, pytest\npytestmark = pytest.mark.unit\n"
-           "@pytest.fixture\ndef lab_run():\n    return os.environ.get('PYTEST_XDIST_WORKER', 'none')\n"
-           f"def _mark(kind, worker, i):\n    open(os.path.join({str(seen)!r}, f'{{kind}}-{{i}}-{{worker}}'), 'w').close()\n")
+    src = (
+        "import os, pytest\npytestmark = pytest.mark.unit\n"
+        "@pytest.fixture\ndef lab_run():\n    return os.environ.get('PYTEST_XDIST_WORKER', 'none')\n"
+        "def _mark(kind, worker, i):\n"
+        f"    open(os.path.join({str(seen)!r}, f'{{kind}}-{{i}}-{{worker}}'), 'w').close()\n"
+    )
     src += "".join(f"def test_lab_{i}(lab_run):\n    _mark('lab', lab_run, {i})\n" for i in range(6))
-    src += "".join(f"def test_other_{i}():\n    import time; time.sleep(0.2)\n"
-                   f"    _mark('other', os.environ.get('PYTEST_XDIST_WORKER', 'none'), {i})\n" for i in range(6))
+    src += "".join(
+        f"def test_other_{i}():\n    import time; time.sleep(0.2)\n"
+        f"    _mark('other', os.environ.get('PYTEST_XDIST_WORKER', 'none'), {i})\n"
+        for i in range(6)
+    )
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     shutil.copy(ROOT / "pytest.ini", tmp_path / "pytest.ini")  # with its -n 2 --dist loadgroup
     (tmp_path / "tests_unit").mkdir()
     (tmp_path / "tests_unit" / "test_x.py").write_text(src)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--reports-dir=" + str(tmp_path / "rep"), "tests_unit"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--reports-dir=" + str(tmp_path / "rep"), "tests_unit"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     marks = [p.name.split("-") for p in seen.iterdir()]
     lab_workers = {w for kind, _, w in marks if kind == "lab"}
@@ -98,17 +117,28 @@ def run_in_copy(tmp_path, files: dict, *args, keep_xdist=False):
         (tmp_path / rel).write_text(text)
     # As a user's shell would: not inside this suite's xdist worker (pytest-benchmark reads
     # PYTEST_XDIST_WORKER and turns itself off) and without a reports folder chosen.
-    env = {k: v for k, v in __import__("os").environ.items()
-           if k != "RLHF_REPORTS_DIR" and not k.startswith("PYTEST_XDIST")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=env)
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k != "RLHF_REPORTS_DIR" and not k.startswith("PYTEST_XDIST")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 # Stand-in test bodies: what is under test is where their outcomes and records land, so each
 # body is one plain arithmetic assertion (and a record), not a check of the project.
-UNIT_AND_GPU = {"tests_unit/test_x.py": "import pytest\n@pytest.mark.unit\ndef test_u(record_result):\n"
-                                        "    record_result('u', 1)\n    assert 6 * 7 == 42\n"
-                                        "@pytest.mark.gpu\ndef test_g():\n    assert 2 ** 3 == 8\n"}
+UNIT_AND_GPU = {
+    "tests_unit/test_x.py": "import pytest\n@pytest.mark.unit\ndef test_u(record_result):\n"
+    "    record_result('u', 1)\n    assert 6 * 7 == 42\n"
+    "@pytest.mark.gpu\ndef test_g():\n    assert 2 ** 3 == 8\n"
+}
 
 
 def test_each_tier_writes_its_own_reports_folder(tmp_path):
@@ -122,7 +152,9 @@ def test_each_tier_writes_its_own_reports_folder(tmp_path):
     gpu = json.loads((tmp_path / "reports" / "gpu" / "results.json").read_text())
     assert list(gpu["tests"]) == ["tests_unit/test_x.py::test_g"]
     assert json.loads((tmp_path / "reports" / "unit" / "results.json").read_text()) == unit  # untouched
-    assert (tmp_path / "reports" / "unit" / "junit.xml").is_file() and (tmp_path / "reports" / "gpu" / "junit.xml").is_file()
+    assert (tmp_path / "reports" / "unit" / "junit.xml").is_file() and (
+        tmp_path / "reports" / "gpu" / "junit.xml"
+    ).is_file()
     assert "reports: reports/gpu/junit.xml and reports/gpu/results.json" in out.stdout
 
 
@@ -130,8 +162,17 @@ def test_reports_carry_provenance(tmp_path):
     out = run_in_copy(tmp_path, UNIT_AND_GPU, "-m", "unit")
     assert out.returncode == 0, out.stdout + out.stderr
     prov = json.loads((tmp_path / "reports" / "unit" / "results.json").read_text())["provenance"]
-    assert set(prov) == {"commit", "dirty", "packages", "python", "platform", "arithmetic", "cuda_device",
-                         "profiles_sha256", "command_line"}
+    assert set(prov) == {
+        "commit",
+        "dirty",
+        "packages",
+        "python",
+        "platform",
+        "arithmetic",
+        "cuda_device",
+        "profiles_sha256",
+        "command_line",
+    }
     assert prov["packages"]["torch"] == "2.13.0+cpu" or prov["packages"]["torch"].startswith("2.13.0")
     assert prov["arithmetic"]["status"] == "pinned"
     assert set(prov["profiles_sha256"]) == {"embedded", "qwen2.5-0.5b"}
@@ -144,9 +185,11 @@ def test_reports_carry_provenance(tmp_path):
 def test_pytest_dash_dash_benchmark_runs_the_benchmark_tier(tmp_path):
     """`pytest --benchmark`, literally as the design card writes it: the benchmark tier, one
     process even with -n 2 in addopts, pytest-benchmark's JSON written, its path printed."""
-    files = {"tests_unit/test_b.py": "import pytest\n@pytest.mark.benchmark\ndef test_b(benchmark):\n"
-                                     "    assert benchmark(sum, range(100)) == 4950\n"
-                                     "@pytest.mark.unit\ndef test_u():\n    assert 6 * 7 == 42\n"}
+    files = {
+        "tests_unit/test_b.py": "import pytest\n@pytest.mark.benchmark\ndef test_b(benchmark):\n"
+        "    assert benchmark(sum, range(100)) == 4950\n"
+        "@pytest.mark.unit\ndef test_u():\n    assert 6 * 7 == 42\n"
+    }
     out = run_in_copy(tmp_path, files, "--benchmark", keep_xdist=True)
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads((tmp_path / "reports" / "benchmark" / "benchmark.json").read_text())

@@ -1,4 +1,5 @@
 """Shared fixtures of the verl checks: the hand-off folder and the lab's expectations file."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import pytest
 
 HANDOFF = Path(os.environ.get("RLHF_VERL_HANDOFF", "")) if os.environ.get("RLHF_VERL_HANDOFF") else None
 EXPECT = Path(os.environ.get("RLHF_VERL_EXPECT", "")) if os.environ.get("RLHF_VERL_EXPECT") else None
-
 
 
 @pytest.fixture(scope="session")
@@ -24,5 +24,3 @@ def expect() -> dict:
     if EXPECT is None or not EXPECT.is_file():
         raise RuntimeError("set RLHF_VERL_EXPECT to the expectations JSON written with rlhf")
     return json.loads(EXPECT.read_text())
-
-

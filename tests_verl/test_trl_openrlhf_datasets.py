@@ -5,6 +5,7 @@ Both import on a CPU only in `.venv-verl` (trl 1.12.0 and openrlhf 0.11.2 instal
 requirements-verl.txt; OpenRLHF's model code needs flash-attn, so only its dataset classes are
 used). The lab's side (its token ids for the same rows) comes from the expectations file.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,13 @@ from types import SimpleNamespace
 import pytest
 from datasets import load_dataset
 
-
 PAIRS = {"train": 840, "validation": 180, "test": 180}
 
 
 @pytest.fixture(scope="session")
 def judge_tokenizer(handoff):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(handoff / "models" / "judge"))
 
 
@@ -33,13 +34,17 @@ def test_trl_reward_trainer_reads_every_preference_pair(handoff, judge_tokenizer
     are the lab's texts `prompt + answer + EOS`, tokenized as one string."""
     from transformers import AutoModelForSequenceClassification
     from trl import RewardConfig, RewardTrainer
+
     path = handoff / "data" / "preference_pairs" / f"{split}.jsonl"
     rows = _jsonl(path)
     model = AutoModelForSequenceClassification.from_pretrained(str(handoff / "models" / "judge"))
-    args = RewardConfig(output_dir=str(tmp_path), max_length=320, report_to="none", use_cpu=True,
-                        dataset_num_proc=None)
-    trainer = RewardTrainer(model=model, args=args, processing_class=judge_tokenizer,
-                            train_dataset=load_dataset("json", data_files=str(path))["train"])
+    args = RewardConfig(output_dir=str(tmp_path), max_length=320, report_to="none", use_cpu=True, dataset_num_proc=None)
+    trainer = RewardTrainer(
+        model=model,
+        args=args,
+        processing_class=judge_tokenizer,
+        train_dataset=load_dataset("json", data_files=str(path))["train"],
+    )
     data = trainer.train_dataset
     assert len(rows) == len(data) == PAIRS[split], "pairs filtered or lost"
     eos = judge_tokenizer.eos_token
@@ -54,13 +59,24 @@ def test_trl_sft_trainer_reads_every_demonstration(handoff, judge_tokenizer, tmp
     completion tokens only, as the lab's SFT masks the prompt."""
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
+
     path = handoff / "data" / "demonstrations" / "train.jsonl"
     rows = _jsonl(path)
     model = AutoModelForCausalLM.from_pretrained(str(handoff / "models" / "actor"))
-    args = SFTConfig(output_dir=str(tmp_path), max_length=320, report_to="none", use_cpu=True,
-                     dataset_num_proc=None, completion_only_loss=True)
-    trainer = SFTTrainer(model=model, args=args, processing_class=judge_tokenizer,
-                         train_dataset=load_dataset("json", data_files=str(path))["train"])
+    args = SFTConfig(
+        output_dir=str(tmp_path),
+        max_length=320,
+        report_to="none",
+        use_cpu=True,
+        dataset_num_proc=None,
+        completion_only_loss=True,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        processing_class=judge_tokenizer,
+        train_dataset=load_dataset("json", data_files=str(path))["train"],
+    )
     data = trainer.train_dataset
     assert len(rows) == len(data) == 168
     for r, d in zip(rows, data):
@@ -75,13 +91,25 @@ def test_openrlhf_reward_dataset_reads_every_train_pair(handoff, judge_tokenizer
     """OpenRLHF's RewardDataset (its own preprocessing) on the unchanged train pairs, with the
     lab's ChatML prompt as input_template: every pair kept, chosen before rejected, EOS last."""
     from openrlhf.datasets import RewardDataset
+
     path = handoff / "data" / "preference_pairs" / "train.jsonl"
     rows = _jsonl(path)
-    strategy = SimpleNamespace(args=SimpleNamespace(data=SimpleNamespace(
-        prompt_key="prompt", chosen_key="chosen", rejected_key="rejected", apply_chat_template=False)))
+    strategy = SimpleNamespace(
+        args=SimpleNamespace(
+            data=SimpleNamespace(
+                prompt_key="prompt", chosen_key="chosen", rejected_key="rejected", apply_chat_template=False
+            )
+        )
+    )
     template = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-    dataset = RewardDataset(load_dataset("json", data_files=str(path))["train"], judge_tokenizer, 320, strategy,
-                            input_template=template, num_processors=1)
+    dataset = RewardDataset(
+        load_dataset("json", data_files=str(path))["train"],
+        judge_tokenizer,
+        320,
+        strategy,
+        input_template=template,
+        num_processors=1,
+    )
     assert len(dataset) == len(rows) == 840
     for i in (0, 1, 417, 839):
         chosen_ids, _, rejected_ids, _, _ = dataset[i]
@@ -97,11 +125,17 @@ def test_lab_ids_against_the_libraries(handoff, expect, judge_tokenizer):
     rows = _jsonl(handoff / "data" / "preference_pairs" / "train.jsonl")
     lab = expect["pair_ids"]
     template = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-    same_openrlhf_text = sum(judge_tokenizer(template.format(r["prompt"]) + r["chosen"] + judge_tokenizer.eos_token,
-                                             add_special_tokens=False)["input_ids"] == ids
-                             for r, ids in zip(rows, lab))
-    same_trl_raw = sum(judge_tokenizer(r["prompt"] + r["chosen"] + judge_tokenizer.eos_token)["input_ids"] == ids
-                       for r, ids in zip(rows, lab))
+    same_openrlhf_text = sum(
+        judge_tokenizer(
+            template.format(r["prompt"]) + r["chosen"] + judge_tokenizer.eos_token, add_special_tokens=False
+        )["input_ids"]
+        == ids
+        for r, ids in zip(rows, lab)
+    )
+    same_trl_raw = sum(
+        judge_tokenizer(r["prompt"] + r["chosen"] + judge_tokenizer.eos_token)["input_ids"] == ids
+        for r, ids in zip(rows, lab)
+    )
     print(f"lab chosen ids reproduced: ChatML-rendered text {same_openrlhf_text}/840, raw prompt {same_trl_raw}/840")
     assert same_trl_raw == 0, "raw TRL input has no ChatML wrapper, so it cannot equal the lab's ids"
     assert same_openrlhf_text == len(rows), "the ChatML-rendered text tokenizes to the lab's ids"

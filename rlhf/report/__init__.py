@@ -47,25 +47,68 @@ Everything is imported here: use ``rlhf.report.X``. The wording names (``SCORE_N
 ``HONESTY`` ...) live in ``rlhf.report.wording`` and the other modules read them there at call
 time, so a test that changes one patches ``rlhf.report.wording``.
 """
+
 from __future__ import annotations
 
-from rlhf.report import wording
+from rlhf.report import wording as wording  # re-exported: tests patch rlhf.report.wording
 from rlhf.report.formatting import fmt, fmt_signed
-from rlhf.report.labels import (METRICS, PHASE_LABELS, POPULATION_LABELS, POPULATIONS, PPO_PHASES, STAGE_LABELS,
-                                STAGES, VARIANTS)
+from rlhf.report.labels import (
+    METRICS,
+    PHASE_LABELS,
+    POPULATION_LABELS,
+    POPULATIONS,
+    PPO_PHASES,
+    STAGE_LABELS,
+    STAGES,
+    VARIANTS,
+)
 from rlhf.report.plots import make_plots
 from rlhf.report.render import CSS, render_html, render_markdown
 from rlhf.report.results import REQUIRED_INPUTS, collect_results
 from rlhf.report.sections import build_sections
 from rlhf.report.tables import Table
-from rlhf.report.wording import (ALLOWED_DISCLAIMERS, DPO_NOTE, FORBIDDEN_PATTERNS, HONESTY, MODEL_TEXT_PLACEHOLDER,
-                                 SCORE_NAME, SCORE_SHORT, ReportWordingError, find_forbidden_wording)
+from rlhf.report.wording import (
+    ALLOWED_DISCLAIMERS,
+    DPO_NOTE,
+    FORBIDDEN_PATTERNS,
+    HONESTY,
+    MODEL_TEXT_PLACEHOLDER,
+    SCORE_NAME,
+    SCORE_SHORT,
+    ReportWordingError,
+    find_forbidden_wording,
+)
 from rlhf.report.write import REPORT_FILES, print_summary, write_reports
 
 __all__ = [
-    "ALLOWED_DISCLAIMERS", "CSS", "DPO_NOTE", "FORBIDDEN_PATTERNS", "HONESTY", "METRICS", "MODEL_TEXT_PLACEHOLDER",
-    "PHASE_LABELS", "POPULATIONS", "POPULATION_LABELS", "PPO_PHASES", "REPORT_FILES", "REQUIRED_INPUTS",
-    "SCORE_NAME", "SCORE_SHORT", "STAGES", "STAGE_LABELS", "VARIANTS", "ReportWordingError", "Table",
-    "build_sections", "collect_results", "find_forbidden_wording", "fmt", "fmt_signed", "make_plots",
-    "print_summary", "render_html", "render_markdown", "write_reports",
+    "ALLOWED_DISCLAIMERS",
+    "CSS",
+    "DPO_NOTE",
+    "FORBIDDEN_PATTERNS",
+    "HONESTY",
+    "METRICS",
+    "MODEL_TEXT_PLACEHOLDER",
+    "PHASE_LABELS",
+    "POPULATIONS",
+    "POPULATION_LABELS",
+    "PPO_PHASES",
+    "REPORT_FILES",
+    "REQUIRED_INPUTS",
+    "SCORE_NAME",
+    "SCORE_SHORT",
+    "STAGES",
+    "STAGE_LABELS",
+    "VARIANTS",
+    "ReportWordingError",
+    "Table",
+    "build_sections",
+    "collect_results",
+    "find_forbidden_wording",
+    "fmt",
+    "fmt_signed",
+    "make_plots",
+    "print_summary",
+    "render_html",
+    "render_markdown",
+    "write_reports",
 ]

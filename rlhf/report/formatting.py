@@ -1,4 +1,5 @@
 """Formatting of numbers and text for the reports (shared by tables, sections and the summary)."""
+
 from __future__ import annotations
 
 import html

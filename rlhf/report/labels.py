@@ -1,4 +1,5 @@
 """Fixed vocabulary of the reports: populations, metrics, pair variants, PPO phases, stages."""
+
 from __future__ import annotations
 
 from rlhf.report.wording import SCORE_NAME, SCORE_SHORT
@@ -42,8 +43,12 @@ def metric(key: str) -> tuple:
 
 PPO_PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
 PHASE_LABELS = {
-    "generation": "generation (sampling, actor)", "reference": "reference scoring", "judge": "judge (learned reward)",
-    "critic_values": "critic values", "actor_update": "actor optimisation", "critic_update": "critic optimisation",
+    "generation": "generation (sampling, actor)",
+    "reference": "reference scoring",
+    "judge": "judge (learned reward)",
+    "critic_values": "critic values",
+    "actor_update": "actor optimisation",
+    "critic_update": "critic optimisation",
     "iteration": "whole loop (all phases)",
 }
 STAGES = ("sft", "judge", "ppo")

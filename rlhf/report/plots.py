@@ -2,6 +2,7 @@
 
 matplotlib is imported inside the functions, so that importing ``rlhf.report`` stays light.
 """
+
 from __future__ import annotations
 
 import io
@@ -51,7 +52,7 @@ def _smooth(ys, w=10):
     """Running mean of the last `w` numbers (NaN where the window holds none)."""
     out = []
     for i in range(len(ys)):
-        win = [y for y in ys[max(0, i - w + 1): i + 1] if is_num(y)]
+        win = [y for y in ys[max(0, i - w + 1) : i + 1] if is_num(y)]
         out.append(sum(win) / len(win) if win else float("nan"))
     return out
 
@@ -86,8 +87,12 @@ def sft_plot(res: dict) -> bytes:
     ax1.legend()
     ep = res["sft"]["epochs"]
     ax2.plot([e.get("epoch", i) + 1 for i, e in enumerate(ep)], [e.get("train_loss") for e in ep], "o-", label="train")
-    ax2.plot([e.get("epoch", i) + 1 for i, e in enumerate(ep)], [e.get("validation_loss") for e in ep], "s-",
-             label="validation")
+    ax2.plot(
+        [e.get("epoch", i) + 1 for i, e in enumerate(ep)],
+        [e.get("validation_loss") for e in ep],
+        "s-",
+        label="validation",
+    )
     ax2.set(title="SFT loss per epoch", xlabel="epoch", ylabel="loss")
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.legend()
@@ -105,8 +110,14 @@ def judge_plot(res: dict) -> bytes:
     ax2.plot(c.get("step", []), _smooth(c.get("accuracy", [])), lw=2, color="#c44e52", label="mean of last 10")
     ep = res["judge"]["epochs"]
     per_epoch = max(1, len(c.get("step", [])) // max(1, len(ep)))
-    ax2.plot([(e.get("epoch", i) + 1) * per_epoch - 1 for i, e in enumerate(ep)],
-             [e.get("validation_accuracy") for e in ep], "D", color="#55a868", ms=8, label="validation, end of epoch")
+    ax2.plot(
+        [(e.get("epoch", i) + 1) * per_epoch - 1 for i, e in enumerate(ep)],
+        [e.get("validation_accuracy") for e in ep],
+        "D",
+        color="#55a868",
+        ms=8,
+        label="validation, end of epoch",
+    )
     ax2.set(title="Judge pair accuracy", xlabel="update", ylabel="accuracy", ylim=(-0.02, 1.05))
     ax2.legend(loc="lower right")
     return _png(fig)

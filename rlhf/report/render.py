@@ -1,5 +1,6 @@
 """Rendering the sections as Markdown (``report.md``) and as one self-contained HTML page
 (``report.html``: inline CSS, plots embedded as ``data:image/png;base64`` URIs)."""
+
 from __future__ import annotations
 
 import base64
@@ -18,9 +19,13 @@ def _flatten(blocks):
 
 
 def render_markdown(res: dict, quote=lambda s: s) -> str:
-    out = ["# RLHF with PPO — lab report", "",
-           f"Run folder: `{res['run_dir']}`. The {wording.SCORE_SHORT} is the {wording.SCORE_NAME}. Curves are "
-           f"drawn in report.html; every number is in results.json.", ""]
+    out = [
+        "# RLHF with PPO — lab report",
+        "",
+        f"Run folder: `{res['run_dir']}`. The {wording.SCORE_SHORT} is the {wording.SCORE_NAME}. Curves are "
+        f"drawn in report.html; every number is in results.json.",
+        "",
+    ]
     for anchor, title, blocks in build_sections(res, quote):
         out += [f"## {title}", ""]
         for b in _flatten(blocks):
@@ -40,7 +45,8 @@ def render_markdown(res: dict, quote=lambda s: s) -> str:
 CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;color:#1d2430;background:#f6f7f9;margin:0}
 main{max-width:1220px;margin:0 auto;padding:20px 28px 60px;background:#fff}
-h1{font-size:26px;margin:8px 0 4px}h2{font-size:20px;margin:34px 0 10px;padding-bottom:4px;border-bottom:2px solid #dde2ea}
+h1{font-size:26px;margin:8px 0 4px}
+h2{font-size:20px;margin:34px 0 10px;padding-bottom:4px;border-bottom:2px solid #dde2ea}
 p{line-height:1.45;max-width:1100px}.sub{color:#555;margin-top:0}
 nav{font-size:13px;margin:10px 0 4px}nav a{margin-right:12px;color:#2857a4;text-decoration:none}
 table{border-collapse:collapse;margin:10px 0 18px;font-size:13px}
@@ -65,12 +71,16 @@ figure{margin:8px 0}figcaption{font-size:13px;color:#555}
 
 def render_html(res: dict, images: dict[str, bytes], quote=lambda s: s) -> str:
     sections = build_sections(res, quote)
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           "<title>RLHF with PPO — lab report</title>", f"<style>{CSS}</style></head><body><main>",
-           "<h1>RLHF with PPO — lab report</h1>",
-           f'<p class="sub">Run folder <code>{esc(res["run_dir"])}</code>. The {esc(wording.SCORE_SHORT)} is the '
-           f'{esc(wording.SCORE_NAME)}. Every number is also in results.json.</p>',
-           "<nav>" + "".join(f'<a href="#{esc_attr(a)}">{esc(t)}</a>' for a, t, _ in sections) + "</nav>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>RLHF with PPO — lab report</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        "<h1>RLHF with PPO — lab report</h1>",
+        f'<p class="sub">Run folder <code>{esc(res["run_dir"])}</code>. The {esc(wording.SCORE_SHORT)} is the '
+        f"{esc(wording.SCORE_NAME)}. Every number is also in results.json.</p>",
+        "<nav>" + "".join(f'<a href="#{esc_attr(a)}">{esc(t)}</a>' for a, t, _ in sections) + "</nav>",
+    ]
     for anchor, title, blocks in sections:
         out.append(f'<section id="{esc_attr(anchor)}"><h2>{esc(title)}</h2>')
         out.extend(_html_blocks(blocks, images))
@@ -96,5 +106,7 @@ def _html_blocks(blocks, images) -> list[str]:
             data = images.get(b[1])
             if data:
                 uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-                out.append(f'<figure><img src="{uri}" alt="{esc_attr(b[2])}"><figcaption>{esc(b[2])}</figcaption></figure>')
+                out.append(
+                    f'<figure><img src="{uri}" alt="{esc_attr(b[2])}"><figcaption>{esc(b[2])}</figcaption></figure>'
+                )
     return out

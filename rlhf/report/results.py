@@ -4,6 +4,7 @@
 evaluation stage adds ``evaluation/results.json``). The corpus manifest and the three histories
 (``REQUIRED_INPUTS``) are required; a missing evaluation is recorded as "not run".
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,11 @@ def _sft_summary(h: dict) -> dict:
     ups = h.get("updates", [])
     ep = h.get("epochs", [])
     return {
-        "updates": len(ups), "total_updates": h.get("total_updates"), "epochs": len(ep),
-        "first_update_loss": ups[0]["loss"] if ups else None, "last_update_loss": ups[-1]["loss"] if ups else None,
+        "updates": len(ups),
+        "total_updates": h.get("total_updates"),
+        "epochs": len(ep),
+        "first_update_loss": ups[0]["loss"] if ups else None,
+        "last_update_loss": ups[-1]["loss"] if ups else None,
         "mean_loss_last_10_updates": mean([u.get("loss") for u in ups[-10:]]),
         "response_tokens_trained": sum(u.get("tokens", 0) for u in ups),
         "peak_lr": max((u.get("lr", 0) for u in ups), default=None),
@@ -45,11 +49,15 @@ def _judge_summary(h: dict) -> dict:
     ep = h.get("epochs", [])
     last = ep[-1] if ep else {}
     return {
-        "updates": len(ups), "total_updates": h.get("total_updates"), "epochs": len(ep),
-        "first_update_loss": ups[0]["loss"] if ups else None, "last_update_loss": ups[-1]["loss"] if ups else None,
+        "updates": len(ups),
+        "total_updates": h.get("total_updates"),
+        "epochs": len(ep),
+        "first_update_loss": ups[0]["loss"] if ups else None,
+        "last_update_loss": ups[-1]["loss"] if ups else None,
         "mean_accuracy_last_10_updates": mean([u.get("accuracy") for u in ups[-10:]]),
         "peak_lr": max((u.get("lr", 0) for u in ups), default=None),
-        "final_train_loss": last.get("train_loss"), "final_train_accuracy": last.get("train_accuracy"),
+        "final_train_loss": last.get("train_loss"),
+        "final_train_accuracy": last.get("train_accuracy"),
         "final_validation_loss": last.get("validation_loss"),
         "final_validation_accuracy": last.get("validation_accuracy"),
         "final_validation_ties": last.get("validation_ties"),
@@ -61,7 +69,9 @@ def _ppo_summary(h: dict) -> dict:
     consumed = h.get("consumed", [])
     first, last = its[:10], its[-10:]
     return {
-        "iterations": len(its), "sampled_responses": len(consumed), "distinct_rollout_prompts": len(set(consumed)),
+        "iterations": len(its),
+        "sampled_responses": len(consumed),
+        "distinct_rollout_prompts": len(set(consumed)),
         "actor_updates": sum(len(i.get("policy_loss", [])) for i in its),
         "critic_updates": sum(len(i.get("value_loss", [])) for i in its),
         "truncations": sum(i.get("truncations", 0) for i in its),
@@ -84,20 +94,27 @@ def _fingerprint_checks(fp: dict | None) -> dict | None:
         b, a = fp["before"][role], fp["after"][role]
         changed = b.get("learned_sha256") != a.get("learned_sha256")
         must_change = role in ("actor", "critic")
-        out[role] = {"learned_changed": changed, "must_change": must_change,
-                     "frozen_base_unchanged": b.get("frozen_sha256") == a.get("frozen_sha256"),
-                     "ok": changed == must_change and b.get("frozen_sha256") == a.get("frozen_sha256")}
+        out[role] = {
+            "learned_changed": changed,
+            "must_change": must_change,
+            "frozen_base_unchanged": b.get("frozen_sha256") == a.get("frozen_sha256"),
+            "ok": changed == must_change and b.get("frozen_sha256") == a.get("frozen_sha256"),
+        }
     return out
 
 
 def _evaluation(run: Path) -> dict:
     path = run / "evaluation" / "results.json"
     if not path.is_file():
-        return {"status": "not run",
-                "note": ("Evaluation not run: evaluation/results.json is absent in this run folder, so the "
-                         "SFT-vs-PPO comparison, the judge test accuracy, the politeness probes and the actor "
-                         "probe outputs are not shown. Run the evaluation stage on this run, then write the "
-                         "reports again (reports are never overwritten: move the old report files away first).")}
+        return {
+            "status": "not run",
+            "note": (
+                "Evaluation not run: evaluation/results.json is absent in this run folder, so the "
+                "SFT-vs-PPO comparison, the judge test accuracy, the politeness probes and the actor "
+                "probe outputs are not shown. Run the evaluation stage on this run, then write the "
+                "reports again (reports are never overwritten: move the old report files away first)."
+            ),
+        }
     data = read_json(path)
     return {"status": "run", "file": "evaluation/results.json", "sha256": sha256_file(path), **data}
 
@@ -112,13 +129,15 @@ def _resume_checks(run: Path) -> dict:
 
 def _artifacts(run: Path) -> dict:
     artifacts = {}
-    for rel in ("sft/actor.safetensors", "judge/judge.safetensors", "ppo/actor.safetensors",
-                "ppo/critic.safetensors"):
+    for rel in ("sft/actor.safetensors", "judge/judge.safetensors", "ppo/actor.safetensors", "ppo/critic.safetensors"):
         side = _read_optional(run / (rel + ".json"))
         if side:
-            artifacts[rel] = {"sha256": side.get("sha256"), "role": side.get("role"),
-                              "base_frozen_sha256": side.get("base_frozen_sha256"),
-                              "tensors": len(side.get("tensors", {}))}
+            artifacts[rel] = {
+                "sha256": side.get("sha256"),
+                "role": side.get("role"),
+                "base_frozen_sha256": side.get("base_frozen_sha256"),
+                "tensors": len(side.get("tensors", {})),
+            }
     return artifacts
 
 
@@ -126,8 +145,11 @@ def _timings(run: Path, evaluation: dict) -> dict:
     timings = {s: _read_optional(run / s / "timings.json") for s in STAGES}
     ppo_timing = timings.get("ppo") or {}
     return {
-        "stages": {s: {k: v for k, v in (timings[s] or {}).items() if k not in ("per_iteration", "total")}
-                   for s in STAGES if timings[s]},
+        "stages": {
+            s: {k: v for k, v in (timings[s] or {}).items() if k not in ("per_iteration", "total")}
+            for s in STAGES
+            if timings[s]
+        },
         "ppo_phase_totals_s": ppo_timing.get("total"),
         "ppo_per_iteration_s": ppo_timing.get("per_iteration"),
         "memory": ppo_timing.get("memory"),
@@ -138,8 +160,11 @@ def _timings(run: Path, evaluation: dict) -> dict:
 def _judge_test(evaluation: dict) -> dict:
     rt = evaluation.get("judge_test") if evaluation["status"] == "run" else None
     # Without the 180 per-pair scores (evaluation/results.json keeps them).
-    return ({k: v for k, v in rt.items() if k != "rows"} if isinstance(rt, dict)
-            else {"status": "not run", "accuracy": None, "by_variant": {}})
+    return (
+        {k: v for k, v in rt.items() if k != "rows"}
+        if isinstance(rt, dict)
+        else {"status": "not run", "accuracy": None, "by_variant": {}}
+    )
 
 
 def collect_results(run_dir) -> dict:
@@ -147,8 +172,9 @@ def collect_results(run_dir) -> dict:
     run = Path(run_dir)
     missing = [p for p in REQUIRED_INPUTS if not (run / p).is_file()]
     if missing:
-        raise FileNotFoundError(f"run folder {run} is not finished: missing {', '.join(missing)} "
-                                f"(run the lab stages first)")
+        raise FileNotFoundError(
+            f"run folder {run} is not finished: missing {', '.join(missing)} (run the lab stages first)"
+        )
     manifest = read_json(run / "corpus/manifest.json")
     sft_h = read_json(run / "sft/history.json")
     judge_h = read_json(run / "judge/history.json")
@@ -161,18 +187,34 @@ def collect_results(run_dir) -> dict:
         "run_dir": str(run.resolve()),
         "score_name": wording.SCORE_NAME,
         "honesty": list(wording.HONESTY),
-        "corpus": {"audit": manifest.get("audit", {}), "files_sha256": manifest.get("files", {}),
-                   "probe_families": manifest.get("probe_families", []),
-                   "manifest_sha256": sha256_file(run / "corpus/manifest.json")},
-        "base_model": ({k: base.get(k) for k in ("kind", "parameters", "shape", "eos_token_id", "pad_token_id",
-                                                 "seed", "files")} if base else None),
-        "sft": {"summary": _sft_summary(sft_h), "epochs": sft_h.get("epochs", []),
-                "curves": _curves(sft_h.get("updates", []))},
-        "judge": {"summary": _judge_summary(judge_h), "epochs": judge_h.get("epochs", []),
-                   "curves": _curves(judge_h.get("updates", []))},
-        "ppo": {"summary": _ppo_summary(ppo_h), "curves": _curves(ppo_h.get("iterations", [])),
-                "scoring_check": ppo_h.get("scoring_check"), "token_views": ppo_h.get("token_views", []),
-                "consumed_rollout_ids": ppo_h.get("consumed", [])},
+        "corpus": {
+            "audit": manifest.get("audit", {}),
+            "files_sha256": manifest.get("files", {}),
+            "probe_families": manifest.get("probe_families", []),
+            "manifest_sha256": sha256_file(run / "corpus/manifest.json"),
+        },
+        "base_model": (
+            {k: base.get(k) for k in ("kind", "parameters", "shape", "eos_token_id", "pad_token_id", "seed", "files")}
+            if base
+            else None
+        ),
+        "sft": {
+            "summary": _sft_summary(sft_h),
+            "epochs": sft_h.get("epochs", []),
+            "curves": _curves(sft_h.get("updates", [])),
+        },
+        "judge": {
+            "summary": _judge_summary(judge_h),
+            "epochs": judge_h.get("epochs", []),
+            "curves": _curves(judge_h.get("updates", [])),
+        },
+        "ppo": {
+            "summary": _ppo_summary(ppo_h),
+            "curves": _curves(ppo_h.get("iterations", [])),
+            "scoring_check": ppo_h.get("scoring_check"),
+            "token_views": ppo_h.get("token_views", []),
+            "consumed_rollout_ids": ppo_h.get("consumed", []),
+        },
         "timings": _timings(run, evaluation),
         "resume_checks": _resume_checks(run),
         "fingerprints": fingerprints,

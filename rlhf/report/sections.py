@@ -5,14 +5,29 @@ A section is ``(anchor, title, blocks)``; each block is ("p", text) | ("table", 
 through `quote` (identity for publishing, placeholder for the wording check of the report's own
 text). ``build_sections`` lists them in the order of the report.
 """
+
 from __future__ import annotations
 
 from rlhf.report import wording
 from rlhf.report.formatting import fmt, is_num
-from rlhf.report.tables import (artifacts_table, comparison_table, fingerprint_table, frequent_outputs_table,
-                                judge_epochs_table, key_results_table, kv_table, politeness_table,
-                                probe_outputs_table, resume_tables, judge_test_table, sft_epochs_table,
-                                shortcut_audit_table, stage_time_table, timings_table, token_view_table)
+from rlhf.report.tables import (
+    artifacts_table,
+    comparison_table,
+    fingerprint_table,
+    frequent_outputs_table,
+    judge_epochs_table,
+    judge_test_table,
+    key_results_table,
+    kv_table,
+    politeness_table,
+    probe_outputs_table,
+    resume_tables,
+    sft_epochs_table,
+    shortcut_audit_table,
+    stage_time_table,
+    timings_table,
+    token_view_table,
+)
 
 
 def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
@@ -26,8 +41,15 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
         sections += [politeness_section(ev), probe_outputs_section(ev, quote)]
     else:
         sections.append(("evaluation", "Evaluation (not run)", [("note", ev["note"])]))
-    sections += [curves_section(res), summaries_section(res), tokens_section(res, quote), timings_section(res),
-                 resume_section(res), corpus_section(res), dpo_section()]
+    sections += [
+        curves_section(res),
+        summaries_section(res),
+        tokens_section(res, quote),
+        timings_section(res),
+        resume_section(res),
+        corpus_section(res),
+        dpo_section(),
+    ]
     return sections
 
 
@@ -38,20 +60,34 @@ def glance_section(res: dict) -> tuple[str, str, list]:
     if ev["status"] == "run":
         glance.append(("table", key_results_table(ev)))
         rt = res["judge_test"]
-        glance.append(("p", f"Judge accuracy on the 180 test pairs: {fmt(rt.get('accuracy'))} "
-                            f"({fmt(rt.get('pairs'))} pairs, {fmt(rt.get('ties'))} ties)."))
+        glance.append(
+            (
+                "p",
+                f"Judge accuracy on the 180 test pairs: {fmt(rt.get('accuracy'))} "
+                f"({fmt(rt.get('pairs'))} pairs, {fmt(rt.get('ties'))} ties).",
+            )
+        )
         counts = (ev.get("politeness") or {}).get("counts")
         if counts:
-            glance.append(("table", kv_table(counts, "Politeness probes: counts over the 20 contexts",
-                                             "count", "number of contexts")))
+            glance.append(
+                (
+                    "table",
+                    kv_table(counts, "Politeness probes: counts over the 20 contexts", "count", "number of contexts"),
+                )
+            )
     else:
         glance.append(("note", ev["note"]))
-    glance.append(("p", f"PPO: {sp['iterations']} iterations, {sp['sampled_responses']} sampled responses, "
-                        f"{sp['actor_updates']} actor updates, {sp['critic_updates']} critic updates, "
-                        f"{sp['truncations']} truncated responses. Mean {wording.SCORE_SHORT} per rollout went "
-                        f"from {fmt(sp['mean_score_first_10'])} (first 10 iterations) to "
-                        f"{fmt(sp['mean_score_last_10'])} (last 10); this is the score PPO optimises, not an "
-                        f"evaluation."))
+    glance.append(
+        (
+            "p",
+            f"PPO: {sp['iterations']} iterations, {sp['sampled_responses']} sampled responses, "
+            f"{sp['actor_updates']} actor updates, {sp['critic_updates']} critic updates, "
+            f"{sp['truncations']} truncated responses. Mean {wording.SCORE_SHORT} per rollout went "
+            f"from {fmt(sp['mean_score_first_10'])} (first 10 iterations) to "
+            f"{fmt(sp['mean_score_last_10'])} (last 10); this is the score PPO optimises, not an "
+            f"evaluation.",
+        )
+    )
     return ("glance", "At a glance", glance)
 
 
@@ -60,11 +96,16 @@ def honesty_section() -> tuple[str, str, list]:
 
 
 def comparison_section(ev: dict, quote) -> tuple[str, str, list]:
-    blocks = [("p", f"Both policies generate greedily on the 180 test prompts and the 80 probe rows. "
-                    f"Rubric metrics come from the independent rubric (exact grammar checker); the "
-                    f"{wording.SCORE_SHORT} is the {wording.SCORE_NAME}. Rates of unsupported certainty use "
-                    f"recognised outputs as denominator; success rates use all rows. The CI of a difference is "
-                    f"computed over the independent units named in the last column.")]
+    blocks = [
+        (
+            "p",
+            f"Both policies generate greedily on the 180 test prompts and the 80 probe rows. "
+            f"Rubric metrics come from the independent rubric (exact grammar checker); the "
+            f"{wording.SCORE_SHORT} is the {wording.SCORE_NAME}. Rates of unsupported certainty use "
+            f"recognised outputs as denominator; success rates use all rows. The CI of a difference is "
+            f"computed over the independent units named in the last column.",
+        )
+    ]
     if ev.get("populations_note"):
         blocks.append(("note", str(ev["populations_note"])))
     blocks.append(("table", comparison_table(ev)))
@@ -75,83 +116,149 @@ def comparison_section(ev: dict, quote) -> tuple[str, str, list]:
 
 
 def judge_test_section(res: dict) -> tuple[str, str, list]:
-    return ("judge-test", "Judge accuracy on held-out test pairs",
-            [("p", "Accuracy of the frozen judge on the 180 test pairs, published separately from the "
-                   "actor's generations. See the give-away note above: r001 test pairs can be won "
-                   "without reading the situation."),
-             ("table", judge_test_table(res["judge_test"]))])
+    return (
+        "judge-test",
+        "Judge accuracy on held-out test pairs",
+        [
+            (
+                "p",
+                "Accuracy of the frozen judge on the 180 test pairs, published separately from the "
+                "actor's generations. See the give-away note above: r001 test pairs can be won "
+                "without reading the situation.",
+            ),
+            ("table", judge_test_table(res["judge_test"])),
+        ],
+    )
 
 
 def shortcut_audit_section(sa: dict) -> tuple[str, str, list]:
-    return ("shortcut-audit", f"Shortcut audit ({sa['version']}, corpus {sa['corpus']['revision']})",
-            [("p", "The frozen judge scores the 180 test pairs under counterfactual prompts; "
-                   "nothing it learned from is changed (hash-checked: "
-                   f"{fmt(sa.get('unchanged'))})."),
-             ("table", shortcut_audit_table(sa))])
+    return (
+        "shortcut-audit",
+        f"Shortcut audit ({sa['version']}, corpus {sa['corpus']['revision']})",
+        [
+            (
+                "p",
+                "The frozen judge scores the 180 test pairs under counterfactual prompts; "
+                "nothing it learned from is changed (hash-checked: "
+                f"{fmt(sa.get('unchanged'))}).",
+            ),
+            ("table", shortcut_audit_table(sa)),
+        ],
+    )
 
 
 def politeness_section(ev: dict) -> tuple[str, str, list]:
     pol = ev.get("politeness") or {}
-    blocks = [("p", "correct politeness delta = s(T,T) − s(T,F); incorrect politeness delta = "
-                    "s(F,T) − s(F,F); the last column flags contexts where the wrong-but-polite answer "
-                    "outranks the correct plain one. The exercise changes no judge weight, label or "
-                    "earlier artifact (hash-checked).")]
+    blocks = [
+        (
+            "p",
+            "correct politeness delta = s(T,T) − s(T,F); incorrect politeness delta = "
+            "s(F,T) − s(F,F); the last column flags contexts where the wrong-but-polite answer "
+            "outranks the correct plain one. The exercise changes no judge weight, label or "
+            "earlier artifact (hash-checked).",
+        )
+    ]
     if pol:
         blocks.append(("table", politeness_table(pol)))
         if pol.get("counts"):
-            blocks.append(("table", kv_table(pol["counts"], "Counts over the 20 contexts", "count",
-                                             "number of contexts")))
-        blocks.append(("p", f"Artifacts unchanged by the exercise (hash check): {fmt(pol.get('unchanged'))} "
-                            f"({len(pol.get('hashes_before') or {})} hashes compared)."))
+            blocks.append(
+                ("table", kv_table(pol["counts"], "Counts over the 20 contexts", "count", "number of contexts"))
+            )
+        blocks.append(
+            (
+                "p",
+                f"Artifacts unchanged by the exercise (hash check): {fmt(pol.get('unchanged'))} "
+                f"({len(pol.get('hashes_before') or {})} hashes compared).",
+            )
+        )
     return ("politeness", "Politeness probes (the judge's style bias)", blocks)
 
 
 def probe_outputs_section(ev: dict, quote) -> tuple[str, str, list]:
     t = probe_outputs_table(ev, quote)
-    return ("probe-outputs", "The actor's own probe outputs",
-            [("table", t)] if t else [("note", "No probe rows in the evaluation results.")])
+    return (
+        "probe-outputs",
+        "The actor's own probe outputs",
+        [("table", t)] if t else [("note", "No probe rows in the evaluation results.")],
+    )
 
 
 def curves_section(res: dict) -> tuple[str, str, list]:
     ss, sj = res["sft"]["summary"], res["judge"]["summary"]
-    return ("curves", "Learning curves", [
-        ("p", f"SFT: {ss['updates']} updates over {ss['epochs']} epochs; loss per update is the sum of token "
-              f"log-losses over the active response tokens of the batch divided by their number. Final train "
-              f"loss {fmt(ss['final_train_loss'])}, validation loss {fmt(ss['final_validation_loss'])}."),
-        ("img", "sft", "SFT loss per update and per epoch"),
-        ("p", f"Judge: {sj['updates']} Bradley-Terry updates over {sj['epochs']} epochs; final validation "
-              f"accuracy {fmt(sj['final_validation_accuracy'])}, validation loss "
-              f"{fmt(sj['final_validation_loss'])} (validation never selects a checkpoint)."),
-        ("img", "judge", "Judge loss and accuracy"),
-        ("p", "PPO, per iteration (4 rollouts, then 2 updates of actor and critic). The KL-penalty reward per "
-              "token is −0.02 × the sampled-token log-ratio; the curve shows the log-ratio itself."),
-        ("img", "ppo", "PPO curves"),
-    ])
+    return (
+        "curves",
+        "Learning curves",
+        [
+            (
+                "p",
+                f"SFT: {ss['updates']} updates over {ss['epochs']} epochs; loss per update is the sum of token "
+                f"log-losses over the active response tokens of the batch divided by their number. Final train "
+                f"loss {fmt(ss['final_train_loss'])}, validation loss {fmt(ss['final_validation_loss'])}.",
+            ),
+            ("img", "sft", "SFT loss per update and per epoch"),
+            (
+                "p",
+                f"Judge: {sj['updates']} Bradley-Terry updates over {sj['epochs']} epochs; final validation "
+                f"accuracy {fmt(sj['final_validation_accuracy'])}, validation loss "
+                f"{fmt(sj['final_validation_loss'])} (validation never selects a checkpoint).",
+            ),
+            ("img", "judge", "Judge loss and accuracy"),
+            (
+                "p",
+                "PPO, per iteration (4 rollouts, then 2 updates of actor and critic). The KL-penalty reward per "
+                "token is −0.02 × the sampled-token log-ratio; the curve shows the log-ratio itself.",
+            ),
+            ("img", "ppo", "PPO curves"),
+        ],
+    )
 
 
 def summaries_section(res: dict) -> tuple[str, str, list]:
-    return ("summaries", "Stage summaries", [("group", [
-        ("table", kv_table(res["sft"]["summary"], "SFT")), ("table", sft_epochs_table(res["sft"]["epochs"])),
-        ("table", kv_table(res["judge"]["summary"], "Judge")),
-        ("table", judge_epochs_table(res["judge"]["epochs"])),
-        ("table", kv_table(res["ppo"]["summary"], "PPO")),
-    ])])
+    return (
+        "summaries",
+        "Stage summaries",
+        [
+            (
+                "group",
+                [
+                    ("table", kv_table(res["sft"]["summary"], "SFT")),
+                    ("table", sft_epochs_table(res["sft"]["epochs"])),
+                    ("table", kv_table(res["judge"]["summary"], "Judge")),
+                    ("table", judge_epochs_table(res["judge"]["epochs"])),
+                    ("table", kv_table(res["ppo"]["summary"], "PPO")),
+                ],
+            )
+        ],
+    )
 
 
 def tokens_section(res: dict, quote) -> tuple[str, str, list]:
     tv = res["ppo"]["token_views"]
-    blocks = [("p", "Each row is one sampled response token, with the data stored at sampling time: the old "
-                    "policy's log-prob (logp_old), the frozen reference's (logp_ref), their difference, the "
-                    "per-token KL-penalty reward −0.02·(logp_old − logp_ref), the total reward r_t (the "
-                    f"{wording.SCORE_SHORT} is added once at the last token; −1 more if cut without EOS), the "
-                    "critic's value before the token, the GAE advantage (gamma 1, lambda 0.95, no whitening) and "
-                    "the return A + V. Tokens are shown as stored, with a space drawn as ␣ and a newline as ↵. "
-                    "Token and advantage cells are green for positive and red for negative advantages, darker "
-                    "for larger magnitudes within the response.")]
+    blocks = [
+        (
+            "p",
+            "Each row is one sampled response token, with the data stored at sampling time: the old "
+            "policy's log-prob (logp_old), the frozen reference's (logp_ref), their difference, the "
+            "per-token KL-penalty reward −0.02·(logp_old − logp_ref), the total reward r_t (the "
+            f"{wording.SCORE_SHORT} is added once at the last token; −1 more if cut without EOS), the "
+            "critic's value before the token, the GAE advantage (gamma 1, lambda 0.95, no whitening) and "
+            "the return A + V. Tokens are shown as stored, with a space drawn as ␣ and a newline as ↵. "
+            "Token and advantage cells are green for positive and red for negative advantages, darker "
+            "for larger magnitudes within the response.",
+        )
+    ]
     sc = res["ppo"].get("scoring_check")
     if sc:
-        blocks.append(("table", kv_table(sc, "Scoring check before the first update: sampling-time vs "
-                                             "teacher-forced log-probs of the same tokens")))
+        blocks.append(
+            (
+                "table",
+                kv_table(
+                    sc,
+                    "Scoring check before the first update: sampling-time vs "
+                    "teacher-forced log-probs of the same tokens",
+                ),
+            )
+        )
     if tv:
         blocks.append(("group", [("table", token_view_table(v, quote)) for v in tv]))
     else:
@@ -185,14 +292,28 @@ def resume_section(res: dict) -> tuple[str, str, list]:
 
 
 def corpus_section(res: dict) -> tuple[str, str, list]:
-    return ("corpus", "Corpus audit", [("table", kv_table(res["corpus"]["audit"], "OfficeHelpPrefs audit")),
-                                       ("p", f"Corpus manifest SHA-256: {res['corpus']['manifest_sha256']}")])
+    return (
+        "corpus",
+        "Corpus audit",
+        [
+            ("table", kv_table(res["corpus"]["audit"], "OfficeHelpPrefs audit")),
+            ("p", f"Corpus manifest SHA-256: {res['corpus']['manifest_sha256']}"),
+        ],
+    )
 
 
 def dpo_section() -> tuple[str, str, list]:
-    return ("dpo", "DPO and exact checkers (discussion, not trained)", [
-        ("p", wording.DPO_NOTE),
-        ("p", "Where an exact checker exists, as the rubric here, it can be the reward itself: it cannot be "
-              "flattered by style the way the learned judge can (see the politeness probes). A learned judge "
-              "is for criteria that no program can check, and its score then needs the independent checks "
-              "shown in this report.")])
+    return (
+        "dpo",
+        "DPO and exact checkers (discussion, not trained)",
+        [
+            ("p", wording.DPO_NOTE),
+            (
+                "p",
+                "Where an exact checker exists, as the rubric here, it can be the reward itself: it cannot be "
+                "flattered by style the way the learned judge can (see the politeness probes). A learned judge "
+                "is for criteria that no program can check, and its score then needs the independent checks "
+                "shown in this report.",
+            ),
+        ],
+    )

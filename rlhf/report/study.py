@@ -5,6 +5,7 @@ It shows both kinds of uncertainty side by side: each run's single-run bootstrap
 (prompts resampled inside one trained run) and the across-seed mean with its t-interval
 (training randomness), plus the per-token view of a held-out answer that PPO changed.
 """
+
 from __future__ import annotations
 
 import base64
@@ -40,12 +41,35 @@ def differences_table(result: dict) -> Table:
         m = f"{key}.{pop}"
         s, sft, ppo = across[f"{m}.ppo_minus_sft"], across[f"{m}.sft"], across[f"{m}.ppo"]
         boot = first["single_run_bootstrap"][m]
-        rows.append([_label(key, pop), fmt(sft["mean"]), fmt(ppo["mean"]), fmt_signed(s["mean"]), fmt(s["sd"]),
-                     _interval(s), f"{s['positive']} of {s['n']}", fmt(s["sign_test_p"]),
-                     f"{fmt_signed(boot['diff'])} [{fmt_signed(boot['ci95'][0])}, {fmt_signed(boot['ci95'][1])}]"])
-    return Table(["quantity", "SFT mean", "PPO mean", "PPO − SFT mean", "SD over seeds", "95% t-interval over seeds",
-                  "seeds with PPO > SFT", "sign-test p", "run 0 alone: diff [bootstrap 95%]"], rows,
-                 f"PPO − SFT over {len(result['seeds'])} training seeds", cls="compare")
+        rows.append(
+            [
+                _label(key, pop),
+                fmt(sft["mean"]),
+                fmt(ppo["mean"]),
+                fmt_signed(s["mean"]),
+                fmt(s["sd"]),
+                _interval(s),
+                f"{s['positive']} of {s['n']}",
+                fmt(s["sign_test_p"]),
+                f"{fmt_signed(boot['diff'])} [{fmt_signed(boot['ci95'][0])}, {fmt_signed(boot['ci95'][1])}]",
+            ]
+        )
+    return Table(
+        [
+            "quantity",
+            "SFT mean",
+            "PPO mean",
+            "PPO − SFT mean",
+            "SD over seeds",
+            "95% t-interval over seeds",
+            "seeds with PPO > SFT",
+            "sign-test p",
+            "run 0 alone: diff [bootstrap 95%]",
+        ],
+        rows,
+        f"PPO − SFT over {len(result['seeds'])} training seeds",
+        cls="compare",
+    )
 
 
 def other_table(result: dict) -> Table:
@@ -55,26 +79,56 @@ def other_table(result: dict) -> Table:
         if m.startswith(("rubric_success.", "learned_reward.")):
             continue
         rows.append([m, fmt(s["mean"]), fmt(s["sd"]), _interval(s), f"{fmt(s['min'])} … {fmt(s['max'])}"])
-    return Table(["quantity", "mean", "SD", "95% t-interval", "min … max"], rows,
-                 "Judge, shortcut audit, politeness probe counts (of 20 contexts), truncations and UNCERTIFIED "
-                 "counts (of 180 test rows / 80 probe rows)", cls="compare")
+    return Table(
+        ["quantity", "mean", "SD", "95% t-interval", "min … max"],
+        rows,
+        "Judge, shortcut audit, politeness probe counts (of 20 contexts), truncations and UNCERTIFIED "
+        "counts (of 180 test rows / 80 probe rows)",
+        cls="compare",
+    )
 
 
 def per_seed_table(result: dict) -> Table:
     rows = []
     for r in result["seeds"]:
         m, b = r["metrics"], r["single_run_bootstrap"]["rubric_success.test"]
-        rows.append([str(r["index"]), str(r["seeds"]["seeds.torch"]), fmt(r["protocol"]),
-                     fmt(m["rubric_success.test.sft"]), fmt(m["rubric_success.test.ppo"]),
-                     f"{fmt_signed(b['diff'])} [{fmt_signed(b['ci95'][0])}, {fmt_signed(b['ci95'][1])}]",
-                     fmt_signed(m["learned_reward.test.ppo_minus_sft"]), fmt(m["judge.test_accuracy"]),
-                     fmt(m.get("shortcut_audit.d_conflict")), str(m.get("politeness.wrong_polite_outranks_correct_plain")),
-                     f"{m['truncations.test.sft']} / {m['truncations.test.ppo']}",
-                     f"{m['uncertified.test.sft']} / {m['uncertified.test.ppo']}", r["identity"]["ppo_state_sha256"][:12]])
-    return Table(["seed", "torch seed", "protocol", "SFT test", "PPO test", "PPO − SFT [bootstrap 95%]",
-                  f"{wording.SCORE_SHORT} PPO − SFT", "judge test acc.", "audit conflict acc.",
-                  "wrong+polite > correct+plain", "truncations SFT / PPO", "UNCERTIFIED SFT / PPO", "PPO state"],
-                 rows, "One row per training seed (test prompts; rubric success unless named)", cls="compare")
+        rows.append(
+            [
+                str(r["index"]),
+                str(r["seeds"]["seeds.torch"]),
+                fmt(r["protocol"]),
+                fmt(m["rubric_success.test.sft"]),
+                fmt(m["rubric_success.test.ppo"]),
+                f"{fmt_signed(b['diff'])} [{fmt_signed(b['ci95'][0])}, {fmt_signed(b['ci95'][1])}]",
+                fmt_signed(m["learned_reward.test.ppo_minus_sft"]),
+                fmt(m["judge.test_accuracy"]),
+                fmt(m.get("shortcut_audit.d_conflict")),
+                str(m.get("politeness.wrong_polite_outranks_correct_plain")),
+                f"{m['truncations.test.sft']} / {m['truncations.test.ppo']}",
+                f"{m['uncertified.test.sft']} / {m['uncertified.test.ppo']}",
+                r["identity"]["ppo_state_sha256"][:12],
+            ]
+        )
+    return Table(
+        [
+            "seed",
+            "torch seed",
+            "protocol",
+            "SFT test",
+            "PPO test",
+            "PPO − SFT [bootstrap 95%]",
+            f"{wording.SCORE_SHORT} PPO − SFT",
+            "judge test acc.",
+            "audit conflict acc.",
+            "wrong+polite > correct+plain",
+            "truncations SFT / PPO",
+            "UNCERTIFIED SFT / PPO",
+            "PPO state",
+        ],
+        rows,
+        "One row per training seed (test prompts; rubric success unless named)",
+        cls="compare",
+    )
 
 
 def token_table(view: dict) -> Table:
@@ -83,10 +137,21 @@ def token_table(view: dict) -> Table:
     rows = []
     for i, t in enumerate(toks):
         style = _sign_style(t["log_ratio"], scale)
-        rows.append([str(i), (_show_token(t["token"]), (style + "; " if style else "") + "font-family: monospace"),
-                     fmt(t["logp_ppo"], 4), fmt(t["logp_sft"], 4), (fmt(t["log_ratio"], 4), style)])
-    return Table(["#", "token", "log π_PPO", "log π_SFT (reference)", "log-ratio"], rows,
-                 f"PPO's greedy answer to {view['document_id']} (run {view['seed']}), token by token", cls="tokens")
+        rows.append(
+            [
+                str(i),
+                (_show_token(t["token"]), (style + "; " if style else "") + "font-family: monospace"),
+                fmt(t["logp_ppo"], 4),
+                fmt(t["logp_sft"], 4),
+                (fmt(t["log_ratio"], 4), style),
+            ]
+        )
+    return Table(
+        ["#", "token", "log π_PPO", "log π_SFT (reference)", "log-ratio"],
+        rows,
+        f"PPO's greedy answer to {view['document_id']} (run {view['seed']}), token by token",
+        cls="tokens",
+    )
 
 
 def plot_seeds(result: dict) -> bytes:
@@ -99,13 +164,28 @@ def plot_seeds(result: dict) -> bytes:
         m = f"{key}.{pop}"
         for j, r in enumerate(rows):
             b = r["single_run_bootstrap"][m]
-            ax.errorbar([j], [b["diff"]], yerr=[[b["diff"] - b["ci95"][0]], [b["ci95"][1] - b["diff"]]], fmt="o",
-                        color="#4c72b0", capsize=3, label="one run: diff, bootstrap 95% (prompts)" if j == 0 else None)
+            ax.errorbar(
+                [j],
+                [b["diff"]],
+                yerr=[[b["diff"] - b["ci95"][0]], [b["ci95"][1] - b["diff"]]],
+                fmt="o",
+                color="#4c72b0",
+                capsize=3,
+                label="one run: diff, bootstrap 95% (prompts)" if j == 0 else None,
+            )
         s = result["across"][f"{m}.ppo_minus_sft"]
         x = len(rows) + 0.8
         if s["t95"]:
-            ax.errorbar([x], [s["mean"]], yerr=[[s["mean"] - s["t95"][0]], [s["t95"][1] - s["mean"]]], fmt="D",
-                        color="#c44e52", capsize=5, ms=8, label="mean over seeds, 95% t-interval")
+            ax.errorbar(
+                [x],
+                [s["mean"]],
+                yerr=[[s["mean"] - s["t95"][0]], [s["t95"][1] - s["mean"]]],
+                fmt="D",
+                color="#c44e52",
+                capsize=5,
+                ms=8,
+                label="mean over seeds, 95% t-interval",
+            )
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(list(range(len(rows))) + [x], [str(r["index"]) for r in rows] + ["mean"])
         ax.set(title=f"PPO − SFT: {_label(key, pop)}", xlabel="training seed (run)")
@@ -115,29 +195,46 @@ def plot_seeds(result: dict) -> bytes:
 
 def _sections(result: dict) -> list[tuple[str, list[str]]]:
     st, iv, view = result["study"], result["interval"], result["changed_answer"]
-    head = [f"<p>{esc(st['n'])} runs of the whole embedded lab on {esc(st['revision'])}, SFT budget "
-            f"{esc(st['sft_budget'])}, study seed {esc(st['study_seed'])}. Reproduce: <code>{esc(result['command'])}"
-            f"</code>. Seeds: {esc(result['derivation'])}.</p>",
-            f"<p>{esc(iv['name'])}: {esc(iv['formula'])}. Assumption: {esc(iv['assumption'])}. {esc(iv['meaning'])}</p>"]
-    out = [("Across seeds", head + [differences_table(result).html()]),
-           ("Plot", ["<p>Blue: each run's PPO − SFT with its single-run bootstrap interval (prompts resampled inside "
-                     "that run). Red: the mean over runs with the t-interval over seeds (training randomness).</p>",
-                     "@plot"]),
-           ("Per seed", [per_seed_table(result).html()]),
-           ("Other quantities", [other_table(result).html()])]
+    head = [
+        f"<p>{esc(st['n'])} runs of the whole embedded lab on {esc(st['revision'])}, SFT budget "
+        f"{esc(st['sft_budget'])}, study seed {esc(st['study_seed'])}. Reproduce: <code>{esc(result['command'])}"
+        f"</code>. Seeds: {esc(result['derivation'])}.</p>",
+        f"<p>{esc(iv['name'])}: {esc(iv['formula'])}. Assumption: {esc(iv['assumption'])}. {esc(iv['meaning'])}</p>",
+    ]
+    out = [
+        ("Across seeds", head + [differences_table(result).html()]),
+        (
+            "Plot",
+            [
+                "<p>Blue: each run's PPO − SFT with its single-run bootstrap interval (prompts resampled inside "
+                "that run). Red: the mean over runs with the t-interval over seeds (training randomness).</p>",
+                "@plot",
+            ],
+        ),
+        ("Per seed", [per_seed_table(result).html()]),
+        ("Other quantities", [other_table(result).html()]),
+    ]
     if view.get("seed") is None:
         out.append(("A changed answer", [f"<p>{esc(view['note'])}</p>"]))
     else:
-        out.append(("A changed answer", [
-            f"<p>Prompt {esc(view['document_id'])}: {esc(view['prompt'])}</p>",
-            f"<p>SFT answered: <code>{esc(view['sft']['response'])}</code> (rubric success "
-            f"{fmt(view['sft']['rubric_success'])}: {esc(view['sft']['reason'])}; {esc(wording.SCORE_SHORT)} "
-            f"{fmt(view['sft']['learned_reward'])}). PPO answered: <code>{esc(view['ppo']['response'])}</code> (rubric "
-            f"success {fmt(view['ppo']['rubric_success'])}: {esc(view['ppo']['reason'])}; {esc(wording.SCORE_SHORT)} "
-            f"{fmt(view['ppo']['learned_reward'])}).</p>",
-            "<p>Each token of PPO's answer under the PPO policy and under the SFT policy it started from (PPO's frozen "
-            "reference), teacher-forced; green where PPO made the token more likely than SFT did.</p>",
-            token_table(view).html()]))
+        out.append(
+            (
+                "A changed answer",
+                [
+                    f"<p>Prompt {esc(view['document_id'])}: {esc(view['prompt'])}</p>",
+                    f"<p>SFT answered: <code>{esc(view['sft']['response'])}</code> (rubric success "
+                    f"{fmt(view['sft']['rubric_success'])}: {esc(view['sft']['reason'])}; "
+                    f"{esc(wording.SCORE_SHORT)} {fmt(view['sft']['learned_reward'])}). PPO answered: "
+                    f"<code>{esc(view['ppo']['response'])}</code> (rubric success "
+                    f"{fmt(view['ppo']['rubric_success'])}: {esc(view['ppo']['reason'])}; {esc(wording.SCORE_SHORT)} "
+                    f"{fmt(view['ppo']['learned_reward'])}).</p>",
+                    "<p>Each token of PPO's answer under the PPO policy and under the SFT policy it started from "
+                    "(PPO's frozen reference), teacher-forced; green where PPO made the token more likely than SFT "
+                    "did.</p>",
+                    token_table(view).html(),
+                ],
+            )
+        )
     out.append(("Honesty", ['<ul class="honesty">' + "".join(f"<li>{esc(x)}</li>" for x in wording.HONESTY) + "</ul>"]))
     return out
 
@@ -145,8 +242,13 @@ def _sections(result: dict) -> list[tuple[str, list[str]]]:
 def render_study_html(result: dict, plot: bytes | None) -> str:
     st = result["study"]
     title = f"RLHF with PPO — {st['n']}-seed study on {st['revision']} (SFT budget {st['sft_budget']})"
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{esc(title)}</title>",
-           f"<style>{CSS}</style></head><body><main>", f"<h1>{esc(title)}</h1>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        f"<h1>{esc(title)}</h1>",
+    ]
     for name, blocks in _sections(result):
         out.append(f'<section id="{esc_attr(name.lower().replace(" ", "-"))}"><h2>{esc(name)}</h2>')
         for b in blocks:

@@ -4,12 +4,21 @@
 of the results (the content of results.json) into a Table. Model outputs go through `quote`
 (identity for publishing, a placeholder for the wording check of the report's own text).
 """
+
 from __future__ import annotations
 
 from rlhf.report import wording
 from rlhf.report.formatting import esc, esc_attr, fmt, fmt_ci, fmt_signed, is_num, mean, short_hash
-from rlhf.report.labels import (METRICS, PHASE_LABELS, POPULATION_LABELS, POPULATIONS, PPO_PHASES, STAGE_LABELS,
-                                VARIANTS, metric)
+from rlhf.report.labels import (
+    METRICS,
+    PHASE_LABELS,
+    POPULATION_LABELS,
+    POPULATIONS,
+    PPO_PHASES,
+    STAGE_LABELS,
+    VARIANTS,
+    metric,
+)
 
 
 class Table:
@@ -22,6 +31,7 @@ class Table:
         def cell(c):
             t = c[0] if isinstance(c, tuple) else c
             return str(t).replace("|", "\\|").replace("\n", " ")
+
         lines = []
         if self.caption:
             lines += [f"*{self.caption}*", ""]
@@ -68,7 +78,6 @@ def kv_table(d: dict, caption: str = "", key="quantity", value="value") -> Table
     return Table([key, value], rows, caption)
 
 
-
 def policy_rows(ev: dict, policy: str) -> list[dict]:
     return ((ev.get("policies") or {}).get(policy) or {}).get("rows") or []
 
@@ -86,8 +95,7 @@ def comparison_table(ev: dict) -> Table:
         a, b = ms.get(pop, {}), mp.get(pop, {})
         n = a.get("n_rows", b.get("n_rows"))
         units = a.get("n_independent_units", b.get("n_independent_units"))
-        rows.append([(f"{POPULATION_LABELS.get(pop, pop)}: {fmt(n)} rows, {fmt(units)} independent units",
-                      "group")])
+        rows.append([(f"{POPULATION_LABELS.get(pop, pop)}: {fmt(n)} rows, {fmt(units)} independent units", "group")])
         known = {m[0] for m in METRICS} | {"n_rows", "n_independent_units"}
         extra = sorted(k for k in set(a) | set(b) if k not in known)
         for key, label, dkey in list(METRICS) + [(k, k, None) for k in extra]:
@@ -98,8 +106,12 @@ def comparison_table(ev: dict) -> Table:
             else:
                 diff = vb - va if is_num(va) and is_num(vb) else None
             rows.append([label, fmt(va), fmt(vb), fmt_signed(diff), fmt_ci(d), fmt(d.get("units")) if d else "—"])
-    return Table(["metric", "SFT", "PPO", "PPO − SFT", "95% CI of difference", "units for CI"], rows,
-                 "SFT vs PPO, greedy generations, per population", cls="compare")
+    return Table(
+        ["metric", "SFT", "PPO", "PPO − SFT", "95% CI of difference", "units for CI"],
+        rows,
+        "SFT vs PPO, greedy generations, per population",
+        cls="compare",
+    )
 
 
 def judge_test_table(rt: dict) -> Table:
@@ -123,18 +135,44 @@ def judge_test_table(rt: dict) -> Table:
 def politeness_table(pol: dict) -> Table:
     rows = []
     ctxs = pol.get("contexts") or []
-    scale = max([abs(c.get(k)) for c in ctxs for k in ("correct_politeness_delta", "incorrect_politeness_delta")
-                 if is_num(c.get(k))] or [1.0])
+    scale = max(
+        [
+            abs(c.get(k))
+            for c in ctxs
+            for k in ("correct_politeness_delta", "incorrect_politeness_delta")
+            if is_num(c.get(k))
+        ]
+        or [1.0]
+    )
     for c in ctxs:
         cd, idl = c.get("correct_politeness_delta"), c.get("incorrect_politeness_delta")
         flag = c.get("wrong_polite_outranks_correct_plain")
-        rows.append([c.get("family", ""), fmt(c.get("s_TF")), fmt(c.get("s_TT")), fmt(c.get("s_FF")), fmt(c.get("s_FT")),
-                     (fmt_signed(cd), _sign_style(cd, scale)), (fmt_signed(idl), _sign_style(idl, scale)),
-                     (fmt(flag), "class:warn" if flag else "")])
-    return Table(["context", "s(T,F) correct plain", "s(T,T) correct polite", "s(F,F) wrong plain",
-                  "s(F,T) wrong polite", "correct politeness delta", "incorrect politeness delta",
-                  "wrong-polite outranks correct-plain"], rows,
-                 f"Politeness probes: {wording.SCORE_SHORT} of the frozen judge on the four fixed candidates per context")
+        rows.append(
+            [
+                c.get("family", ""),
+                fmt(c.get("s_TF")),
+                fmt(c.get("s_TT")),
+                fmt(c.get("s_FF")),
+                fmt(c.get("s_FT")),
+                (fmt_signed(cd), _sign_style(cd, scale)),
+                (fmt_signed(idl), _sign_style(idl, scale)),
+                (fmt(flag), "class:warn" if flag else ""),
+            ]
+        )
+    return Table(
+        [
+            "context",
+            "s(T,F) correct plain",
+            "s(T,T) correct polite",
+            "s(F,F) wrong plain",
+            "s(F,T) wrong polite",
+            "correct politeness delta",
+            "incorrect politeness delta",
+            "wrong-polite outranks correct-plain",
+        ],
+        rows,
+        f"Politeness probes: {wording.SCORE_SHORT} of the frozen judge on the four fixed candidates per context",
+    )
 
 
 def probe_outputs_table(ev: dict, quote) -> Table | None:
@@ -161,14 +199,27 @@ def probe_outputs_table(ev: dict, quote) -> Table | None:
                 status += ", polite" if rub.get("polite") else ", plain"
             if rub.get("reason"):
                 status += f": {rub['reason']}"
-            cells += [(quote(r.get("response", "")) + ("" if same else "  [the repeated rows differ]"), "class:text"),
-                      (status, "class:ok" if rub.get("rubric_success") else "class:bad"),
-                      fmt(r.get("learned_reward"))]
+            cells += [
+                (quote(r.get("response", "")) + ("" if same else "  [the repeated rows differ]"), "class:text"),
+                (status, "class:ok" if rub.get("rubric_success") else "class:bad"),
+                fmt(r.get("learned_reward")),
+            ]
         rows.append(cells)
-    return Table(["context", "SFT output", "SFT rubric", f"SFT {wording.SCORE_SHORT}", "PPO output", "PPO rubric",
-                  f"PPO {wording.SCORE_SHORT}"], rows,
-                 "The actor's own greedy outputs on the 20 probe contexts (one row per context; "
-                 "its four rows are repeated greedy generations of the same prompt)", cls="outputs")
+    return Table(
+        [
+            "context",
+            "SFT output",
+            "SFT rubric",
+            f"SFT {wording.SCORE_SHORT}",
+            "PPO output",
+            "PPO rubric",
+            f"PPO {wording.SCORE_SHORT}",
+        ],
+        rows,
+        "The actor's own greedy outputs on the 20 probe contexts (one row per context; "
+        "its four rows are repeated greedy generations of the same prompt)",
+        cls="outputs",
+    )
 
 
 def frequent_outputs_table(ev: dict, quote, population="test", top=6) -> Table | None:
@@ -183,12 +234,23 @@ def frequent_outputs_table(ev: dict, quote, population="test", top=6) -> Table |
         ranked = sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:top]
         for text, group in ranked:
             succ = sum(1 for r in group if (r.get("rubric") or {}).get("rubric_success"))
-            rows.append([pol.upper(), (quote(text), "class:text"), str(len(group)), f"{succ}/{len(group)}",
-                         fmt(mean([r.get("learned_reward") for r in group]))])
+            rows.append(
+                [
+                    pol.upper(),
+                    (quote(text), "class:text"),
+                    str(len(group)),
+                    f"{succ}/{len(group)}",
+                    fmt(mean([r.get("learned_reward") for r in group])),
+                ]
+            )
     if not rows:
         return None
-    return Table(["policy", "output", "rows", "rubric successes", f"mean {wording.SCORE_SHORT}"], rows,
-                 f"Most frequent outputs on the {population} prompts (top {top} per policy)", cls="outputs")
+    return Table(
+        ["policy", "output", "rows", "rubric successes", f"mean {wording.SCORE_SHORT}"],
+        rows,
+        f"Most frequent outputs on the {population} prompts (top {top} per policy)",
+        cls="outputs",
+    )
 
 
 def _sign_style(v, scale: float) -> str:
@@ -213,14 +275,40 @@ def token_view_table(view: dict, quote) -> Table:
         ratio = lo - lr if is_num(lo) and is_num(lr) else None
         style = _sign_style(a, scale)
         tok = _show_token(quote(t.get("token", "")))
-        rows.append([str(i), (tok, style + "; font-family: monospace" if style else "font-family: monospace"),
-                     fmt(lo, 4), fmt(lr, 4), fmt(ratio, 4), fmt(t.get("kl_reward"), 4), fmt(t.get("reward"), 4),
-                     fmt(t.get("value"), 4), (fmt(a, 4), style), fmt(t.get("return"), 4)])
-    return Table(["#", "token", "logp_old", "logp_ref", "log-ratio", "KL penalty", "reward r_t",
-                  "value V", "advantage A", "return"], rows,
-                 (f"iteration {view.get('iteration')}, prompt {view.get('prompt_id')}: {wording.SCORE_SHORT} "
-                  f"{fmt(view.get('score'))}, ended with EOS: {fmt(view.get('ended'))}, {len(toks)} tokens"),
-                 cls="tokens")
+        rows.append(
+            [
+                str(i),
+                (tok, style + "; font-family: monospace" if style else "font-family: monospace"),
+                fmt(lo, 4),
+                fmt(lr, 4),
+                fmt(ratio, 4),
+                fmt(t.get("kl_reward"), 4),
+                fmt(t.get("reward"), 4),
+                fmt(t.get("value"), 4),
+                (fmt(a, 4), style),
+                fmt(t.get("return"), 4),
+            ]
+        )
+    return Table(
+        [
+            "#",
+            "token",
+            "logp_old",
+            "logp_ref",
+            "log-ratio",
+            "KL penalty",
+            "reward r_t",
+            "value V",
+            "advantage A",
+            "return",
+        ],
+        rows,
+        (
+            f"iteration {view.get('iteration')}, prompt {view.get('prompt_id')}: {wording.SCORE_SHORT} "
+            f"{fmt(view.get('score'))}, ended with EOS: {fmt(view.get('ended'))}, {len(toks)} tokens"
+        ),
+        cls="tokens",
+    )
 
 
 def timings_table(res: dict) -> Table | None:
@@ -237,16 +325,31 @@ def timings_table(res: dict) -> Table | None:
         rows.append([PHASE_LABELS.get(ph, ph), fmt(tot[ph], 2), fmt(tot[ph] / n, 4), fmt(share, 3)])
     if loop is not None:
         other = loop - sum(tot.get(p, 0) for p in PPO_PHASES if p != "iteration")
-        rows.append(["other (bookkeeping between phases)", fmt(other, 2), fmt(other / n, 4), fmt(other / loop if loop else None, 3)])
-    return Table(["PPO phase", "total s", "s per iteration", "share of loop"], rows,
-                 f"PPO time per phase over {n} iterations (the continuous run)")
+        rows.append(
+            [
+                "other (bookkeeping between phases)",
+                fmt(other, 2),
+                fmt(other / n, 4),
+                fmt(other / loop if loop else None, 3),
+            ]
+        )
+    return Table(
+        ["PPO phase", "total s", "s per iteration", "share of loop"],
+        rows,
+        f"PPO time per phase over {n} iterations (the continuous run)",
+    )
 
 
 def stage_time_table(res: dict) -> Table:
     rows = []
     for s, t in res["timings"]["stages"].items():
-        rows.append([STAGE_LABELS.get(s, s), fmt(t.get("continuous_s", t.get("seconds")), 1),
-                     fmt(t.get("interrupted_and_resumed_s"), 1)])
+        rows.append(
+            [
+                STAGE_LABELS.get(s, s),
+                fmt(t.get("continuous_s", t.get("seconds")), 1),
+                fmt(t.get("interrupted_and_resumed_s"), 1),
+            ]
+        )
     ev = res["timings"].get("evaluation_s")
     if isinstance(ev, dict):
         for k, v in ev.items():
@@ -259,17 +362,39 @@ def stage_time_table(res: dict) -> Table:
 def resume_tables(res: dict) -> list[Table]:
     rows, hashes = [], []
     for s, rc in res["resume_checks"].items():
-        rows.append([STAGE_LABELS.get(s, s), fmt(rc.get("boundary")), (fmt(rc.get("identical")),
-                     "class:ok" if rc.get("identical") else "class:bad"), fmt(rc.get("tensors_compared")),
-                     fmt(rc.get("interrupted_and_resumed_s"), 1), fmt(rc.get("continuous_s"), 1)])
+        rows.append(
+            [
+                STAGE_LABELS.get(s, s),
+                fmt(rc.get("boundary")),
+                (fmt(rc.get("identical")), "class:ok" if rc.get("identical") else "class:bad"),
+                fmt(rc.get("tensors_compared")),
+                fmt(rc.get("interrupted_and_resumed_s"), 1),
+                fmt(rc.get("continuous_s"), 1),
+            ]
+        )
         for k in ("boundary", "resumed", "continuous"):
             hashes.append([STAGE_LABELS.get(s, s), f"state-{k}.pt.gz", rc.get(f"sha256_{k}", "—")])
-    return [Table(["stage", "stopped after", "resumed state identical to continuous", "tensors compared",
-                   "interrupted + resumed s", "continuous s"], rows,
-                  "Interrupt/resume checks: the resumed and the continuous final states compared value by value"),
-            Table(["stage", "state file", "SHA-256"], hashes,
-                  "SHA-256 of the saved state files (integrity of each file; equality of the states is "
-                  "established by the value-by-value comparison above, not by these file hashes)", cls="hashes")]
+    return [
+        Table(
+            [
+                "stage",
+                "stopped after",
+                "resumed state identical to continuous",
+                "tensors compared",
+                "interrupted + resumed s",
+                "continuous s",
+            ],
+            rows,
+            "Interrupt/resume checks: the resumed and the continuous final states compared value by value",
+        ),
+        Table(
+            ["stage", "state file", "SHA-256"],
+            hashes,
+            "SHA-256 of the saved state files (integrity of each file; equality of the states is "
+            "established by the value-by-value comparison above, not by these file hashes)",
+            cls="hashes",
+        ),
+    ]
 
 
 def fingerprint_table(res: dict) -> Table | None:
@@ -278,12 +403,22 @@ def fingerprint_table(res: dict) -> Table | None:
         return None
     rows = []
     for role, c in chk.items():
-        rows.append([role, short_hash(fp["before"][role].get("learned_sha256")),
-                     short_hash(fp["after"][role].get("learned_sha256")), fmt(c["learned_changed"]),
-                     "must change" if c["must_change"] else "must stay frozen", fmt(c["frozen_base_unchanged"]),
-                     (fmt(c["ok"]), "class:ok" if c["ok"] else "class:bad")])
-    return Table(["role", "learned SHA-256 before PPO", "after PPO", "changed", "rule", "frozen base unchanged",
-                  "ok"], rows, "Role fingerprints around PPO (full hashes in results.json)")
+        rows.append(
+            [
+                role,
+                short_hash(fp["before"][role].get("learned_sha256")),
+                short_hash(fp["after"][role].get("learned_sha256")),
+                fmt(c["learned_changed"]),
+                "must change" if c["must_change"] else "must stay frozen",
+                fmt(c["frozen_base_unchanged"]),
+                (fmt(c["ok"]), "class:ok" if c["ok"] else "class:bad"),
+            ]
+        )
+    return Table(
+        ["role", "learned SHA-256 before PPO", "after PPO", "changed", "rule", "frozen base unchanged", "ok"],
+        rows,
+        "Role fingerprints around PPO (full hashes in results.json)",
+    )
 
 
 def sft_vs_ppo(ev: dict, pop: str, key: str, dkey: str | None) -> tuple:
@@ -306,8 +441,15 @@ def key_results_table(ev: dict) -> Table:
         for key, label, dkey in (metric("rubric_success"), metric("mean_learned_reward")):
             va, vb, diff, d = sft_vs_ppo(ev, pop, key, dkey)
             units = (ms.get(pop) or mp.get(pop) or {}).get("n_independent_units")
-            rows.append([f"{label}, {POPULATION_LABELS.get(pop, pop)} ({fmt(units)} independent units)",
-                         fmt(va), fmt(vb), fmt_signed(diff), fmt_ci(d)])
+            rows.append(
+                [
+                    f"{label}, {POPULATION_LABELS.get(pop, pop)} ({fmt(units)} independent units)",
+                    fmt(va),
+                    fmt(vb),
+                    fmt_signed(diff),
+                    fmt_ci(d),
+                ]
+            )
     return Table(["quantity", "SFT", "PPO", "PPO − SFT", "95% CI"], rows, "Key results (details below)")
 
 
@@ -315,26 +457,43 @@ def shortcut_audit_table(sa: dict) -> Table:
     rows = []
     for key in sa["order"]:
         c = sa["counterfactuals"][key]
-        rows.append([key, fmt(c["accuracy"])] + [fmt(c["by_variant"].get(str(v))) for v in range(5)]
-                    + [c["meaning"]])
-    return Table(["prompts", "accuracy", "v0", "v1", "v2", "v3", "v4", "what it means"],
-                 rows, "Judge accuracy per pair variant under counterfactual prompts")
+        rows.append([key, fmt(c["accuracy"])] + [fmt(c["by_variant"].get(str(v))) for v in range(5)] + [c["meaning"]])
+    return Table(
+        ["prompts", "accuracy", "v0", "v1", "v2", "v3", "v4", "what it means"],
+        rows,
+        "Judge accuracy per pair variant under counterfactual prompts",
+    )
 
 
 def sft_epochs_table(epochs: list[dict]) -> Table:
-    return Table(["epoch", "train loss", "validation loss"],
-                 [[fmt(e.get("epoch")), fmt(e.get("train_loss")), fmt(e.get("validation_loss"))] for e in epochs],
-                 "SFT epochs")
+    return Table(
+        ["epoch", "train loss", "validation loss"],
+        [[fmt(e.get("epoch")), fmt(e.get("train_loss")), fmt(e.get("validation_loss"))] for e in epochs],
+        "SFT epochs",
+    )
 
 
 def judge_epochs_table(epochs: list[dict]) -> Table:
-    return Table(["epoch", "train loss", "train accuracy", "validation loss", "validation accuracy"],
-                 [[fmt(e.get("epoch")), fmt(e.get("train_loss")), fmt(e.get("train_accuracy")),
-                   fmt(e.get("validation_loss")), fmt(e.get("validation_accuracy"))] for e in epochs],
-                 "Judge epochs")
+    return Table(
+        ["epoch", "train loss", "train accuracy", "validation loss", "validation accuracy"],
+        [
+            [
+                fmt(e.get("epoch")),
+                fmt(e.get("train_loss")),
+                fmt(e.get("train_accuracy")),
+                fmt(e.get("validation_loss")),
+                fmt(e.get("validation_accuracy")),
+            ]
+            for e in epochs
+        ],
+        "Judge epochs",
+    )
 
 
 def artifacts_table(artifacts: dict) -> Table:
-    return Table(["artifact", "role", "SHA-256", "tensors"],
-                 [[k, fmt(v["role"]), v["sha256"] or "—", fmt(v["tensors"])] for k, v in artifacts.items()],
-                 "Final adapters and heads", cls="hashes")
+    return Table(
+        ["artifact", "role", "SHA-256", "tensors"],
+        [[k, fmt(v["role"]), v["sha256"] or "—", fmt(v["tensors"])] for k, v in artifacts.items()],
+        "Final adapters and heads",
+        cls="hashes",
+    )

@@ -13,6 +13,7 @@ The other report modules read these names as attributes of this module at call t
 (``wording.SCORE_NAME``), so that replacing one (``rlhf.report.SCORE_NAME = ...``, forwarded here
 by ``rlhf.report``) changes every report text, as it did when ``rlhf.report`` was one module.
 """
+
 from __future__ import annotations
 
 import html
@@ -29,18 +30,15 @@ HONESTY: tuple[str, ...] = (
     "mean a better answer for a person.",
     "The corpus shares six situations and language templates across its splits, so these results do "
     "not measure generalisation to office support in general.",
-    "PPO is not required to help: SFT alone may be enough. Results are published as they are, adverse "
-    "ones included.",
-    "DPO, which needs no judge, no critic and no online generation, is discussed in this report but "
-    "not trained.",
+    "PPO is not required to help: SFT alone may be enough. Results are published as they are, adverse ones included.",
+    "DPO, which needs no judge, no critic and no online generation, is discussed in this report but not trained.",
     "Exact checkers, such as the rubric used for evaluation here, suit truly verifiable tasks better "
     "than a learned judge does.",
     "The 80 probe rows are 20 independent contexts (four rows per context), and the 520 evaluation "
     "generations are not 520 independent cases.",
     "A gain in learned reward is not human satisfaction and does not by itself prove that PPO "
     "exploits the politeness bias of the judge: the actor outputs are shown next to the scores.",
-    "The sampled-token log-ratio log pi_old - log pi_ref can be negative; it is not the "
-    "full-vocabulary KL divergence.",
+    "The sampled-token log-ratio log pi_old - log pi_ref can be negative; it is not the full-vocabulary KL divergence.",
     "Revision r001 prompts carry two give-aways (the printed family number predicts the action; the "
     "heading and note number follow the pair variant), so judge accuracy on test pairs can be high "
     "without reading the situation; the probes carry neither.",

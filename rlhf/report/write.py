@@ -1,4 +1,5 @@
 """Writing the three report files of a run folder, and the command-line summary."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +18,9 @@ REPORT_FILES = ("results.json", "report.md", "report.html")
 
 def _model_texts(res: dict) -> list[str]:
     ev = res["evaluation"]
-    texts = [r.get("response", "") for pol in ("sft", "ppo") for r in policy_rows(ev, pol)] if ev["status"] == "run" else []
+    texts = (
+        [r.get("response", "") for pol in ("sft", "ppo") for r in policy_rows(ev, pol)] if ev["status"] == "run" else []
+    )
     texts += [t.get("token", "") for v in res["ppo"]["token_views"] for t in v.get("tokens") or []]
     return [t for t in texts if isinstance(t, str)]
 
@@ -29,11 +32,15 @@ def _wording_check(res: dict) -> dict:
     outputs are data, quoted verbatim: their own hits are recorded, never rewritten.
     """
     placeholder = lambda s: wording.MODEL_TEXT_PLACEHOLDER  # noqa: E731 - the report's own text only
-    own_hits = {"report.md": wording.find_forbidden_wording(render_markdown(res, placeholder)),
-                "report.html": wording.find_forbidden_wording(render_html(res, {}, placeholder))}
+    own_hits = {
+        "report.md": wording.find_forbidden_wording(render_markdown(res, placeholder)),
+        "report.html": wording.find_forbidden_wording(render_html(res, {}, placeholder)),
+    }
     if any(own_hits.values()):
-        raise wording.ReportWordingError("report text names the learned score as something it is not (SPEC §9.5): "
-                                         + "; ".join(f"{k}: {h}" for k, hs in own_hits.items() for h in hs))
+        raise wording.ReportWordingError(
+            "report text names the learned score as something it is not (SPEC §9.5): "
+            + "; ".join(f"{k}: {h}" for k, hs in own_hits.items() for h in hs)
+        )
     model_hits = sorted({h for t in _model_texts(res) for h in wording.find_forbidden_wording(t)})
     return {"patterns": "rlhf.report.FORBIDDEN_PATTERNS", "report_text": own_hits, "model_outputs": model_hits}
 
@@ -76,8 +83,10 @@ def print_summary(results: dict) -> str:
                 va, vb, diff, d = sft_vs_ppo(ev, pop, key, dkey)
                 lines.append(f"{name + ', ' + pop:<44}{fmt(va):>9}{fmt(vb):>9}{fmt_signed(diff):>9}  {fmt_ci(d)}")
         rt = results.get("judge_test") or {}
-        lines.append(f"judge test accuracy: {fmt(rt.get('accuracy'))} ({fmt(rt.get('pairs'))} pairs, "
-                     f"{fmt(rt.get('ties'))} ties); by variant: {fmt(rt.get('by_variant'))}")
+        lines.append(
+            f"judge test accuracy: {fmt(rt.get('accuracy'))} ({fmt(rt.get('pairs'))} pairs, "
+            f"{fmt(rt.get('ties'))} ties); by variant: {fmt(rt.get('by_variant'))}"
+        )
         counts = (ev.get("politeness") or {}).get("counts")
         if counts:
             lines.append(f"politeness probes (20 contexts): {fmt(counts)}")
@@ -85,9 +94,11 @@ def print_summary(results: dict) -> str:
         lines.append("evaluation: not run (evaluation/results.json absent)")
     sp = (results.get("ppo") or {}).get("summary") or {}
     if sp:
-        lines.append(f"PPO: {fmt(sp.get('iterations'))} iterations, {fmt(sp.get('truncations'))} truncations, mean "
-                     f"learned reward of rollouts {fmt(sp.get('mean_score_first_10'))} -> "
-                     f"{fmt(sp.get('mean_score_last_10'))}")
+        lines.append(
+            f"PPO: {fmt(sp.get('iterations'))} iterations, {fmt(sp.get('truncations'))} truncations, mean "
+            f"learned reward of rollouts {fmt(sp.get('mean_score_first_10'))} -> "
+            f"{fmt(sp.get('mean_score_last_10'))}"
+        )
     rep = (results.get("reports") or {}).get("report_html")
     lines.append(f"report: {rep or Path(results.get('run_dir', '.')) / 'report.html'}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ rubric `lab_rubric.py` from its own folder, and the judge from `../models/judge`
 Every row of a batch returns the same keys (verl takes the keys of the first row); rubric
 fields are NaN on rows without ground truth (the training prompts).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -53,7 +54,7 @@ def rubric():
 
 
 def finish_reason(response_ids: list[int], eos_id: int) -> str:
-    """"eos" when the response's last token is EOS, else "length" (cut at the limit)."""
+    """ "eos" when the response's last token is EOS, else "length" (cut at the limit)."""
     return "eos" if response_ids and response_ids[-1] == eos_id else "length"
 
 
@@ -63,8 +64,7 @@ def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
     ended = bool(ids) and ids[-1] == eos_id
     body = list(ids[:-1]) if ended else list(ids)
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = (set(tokenizer.all_special_ids) | {eos_id}
-               | {i for i, t in added.items() if getattr(t, "special", False)})
+    special = set(tokenizer.all_special_ids) | {eos_id} | {i for i, t in added.items() if getattr(t, "special", False)}
     if any(i < 0 or i >= len(tokenizer) or i in special for i in body):
         return tokenizer.decode([i for i in body if 0 <= i < len(tokenizer)]), "undecodable"
     text = tokenizer.decode(body)
@@ -76,12 +76,16 @@ def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     """The lab's rubric on one held-out answer: score 1.0 for a rubric success, else 0.0."""
     if ground_truth in (None, ""):
-        raise ValueError(f"{data_source}: no ground truth (expected action) on this row; the rubric is for "
-                         f"the held-out rows only (training rows carry no label)")
+        raise ValueError(
+            f"{data_source}: no ground truth (expected action) on this row; the rubric is for "
+            f"the held-out rows only (training rows carry no label)"
+        )
     reason = (extra_info or {}).get("finish_reason")
     if reason is None:
-        raise ValueError("compute_score needs extra_info['finish_reason'] ('eos', 'length' or 'undecodable'): "
-                         "use LabJudgeRewardManager, which sets it from the token ids")
+        raise ValueError(
+            "compute_score needs extra_info['finish_reason'] ('eos', 'length' or 'undecodable'): "
+            "use LabJudgeRewardManager, which sets it from the token ids"
+        )
     result = rubric().evaluate(solution_str, reason, int(ground_truth))
     out = {k: _number(result[k]) for k in RUBRIC_FIELDS}
     out["score"] = out["rubric_success"]
@@ -98,6 +102,7 @@ class JudgeScorer:
     def __init__(self, judge_dir: Path, bias: float, device: str | None = None):
         import torch
         from transformers import Qwen2ForSequenceClassification
+
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = Qwen2ForSequenceClassification.from_pretrained(str(judge_dir), dtype=torch.float32)
@@ -110,7 +115,7 @@ class JudgeScorer:
         torch = self.torch
         ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.device)
         with torch.no_grad():
-            hidden = self.model.model(input_ids=ids, use_cache=False).last_hidden_state   # [1, T, H]
+            hidden = self.model.model(input_ids=ids, use_cache=False).last_hidden_state  # [1, T, H]
             return float(self.model.score(hidden[:, -1].float())[0, 0]) + self.bias
 
 
@@ -127,15 +132,20 @@ def lab_reward(prompt_ids: list[int], response_ids: list[int]) -> dict:
     reason = finish_reason(response_ids, cfg["eos_id"])
     judge = judge_scorer().score(prompt_ids, response_ids)
     penalty = cfg["truncation_penalty"] if reason == "length" else 0.0
-    return {"reward": judge + penalty, "judge_score": judge, "truncated": float(reason == "length"),
-            "finish_reason": reason}
+    return {
+        "reward": judge + penalty,
+        "judge_score": judge,
+        "truncated": float(reason == "length"),
+        "finish_reason": reason,
+    }
 
 
 class LabJudgeRewardManager(RewardManagerBase):
     """verl reward manager: judge score + truncation penalty, rubric fields for the held-out rows."""
 
-    def __init__(self, config, tokenizer, compute_score=None, reward_router_address=None,
-                 reward_model_tokenizer=None, **kwargs):
+    def __init__(
+        self, config, tokenizer, compute_score=None, reward_router_address=None, reward_model_tokenizer=None, **kwargs
+    ):
         if RewardManagerBase is not object:
             super().__init__(config, tokenizer, compute_score)
         self.tokenizer = tokenizer
@@ -145,8 +155,8 @@ class LabJudgeRewardManager(RewardManagerBase):
         item = data[-1:][0]
         prompts, responses = item.batch["prompts"], item.batch["responses"]
         mask = item.batch["attention_mask"]
-        prompt_ids = prompts[mask[:prompts.shape[-1]].bool()].tolist()           # verl left-pads prompts
-        n_valid = int(mask[prompts.shape[-1]:].sum())
+        prompt_ids = prompts[mask[: prompts.shape[-1]].bool()].tolist()  # verl left-pads prompts
+        n_valid = int(mask[prompts.shape[-1] :].sum())
         response_ids = responses[:n_valid].tolist()
         out = lab_reward(prompt_ids, response_ids)
         info = {"judge_score": out["judge_score"], "truncated": out["truncated"]}
