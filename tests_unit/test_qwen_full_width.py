@@ -243,14 +243,19 @@ def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(ful
 def test_last_logits_only_projects_one_column_onto_the_vocabulary(embedded_base):
     """Catches a prefill that projects every column onto the vocabulary when the profile asks for
     the last one only (qwen2.5-0.5b: 151,936 words), and the switch leaking into the embedded
-    profile (its golden hashes were made with the full projection)."""
+    profile (its golden hashes were made with the full projection). The projected column must be
+    contiguous: torch's CPU BF16 linear with a frozen weight took 65 s on the strided [B, 1, H]
+    view that transformers' logits_to_keep passes, 0.08 s on a contiguous copy (32 rows, Qwen's
+    vocabulary)."""
     from rlhf.generate import generate
 
     assert load_profile("qwen2.5-0.5b").runtime.last_logits_only is True
     assert load_profile("embedded").runtime.last_logits_only is False
     model, prompts = embedded_base.model, [[5, 6, 7, 8, 9], [10, 11, 12]]
     columns = []
-    hook = model.lm_head.register_forward_hook(lambda mod, args, out: columns.append(args[0].shape[1]))
+    hook = model.lm_head.register_forward_hook(
+        lambda mod, args, out: columns.append((args[0].shape[1], args[0].is_contiguous()))
+    )
     try:
         drawn = {}
         for flag in (False, True):
@@ -268,8 +273,8 @@ def test_last_logits_only_projects_one_column_onto_the_vocabulary(embedded_base)
             drawn[flag] = (list(columns), gen.responses)
     finally:
         hook.remove()
-    assert drawn[False][0] == [5, 6, 7]  # every column of the growing sequence, uncached
-    assert drawn[True][0] == [1, 1, 1]
+    assert [c for c, _ in drawn[False][0]] == [5, 6, 7]  # every column of the growing sequence, uncached
+    assert drawn[True][0] == [(1, True)] * 3  # one contiguous column per step
     assert drawn[True][1] == drawn[False][1]  # the same greedy answers
 
 
