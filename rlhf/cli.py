@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_base_study)
 
-    from rlhf.seeds import SFT_BUDGETS
+    from rlhf.sft_budget import SFT_BUDGETS
 
     p = sub.add_parser("seeds", help="the whole embedded lab over N training seeds, with across-seed statistics")
     p.add_argument("--out", required=True)
@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sft-budget",
         default="full",
         choices=list(SFT_BUDGETS),
-        help="named SFT budget (rlhf.seeds.SFT_BUDGETS; full: the profile's)",
+        help="named SFT budget (rlhf.sft_budget.SFT_BUDGETS; full: the profile's)",
     )
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)

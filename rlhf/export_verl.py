@@ -39,11 +39,17 @@ from __future__ import annotations
 
 import json
 import math
+from importlib import metadata
 from pathlib import Path
 
 import torch
 
+from rlhf.config import PROFILES, load_profile, profile_hash
+from rlhf.corpus import PROBE_SPLIT, load_corpus
 from rlhf.io import atomic_folder, dumps_json, read_json, sha256_bytes, sha256_file, write_bytes, write_json, write_text
+from rlhf.lora import lora_modules
+from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
+from rlhf.roles import load_role, new_role
 
 VERL_VERSION = "0.9.1"
 REQUIRED_STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")
@@ -76,7 +82,6 @@ class ExportError(ValueError):
 
 def check_run(run: Path) -> dict:
     """run.json of a finished, single-revision lab run; ExportError naming the problem otherwise."""
-    from rlhf.corpus import load_corpus
 
     record_path = run / "run.json"
     if not record_path.is_file():
@@ -110,7 +115,6 @@ def check_run(run: Path) -> dict:
 
 def run_profile(record: dict, profile_arg: str | None) -> dict:
     """The profile the run was made with (by name, or --profile PATH), checked by its hash."""
-    from rlhf.config import PROFILES, load_profile, profile_hash
 
     name = profile_arg or record["identity"]["profile"]
     if profile_arg is None and name not in PROFILES:
@@ -125,7 +129,6 @@ def run_profile(record: dict, profile_arg: str | None) -> dict:
 
 
 def run_model_dir(run: Path, record: dict, profile: dict, model_dir) -> Path:
-    from rlhf.models import directory_identity
 
     path = Path(model_dir) if model_dir else run / "base_model"
     if not (path / "config.json").is_file():
@@ -150,7 +153,6 @@ def data_rows(corpus) -> dict[str, list[dict]]:
     """train (672 rollout prompts), test (180) and probe (20 contexts) rows in verl's format.
 
     Labels (the expected action) appear in the held-out rows only, as `ground_truth`, for metrics."""
-    from rlhf.corpus import PROBE_SPLIT
 
     learning, evaluation = corpus.learning_view(), corpus.evaluation_view()
     source = f"{DATA_SOURCE}/{corpus.revision}"
@@ -213,7 +215,6 @@ def parquet_bytes(rows: list[dict]) -> bytes:
 
 def merge_lora(model) -> None:
     """Replace every LoRALinear by its base nn.Linear with `W + (alpha/r) B A` (FP32, in place)."""
-    from rlhf.lora import lora_modules
 
     for name, m in lora_modules(model).items():
         parent_name, _, child = name.rpartition(".")
@@ -226,7 +227,6 @@ def merge_lora(model) -> None:
 
 
 def _merged_role(kind: str, profile: dict, model_dir: Path, state_file: Path, source_kind=None, adapters_only=False):
-    from rlhf.roles import load_role, new_role
 
     role = new_role(kind, profile, model_dir)
     load_role(role, state_file, source_kind=source_kind, adapters_only=adapters_only)
@@ -282,7 +282,6 @@ def write_models(out: Path, profile: dict, model_dir: Path, run: Path, tokenizer
 
 def handoff_tokenizer(model_dir: Path):
     """The run's tokenizer with the lab's chat template."""
-    from rlhf.models import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     tokenizer.chat_template = LAB_CHAT_TEMPLATE
@@ -613,7 +612,6 @@ def fill(override: str, export_dir, seed: int, profile: dict) -> str:
 
 
 def pinned_versions() -> dict:
-    from importlib import metadata
 
     out = {"verl": VERL_VERSION}
     for name in ("torch", "transformers", "pyarrow", "rlhf"):
@@ -636,8 +634,6 @@ def export_verl(
     record = check_run(run)
     prof = run_profile(record, profile)
     base_dir = run_model_dir(run, record, prof, model_dir)
-    from rlhf.corpus import load_corpus
-    from rlhf.models import check_tokenizer
 
     corpus = load_corpus(run / "corpus")
     tokenizer = handoff_tokenizer(base_dir)

@@ -33,8 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlhf import lab
 from rlhf.config import Profile, override
-from rlhf.io import read_json
+from rlhf.io import read_json, write_json
+from rlhf.tokens import max_new_tokens
 
 MINIATURE_BUDGET = {
     ("sft", "epochs"): 2,
@@ -107,7 +109,6 @@ def differing_keys(a: Profile, b: Profile) -> set[tuple]:
 def stage_units(profile: Profile) -> dict[str, int]:
     """Updates (SFT, judge) or iterations (PPO) of one leg of each stage under `profile`, and the
     new tokens of each held-out answer (evaluation)."""
-    from rlhf.tokens import max_new_tokens
 
     return {
         "sft": profile.sft.expected_updates,
@@ -203,8 +204,6 @@ def dry_run(
     interrupt/resume protocol) in `out` (default: a new temporary folder, kept for inspection),
     then write and return dry_run.json: the measured step times and the projection of each
     full stage (`project`)."""
-    from rlhf import lab
-    from rlhf.io import write_json
 
     mini = miniature_profile(profile, layers=layers, cpu=cpu, random_weights=random_weights)
     run = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="rlhf-dry-run-")) / "run"

@@ -23,7 +23,7 @@ bootstrap draws. The embedded base is built from its fixed seed 49 in every run 
 "pre-trained" model is not a training seed of RLHF). ``seed_changes`` is the one function that
 says which profile entries are set.
 
-`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``SFT_BUDGETS``; the
+`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``rlhf.sft_budget.SFT_BUDGETS``; the
 budget of question (b) is chosen on validation prompts only by `rlhf choose-sft-budget`
 (rlhf.sft_budget).
 
@@ -50,15 +50,26 @@ say nothing about that.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import multiprocessing
 import os
 import re
 import time
 import tomllib
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from rlhf.config import PROFILE_DIR, PROFILES, Profile, load_profile, override, profile_hash
-from rlhf.io import read_json, sha256_text, write_json, write_text
+from rlhf import lab
+from rlhf.checkpoint import code_sha256
+from rlhf.config import PROFILE_DIR, PROFILES, Profile, load_profile, override, profile_from_dict, profile_hash
+from rlhf.corpus import load_corpus
+from rlhf.evaluate import evaluation_roles
+from rlhf.io import dumps_json, read_json, sha256_text, write_json, write_text
+from rlhf.report.study import write_study_report
+from rlhf.scoring import response_logprobs
+from rlhf.sft_budget import budget_changes, budget_record
+from rlhf.tokens import collate, encode_prompt
 
 FORMAT = "rlhf-seeds-1"
 # (table, key) of every training seed; all live in the profile's [seeds] table. The corpus seed
@@ -83,9 +94,6 @@ DERIVATION = (
     + " and the corpus seed 49"
 )
 
-# Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
-# updates). `full` keeps the profile's. The budget of question (b) is chosen among the others.
-SFT_BUDGETS = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
 STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
 INTERVAL = {
@@ -130,17 +138,6 @@ def seed_changes(profile: Profile, study_seed: int, index: int) -> dict[tuple[st
     return {(t, k): derived_seed(profile_value(profile, t, k), study_seed, index) for t, k in TRAINING_SEEDS}
 
 
-def budget_changes(profile: Profile, budget: str) -> dict[tuple[str, str], int]:
-    """{(table, key): value} of the named SFT budget (`full`: nothing changes)."""
-    if budget not in SFT_BUDGETS:
-        raise StudyError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_BUDGETS)}")
-    epochs = SFT_BUDGETS[budget]
-    if epochs is None:
-        return {}
-    per_epoch = profile.sft.expected_updates // profile.sft.epochs
-    return {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
-
-
 def _toml_value(value) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise StudyError(f"only integers and strings are written into a profile, not {value!r}")
@@ -183,7 +180,6 @@ def profile_source(profile_name: str) -> Path:
 def write_run_profile(path, base_text: str, name: str, changes: dict) -> Profile:
     """Write the run's profile TOML (never overwriting a different one) and return it, read back
     with load_profile and checked to equal the intended profile."""
-    from rlhf.config import profile_from_dict
 
     want = expected_profile(profile_from_dict(tomllib.loads(base_text)), name, changes)
     text = profile_text_with(base_text, name, changes)
@@ -285,7 +281,6 @@ def across_table(rows: list[dict]) -> dict:
 
 
 def _sha_of(obj) -> str:
-    from rlhf.io import dumps_json
 
     return sha256_text(dumps_json(obj))
 
@@ -343,7 +338,6 @@ def seed_row(folder: Path, index: int) -> dict:
 
 
 def study_identity(profile_name: str, revision: str, n: int, study_seed: int, sft_budget: str) -> dict:
-    from rlhf.checkpoint import code_sha256
 
     base = load_profile(profile_name)
     if base.model.kind != "embedded":
@@ -415,9 +409,6 @@ def stages_done(folder: Path) -> list[str]:
 def run_seed(folder: str, revision: str, protocol: bool, log: bool = True) -> str:
     """One run of the study: `rlhf lab` on the folder's own profile (in a worker process, its
     output goes to folder/lab.log)."""
-    import contextlib
-
-    from rlhf import lab
 
     folder = Path(folder)
     t0 = time.perf_counter()
@@ -458,8 +449,6 @@ def run_all(folders: list[Path], revision: str, workers: int, say=print) -> None
             run_seed(str(f), revision, i == 0, log=False)
             _report_progress(folders, seen, t0, say)
         return
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     failed = []
     with ProcessPoolExecutor(
@@ -492,7 +481,6 @@ def run_study(
     say=print,
 ) -> dict:
     """The whole study (module docstring); returns seeds.json's content."""
-    from rlhf.sft_budget import budget_record
 
     out = Path(out)
     identity = study_identity(profile_name, revision, n, study_seed, sft_budget)
@@ -528,7 +516,6 @@ def run_study(
         "wall_seconds_this_invocation": time.perf_counter() - t0,
         "lab_seconds": {r["folder"]: lab_seconds(f) for r, f in zip(rows, folders)},
     }
-    from rlhf.report.study import write_study_report
 
     write_study_report(out, result)
     write_json(done, result)
@@ -613,12 +600,6 @@ def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> 
     """Teacher-forced log-probs of each token of PPO's answer under the PPO actor and under the SFT
     policy (PPO's frozen reference), beside SFT's own answer and both rubric verdicts."""
     import torch
-
-    from rlhf import lab
-    from rlhf.corpus import load_corpus
-    from rlhf.evaluate import evaluation_roles
-    from rlhf.scoring import response_logprobs
-    from rlhf.tokens import collate, encode_prompt
 
     # Read-only: a finished run's files, hash-checked as they load (corpus, roles); not reopened
     # through lab.open_context, so that a later code version can still read it.

@@ -2,7 +2,7 @@
 
 `rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]`
 
-Rule, fixed before measuring: among the named budgets of rlhf.seeds.SFT_BUDGETS (all but
+Rule, fixed before measuring: among the named budgets of rlhf.sft_budget.SFT_BUDGETS (all but
 `full`: 1 to 10 epochs), the smallest whose greedy *validation* rubric success lies in
 [0.3, 0.8] (the profile's own seeds, i.e. run 0 of study seed 0). Without `--budgets`, every
 candidate is trained and measured, so the file shows the whole curve, not only the chosen point.
@@ -27,27 +27,46 @@ from pathlib import Path
 import torch
 
 from rlhf import rubric
-from rlhf.checkpoint import code_sha256
-from rlhf.config import load_profile, profile_hash
-from rlhf.corpus import LearningView
-from rlhf.io import write_json
+from rlhf.checkpoint import code_sha256, seed_system_rngs
+from rlhf.config import Profile, load_profile, override, profile_hash
+from rlhf.corpus import LearningView, load_corpus, prepare
+from rlhf.embedded import build_embedded
+from rlhf.generate import generate
+from rlhf.io import read_json, write_json
+from rlhf.lab import configure_torch
+from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
+from rlhf.roles import new_role
+from rlhf.sft import train_sft
+from rlhf.tokens import decode_response, encode_prompt
 
 LOW, HIGH = 0.3, 0.8
+# Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
+# updates). `full` keeps the profile's. The budget of question (b) is chosen among the others.
+SFT_BUDGETS = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
+
+
+def budget_changes(profile: Profile, budget: str) -> dict[tuple[str, str], int]:
+    """{(table, key): value} of the named SFT budget (`full`: nothing changes)."""
+    if budget not in SFT_BUDGETS:
+        raise ValueError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_BUDGETS)}")
+    epochs = SFT_BUDGETS[budget]
+    if epochs is None:
+        return {}
+    per_epoch = profile.sft.expected_updates // profile.sft.epochs
+    return {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
+
+
 RULE = (
-    f"the smallest named budget (rlhf.seeds.SFT_BUDGETS, 'full' excluded) whose greedy validation rubric "
+    f"the smallest named budget (rlhf.sft_budget.SFT_BUDGETS, 'full' excluded) whose greedy validation rubric "
     f"success lies in [{LOW}, {HIGH}], measured with the profile's own seeds"
 )
 
 
 def candidate_budgets() -> list[str]:
-    from rlhf.seeds import SFT_BUDGETS
-
     return sorted((k for k, v in SFT_BUDGETS.items() if v is not None), key=lambda k: SFT_BUDGETS[k])
 
 
 def budget_record(name: str) -> dict:
-    from rlhf.seeds import SFT_BUDGETS
-
     return {
         "name": name,
         "epochs": SFT_BUDGETS[name],
@@ -79,8 +98,6 @@ def validation_rubric_success(
     actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int, profile: dict, batch_size: int = 32
 ) -> dict:
     """Greedy answers of `actor_model` to the validation prompts, checked by the rubric."""
-    from rlhf.generate import generate
-    from rlhf.tokens import decode_response, encode_prompt
 
     records = validation_prompts(view)
     limits = profile.limits
@@ -110,10 +127,6 @@ def validation_rubric_success(
 
 def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer, eos_id: int, pad_id: int) -> dict:
     """Train SFT with `profile`'s budget on the learning view; its greedy validation success."""
-    from rlhf.checkpoint import seed_system_rngs
-    from rlhf.models import directory_identity
-    from rlhf.roles import new_role
-    from rlhf.sft import train_sft
 
     t0 = time.perf_counter()
     actor = new_role("actor", profile, model_dir, base_identity={"files": directory_identity(model_dir)})
@@ -143,7 +156,6 @@ def choose(measured: list[dict], order: list[str] | None = None) -> str | None:
 def previous_candidates(paths, revision: str, profile: dict) -> list[dict]:
     """Candidates measured by earlier records of the same revision and profile (each keeps the
     command and the code hash it was measured with)."""
-    from rlhf.io import read_json
 
     out = []
     for path in paths or []:
@@ -168,11 +180,6 @@ def choose_sft_budget(
 ) -> dict:
     """Measure every candidate budget on validation prompts; write the record to `out_json`
     (never overwritten) and return it."""
-    from rlhf.corpus import load_corpus, prepare
-    from rlhf.embedded import build_embedded
-    from rlhf.lab import configure_torch
-    from rlhf.models import check_tokenizer, load_tokenizer
-    from rlhf.seeds import budget_changes, expected_profile
 
     out_json, work = Path(out_json), Path(work)
     if out_json.exists():
@@ -198,7 +205,7 @@ def choose_sft_budget(
     for name in budgets or candidate_budgets():
         if any(m["budget"] == name for m in measured):
             continue
-        p = expected_profile(profile, profile.name, budget_changes(profile, name))
+        p = override(profile, budget_changes(profile, name))
         m = {
             "budget": name,
             "epochs": p.sft.epochs,
@@ -211,8 +218,6 @@ def choose_sft_budget(
             f"{m['validation']['rubric_success']:.3f} ({m['train_seconds']:.0f} s)"
         )
         measured.append(m)
-    from rlhf.seeds import SFT_BUDGETS
-
     measured.sort(key=lambda m: SFT_BUDGETS[m["budget"]])
     chosen = choose(measured, candidate_budgets())
     record = {

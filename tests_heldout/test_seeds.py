@@ -250,7 +250,7 @@ def test_run_profile_reads_back_as_intended(tmp_path):
         seeds.write_run_profile(tmp_path / "p.toml", text, "embedded-y", changes)
     with pytest.raises(seeds.StudyError, match="no \\[nowhere\\] table"):
         seeds.profile_text_with(text, "z", {("nowhere", "seed"): 1})
-    with pytest.raises(seeds.StudyError, match="unknown SFT budget"):
+    with pytest.raises(ValueError, match="unknown SFT budget"):
         seeds.budget_changes(profile, "sft-e11")
 
 
