@@ -60,6 +60,8 @@ import tomllib
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
+import torch
+
 from rlhf import lab
 from rlhf.checkpoint import code_sha256
 from rlhf.config import PROFILE_DIR, PROFILES, Profile, load_profile, override, profile_from_dict, profile_hash
@@ -599,7 +601,6 @@ def changed_answer_view(out: Path, folders: list[Path], revision: str) -> dict:
 def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> dict:
     """Teacher-forced log-probs of each token of PPO's answer under the PPO actor and under the SFT
     policy (PPO's frozen reference), beside SFT's own answer and both rubric verdicts."""
-    import torch
 
     # Read-only: a finished run's files, hash-checked as they load (corpus, roles); not reopened
     # through lab.open_context, so that a later code version can still read it.
