@@ -60,7 +60,10 @@ def test_results_file_schema(evaluation, lab_run, record_result):
         "populations_note",
         "seconds",
         "arithmetic",
+        "determinism",
     }
+    # CUDA's deterministic settings are recorded for CUDA profiles only (issue 15); none on the CPU
+    assert file["determinism"] == json.loads((lab_run.run / "run.json").read_text()).get("determinism")
     # conftest imports rlhf before torch, so the run is pinned unless RLHF_CPU_PIN turned it off
     assert file["arithmetic"]["status"] == ("pinned" if pin.requested() else "off")
     assert file["arithmetic"] == json.loads((lab_run.run / "run.json").read_text())["arithmetic"]
