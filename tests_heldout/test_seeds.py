@@ -19,7 +19,7 @@ from rlhf import seeds
 from rlhf.config import load_profile
 from rlhf.io import read_json, write_json
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("seeds")]  # one worker builds the module's study once
 
 
 @pytest.fixture(scope="module")

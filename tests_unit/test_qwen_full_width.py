@@ -49,7 +49,7 @@ from rlhf.miniature import (
     stage_units,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("qwen_full_width")]  # one worker runs the miniature once
 
 LAYERS = 2
 QWEN_WIDTHS = {
