@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import resource
 import time
+from pathlib import Path
 
 import rlhf  # noqa: F401 - first: pins the CPU arithmetic (rlhf.pin) before anything here imports torch
 
@@ -70,13 +71,11 @@ def peak_rss_mib() -> float:
     ru_maxrss alone is wrong for a freshly started child: Linux carries the parent's high-water
     mark across fork + exec, so a child of a 3 GB parent reports 3 GB.
     """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    status = Path("/proc/self/status")  # Linux; elsewhere ru_maxrss is the only figure
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
