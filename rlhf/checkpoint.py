@@ -21,7 +21,9 @@ import gzip
 import io
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -40,6 +42,24 @@ class Interrupted(Exception):
 
 
 _stop = {"requested": False}
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One leg of a resumable training stage (SFT, the judge, PPO), as rlhf.lab runs it:
+
+        state       where it starts: None from scratch, else a saved state to continue from
+        stop        stop after this many epochs (SFT, judge) / iterations (PPO); None: the end
+        progress    progress(step, total, loss or iteration record) after each update/iteration
+        checkpoint  checkpoint(done, make_state) after each epoch/iteration but the last, which
+                    may save make_state() (rlhf.lab's crash-safe legs)
+
+    `Leg()` runs the whole stage from scratch, reporting nothing."""
+
+    state: dict | None = None
+    stop: int | None = None
+    progress: Callable | None = None
+    checkpoint: Callable | None = None
 
 
 def request_stop() -> None:

@@ -105,33 +105,30 @@ class Optim:
     grad_clip_norm: float = doc("global gradient-norm clip of every update")
 
 
-@dataclass(frozen=True)
-class Sft:
-    epochs: int = doc("passes over the 168 train demonstrations")
+@dataclass(frozen=True, kw_only=True)
+class EpochStage:
+    """What the [sft] and [judge] tables share: a fixed budget of epochs over a train set."""
+
+    epochs: int = doc("passes over the train set (SFT: the 168 demonstrations; judge: the 840 preference pairs)")
+    lr: float = doc("peak learning rate of the role's adapters (and of the judge's head)")
+    expected_updates: int = doc("total updates, checked before training")
+    max_updates_per_epoch: int | None = doc(
+        "cut each epoch short (miniature budgets for tests and dry runs); absent in a real profile", default=None
+    )
+    max_validation_examples: int | None = doc(
+        "cut the validation set to its first N (miniature budgets); absent in a real profile", default=None
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sft(EpochStage):
     examples_per_update: int = doc("demonstrations per optimizer update")
-    lr: float = doc("peak learning rate of the actor's adapters")
-    expected_updates: int = doc("total updates, checked before training")
-    max_updates_per_epoch: int | None = doc(
-        "cut each epoch short (miniature budgets for tests and dry runs); absent in a real profile", default=None
-    )
-    max_validation_examples: int | None = doc(
-        "cut the validation set to its first N (miniature budgets); absent in a real profile", default=None
-    )
 
 
-@dataclass(frozen=True)
-class Judge:
-    epochs: int = doc("passes over the 840 train preference pairs")
+@dataclass(frozen=True, kw_only=True)
+class Judge(EpochStage):
     pairs_per_update: int = doc("preference pairs per optimizer update")
-    lr: float = doc("peak learning rate of the judge's adapters and head")
-    expected_updates: int = doc("total updates, checked before training")
     head_init_std: float = doc("standard deviation of the judge head's initial weight (bias 0)")
-    max_updates_per_epoch: int | None = doc(
-        "cut each epoch short (miniature budgets for tests and dry runs); absent in a real profile", default=None
-    )
-    max_validation_examples: int | None = doc(
-        "cut the validation set to its first N (miniature budgets); absent in a real profile", default=None
-    )
 
 
 @dataclass(frozen=True)

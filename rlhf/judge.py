@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from rlhf.checkpoint import Leg
 from rlhf.config import Limits, Profile
-from rlhf.optim import epoch_budget, train_epochs
+from rlhf.optim import train_epochs
 from rlhf.ppo_math import bradley_terry_loss
 from rlhf.roles import reward_scores
 from rlhf.tokens import collate, encode_example
@@ -61,26 +62,9 @@ def evaluate_pairs(judge, pairs, pad_id: int, batch_size: int = 16) -> dict:
     }
 
 
-def judge_budget(profile: Profile, n_pairs: int) -> tuple[int, int]:
-    return epoch_budget(
-        n_pairs, profile.judge.pairs_per_update, profile.judge.epochs, profile.judge.max_updates_per_epoch
-    )
-
-
-def train_judge(
-    judge,
-    view,
-    tokenizer,
-    eos_id: int,
-    pad_id: int,
-    profile: Profile,
-    *,
-    state: dict | None = None,
-    stop_after_epoch: int | None = None,
-    progress=None,
-    checkpoint=None,
-) -> dict:
-    """Run (or continue) the judge's Bradley-Terry budget; returns the state after the last epoch."""
+def train_judge(judge, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, leg: Leg = Leg()) -> dict:
+    """Run (or continue) the judge's Bradley-Terry budget over one leg; returns the state after
+    the last epoch run."""
     cfg, limits = profile.judge, profile.limits
     train = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
     valid = encode_pairs(view.pairs("validation"), tokenizer, eos_id, limits)
@@ -100,19 +84,4 @@ def train_judge(
             "train_accuracy": sum(h["accuracy"] for h in updates) / len(updates),
         }
 
-    return train_epochs(
-        judge,
-        "judge",
-        "judge",
-        train,
-        cfg.pairs_per_update,
-        cfg,
-        profile,
-        update_loss,
-        epoch_summary,
-        label="judge stage",
-        state=state,
-        stop_after_epoch=stop_after_epoch,
-        progress=progress,
-        checkpoint=checkpoint,
-    )
+    return train_epochs(judge, "judge", train, cfg.pairs_per_update, profile, update_loss, epoch_summary, leg)

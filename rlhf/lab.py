@@ -35,6 +35,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from tqdm import tqdm
 from rlhf import pin
 from rlhf.checkpoint import (
     Interrupted,
+    Leg,
     StateError,
     assert_states_equal,
     code_sha256,
@@ -273,8 +275,9 @@ def run_protocol(
 ) -> dict:
     """Run `stage` with the interrupt/resume protocol (or only its continuous leg), crash-safe.
 
-    run_fn(state, stop, checkpoint) -> (state, timings) runs from `state` (None: fresh) up to
-    `stop` (None: the end), calling checkpoint(n, make_state) after every epoch / iteration n.
+    run_fn(leg) -> (state, timings) runs one leg (rlhf.checkpoint.Leg): from `leg.state` (None:
+    fresh) up to `leg.stop` (None: the end), calling leg.checkpoint(n, make_state) after every
+    epoch / iteration n.
     The legs, each ending in a final state file in ctx.run/stage:
       state-boundary   the interrupted run, saved at the boundary
       state-resumed    resumed from state-boundary to the end
@@ -287,7 +290,7 @@ def run_protocol(
     folder.mkdir(parents=True, exist_ok=True)
     if stop_after is not None:
         t = time.perf_counter()
-        state, tm = run_fn(None, stop_after, None)
+        state, tm = run_fn(Leg(stop=stop_after))
         save_state(folder / f"state-stop{stop_after:03d}.pt.gz", state, identity)
         return {"state": state, "timings": tm, "seconds": time.perf_counter() - t}
     if resume:
@@ -295,7 +298,7 @@ def run_protocol(
         if not stops:
             raise StateError(f"nothing to resume in {folder}: no state-stopNNN.pt.gz")
         t = time.perf_counter()
-        state, tm = run_fn(load_state(stops[-1], identity), None, None)
+        state, tm = run_fn(Leg(state=load_state(stops[-1], identity)))
         manifest = save_state(folder / "state-resumed.pt.gz", state, identity)
         return {"state": state, "timings": tm, "seconds": time.perf_counter() - t, "sha256_final": manifest["sha256"]}
     if stage_complete(ctx, stage):
@@ -355,22 +358,22 @@ def run_protocol(
     }
 
 
-def _run_leg(ctx: Context, stage: str, leg: str, start, stop, run_fn, identity: dict, every: int):
+def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity: dict, every: int):
     """One leg of the protocol, crash-safe. Returns (final state, timings, seconds).
 
     Its final state on disk is loaded, not recomputed. Otherwise the leg starts from `start()`
     (None or the boundary state) or from its own last checkpoint, and saves a checkpoint every
     `every` epochs/iterations (and at the next boundary after Ctrl-C, then stops)."""
     folder = ctx.run / stage
-    final = folder / f"state-{leg}.pt.gz"
+    final = folder / f"state-{name}.pt.gz"
     t = time.perf_counter()
     if final.is_file():
-        _say(f"{stage}: {leg} run already complete in {folder} (loaded, not recomputed)")
+        _say(f"{stage}: {name} run already complete in {folder} (loaded, not recomputed)")
         return load_state(final, identity), {}, 0.0
     ck_dir = folder / "checkpoints"
-    saved = sorted(ck_dir.glob(f"{leg}-*.pt.gz"))
+    saved = sorted(ck_dir.glob(f"{name}-*.pt.gz"))
     if saved:
-        _say(f"{stage}: {leg} run continues from its checkpoint {saved[-1].name}")
+        _say(f"{stage}: {name} run continues from its checkpoint {saved[-1].name}")
         state = load_state(saved[-1], identity)
     else:
         _say(
@@ -378,27 +381,27 @@ def _run_leg(ctx: Context, stage: str, leg: str, start, stop, run_fn, identity: 
                 "boundary": f"{stage}: interrupted run, stopping after {stop}",
                 "resumed": f"{stage}: resumed from the saved boundary state, to the end",
                 "continuous": f"{stage}: continuous run from scratch"
-                + (" (compared with the resumed one)" if leg == "continuous" else ""),
-            }[leg]
+                + (" (compared with the resumed one)" if name == "continuous" else ""),
+            }[name]
         )
         state = start()
 
     def checkpoint(n: int, make_state) -> None:  # called after every epoch / iteration but the last
         interrupt = stop_requested()
-        path = ck_dir / f"{leg}-{n:04d}.pt.gz"
+        path = ck_dir / f"{name}-{n:04d}.pt.gz"
         if (interrupt or n % every == 0) and not path.exists():
             save_state(path, make_state(), identity)
         if interrupt:
             raise Interrupted(
-                f"{stage}: stopped on request after {n} in the {leg} run; checkpoint {path}. "
+                f"{stage}: stopped on request after {n} in the {name} run; checkpoint {path}. "
                 f"Run the same command again to continue from there."
             )
 
-    state, timings = run_fn(state, stop, checkpoint)
+    state, timings = run_fn(Leg(state=state, stop=stop, checkpoint=checkpoint))
     save_state(final, state, identity)
     if stop_requested():  # the end of a leg is a boundary too
         raise Interrupted(
-            f"{stage}: stopped on request at the end of the {leg} run; its state {final}. "
+            f"{stage}: stopped on request at the end of the {name} run; its state {final}. "
             f"Run the same command again to continue from there."
         )
     return state, timings, time.perf_counter() - t
@@ -407,48 +410,29 @@ def _run_leg(ctx: Context, stage: str, leg: str, start, stop, run_fn, identity: 
 # ------------------------------------------------------------------------- stages
 
 
-def train_role(ctx: Context, kind: str, train_fn, *, state=None, stop=None, progress=None, checkpoint=None) -> dict:
+def train_role(ctx: Context, kind: str, train_fn, leg: Leg = Leg()) -> dict:
     """A fresh `kind` role trained by `train_fn` (train_sft or train_judge) on the learning view,
-    from the profile's torch seed; returns the training state (what a stage saves and resumes)."""
+    from the profile's torch seed, over one leg; returns the training state (what a stage saves
+    and resumes)."""
     role = ctx.role(kind)
     seed_system_rngs(ctx.profile.seeds.torch)
-    return train_fn(
-        role,
-        ctx.corpus.learning_view(),
-        ctx.tokenizer,
-        ctx.eos_id,
-        ctx.pad_id,
-        ctx.profile,
-        state=state,
-        stop_after_epoch=stop,
-        progress=progress,
-        checkpoint=checkpoint,
-    )
+    return train_fn(role, ctx.corpus.learning_view(), ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, leg)
 
 
-def _epoch_stage(
-    ctx: Context,
-    stage: str,
-    kind: str,
-    key: str,
-    train_fn,
-    epoch_line,
-    artifact: str,
-    resume: bool,
-    stop_after,
-    protocol: bool,
-) -> dict:
-    """SFT and the judge: the same resumable epoch stage over a different role and loss."""
+def _epoch_stage(ctx: Context, stage: str, kind: str, train_fn, epoch_line, resume, stop_after, protocol) -> dict:
+    """SFT and the judge: the same resumable epoch stage over a different role and loss; the
+    trained role is saved as `stage/kind.safetensors`, and `epoch_line(epoch record)` is printed
+    per epoch."""
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=_initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
 
-    def run_fn(state, stop, checkpoint):
-        def progress(step, total, loss):
-            bar.total = total
-            tick(step, total, loss)
+    def progress(step, total, loss):
+        bar.total = total
+        tick(step, total, loss)
 
-        return train_role(ctx, kind, train_fn, state=state, stop=stop, progress=progress, checkpoint=checkpoint), {}
+    def run_fn(leg: Leg):
+        return train_role(ctx, kind, train_fn, replace(leg, progress=progress)), {}
 
     result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol)
     bar.close()
@@ -457,12 +441,12 @@ def _epoch_stage(
         _say(epoch_line(e))
     if stop_after is None:
         role = ctx.role(kind)
-        role.load_learned_state(result["state"][key])
+        role.load_learned_state(result["state"][kind])
         if kind == "judge":
             role.freeze()  # the judge is frozen from here on
         folder = ctx.run / stage
-        if not (folder / f"{artifact}.json").is_file():  # a rerun keeps a complete artifact
-            save_role(role, folder / artifact, identity)
+        if not (folder / f"{kind}.safetensors.json").is_file():  # a rerun keeps a complete artifact
+            save_role(role, folder / f"{kind}.safetensors", identity)
         write_json(folder / "history.json", history, keep_existing=True)
         write_json(
             folder / "timings.json", {"seconds": result["seconds"], **result.get("check", {})}, keep_existing=True
@@ -471,40 +455,23 @@ def _epoch_stage(
     return result
 
 
-def stage_sft(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
-    return _epoch_stage(
-        ctx,
-        "sft",
-        "actor",
-        "actor",
-        train_sft,
-        lambda e: (
-            f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation loss {e['validation_loss']:.4f}"
-        ),
-        "actor.safetensors",
-        resume,
-        stop_after,
-        protocol,
+def _sft_epoch_line(e: dict) -> str:
+    return f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation loss {e['validation_loss']:.4f}"
+
+
+def _judge_epoch_line(e: dict) -> str:
+    return (
+        f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation loss "
+        f"{e['validation_loss']:.4f}  validation accuracy {e['validation_accuracy']:.3f}"
     )
+
+
+def stage_sft(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
+    return _epoch_stage(ctx, "sft", "actor", train_sft, _sft_epoch_line, resume, stop_after, protocol)
 
 
 def stage_judge(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
-    return _epoch_stage(
-        ctx,
-        "judge",
-        "judge",
-        "judge",
-        train_judge,
-        lambda e: (
-            f"judge epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation "
-            f"loss {e['validation_loss']:.4f}  validation accuracy "
-            f"{e['validation_accuracy']:.3f}"
-        ),
-        "judge.safetensors",
-        resume,
-        stop_after,
-        protocol,
-    )
+    return _epoch_stage(ctx, "judge", "judge", train_judge, _judge_epoch_line, resume, stop_after, protocol)
 
 
 def ppo_roles(ctx: Context) -> dict:
@@ -532,7 +499,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     cfg = ctx.profile.ppo
     bar, tick = _progress("PPO", cfg.iterations)
 
-    def run_fn(state, stop, checkpoint):
+    def run_fn(leg: Leg):
         roles = ppo_roles(ctx)
         assert_role_isolation(roles)
         before = {k: fingerprint(r) for k, r in roles.items()}
@@ -558,15 +525,12 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
             ctx.eos_id,
             ctx.pad_id,
             ctx.profile,
-            state=state,
-            stop_after_iteration=stop,
+            replace(leg, progress=progress),
             use_cache=use_cache,
-            progress=progress,
-            checkpoint=checkpoint,
         )
         assert_role_isolation(roles)
         after = {k: fingerprint(r) for k, r in roles.items()}
-        check_fingerprints(before, after, moved=out["iterations_done"] > (state or {}).get("iterations_done", 0))
+        check_fingerprints(before, after, moved=out["iterations_done"] > (leg.state or {}).get("iterations_done", 0))
         return out, tm
 
     result = run_protocol(

@@ -33,18 +33,9 @@ from torch import nn
 from rlhf.io import ArtifactExists, write_bytes, write_json
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_PARENT = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
+# The submodule of a Qwen2 decoder layer that holds each projection: attention, then the MLP.
+_PARENT = {t: "self_attn" for t in TARGETS[:4]} | {t: "mlp" for t in TARGETS[4:]}
 
-DEFAULT_RANK = 8
-DEFAULT_ALPHA = 16
 
 # PEFT's key naming on disk: "base_model.model.<qualified module>.lora_A.weight"
 PEFT_PREFIX = "base_model.model."
@@ -63,9 +54,7 @@ class LoRALinear(nn.Module):
     The base weight and bias get `requires_grad = False`.
     """
 
-    def __init__(
-        self, base: nn.Linear, *, rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA, generator: torch.Generator
-    ):
+    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, generator: torch.Generator):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise ValueError(f"LoRALinear wraps an nn.Linear, got {type(base).__name__}")

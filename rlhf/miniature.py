@@ -38,15 +38,10 @@ from rlhf.config import Profile, override
 from rlhf.io import read_json, write_json
 from rlhf.tokens import max_new_tokens
 
+# SFT and the judge get the same cut: 2 epochs of 1 update, validation cut to 4.
+EPOCH_STAGE_CUT = {"epochs": 2, "max_updates_per_epoch": 1, "expected_updates": 2, "max_validation_examples": 4}
 MINIATURE_BUDGET = {
-    ("sft", "epochs"): 2,
-    ("sft", "max_updates_per_epoch"): 1,
-    ("sft", "expected_updates"): 2,
-    ("sft", "max_validation_examples"): 4,
-    ("judge", "epochs"): 2,
-    ("judge", "max_updates_per_epoch"): 1,
-    ("judge", "expected_updates"): 2,
-    ("judge", "max_validation_examples"): 4,
+    **{(stage, key): value for stage in ("sft", "judge") for key, value in EPOCH_STAGE_CUT.items()},
     ("ppo", "iterations"): 2,
     ("ppo", "resume_stop_iteration"): 1,
     ("ppo", "checkpoint_every"): 1,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.checkpoint import rng_state, set_rng_state
-from rlhf.config import Judge, Profile, Sft
+from rlhf.checkpoint import Leg, rng_state, set_rng_state
+from rlhf.config import EpochStage, Profile
 from rlhf.io import crash_point
 from rlhf.ppo_math import learning_rate
 
@@ -41,37 +41,23 @@ def optimizer_step(optimizer, params, loss: torch.Tensor, lr: float, clip_norm: 
     return float(grad_norm)
 
 
-def epoch_budget(
-    n_items: int, per_update: int, epochs: int, max_updates_per_epoch: int | None = None
-) -> tuple[int, int]:
-    """(updates per epoch, total updates): a last short update takes the remainder.
+def epoch_budget(n_items: int, per_update: int, cfg: EpochStage) -> tuple[int, int]:
+    """(updates per epoch, total updates) of cfg.epochs over `n_items`, `per_update` at a time:
+    a last short update takes the remainder.
 
-    `max_updates_per_epoch` (absent from the lab's profiles) cuts each epoch to its first k
+    `cfg.max_updates_per_epoch` (absent from the lab's profiles) cuts each epoch to its first k
     updates: the miniature budgets of the crash tests and of the full-width qwen check."""
     per_epoch = -(-n_items // per_update)
-    if max_updates_per_epoch:
-        per_epoch = min(per_epoch, max_updates_per_epoch)
-    return per_epoch, per_epoch * epochs
+    if cfg.max_updates_per_epoch:
+        per_epoch = min(per_epoch, cfg.max_updates_per_epoch)
+    return per_epoch, per_epoch * cfg.epochs
 
 
 def train_epochs(
-    role,
-    stage: str,
-    key: str,
-    train: list,
-    per_update: int,
-    cfg: Sft | Judge,
-    profile: Profile,
-    update_loss,
-    epoch_summary,
-    *,
-    label: str,
-    state: dict | None = None,
-    stop_after_epoch: int | None = None,
-    progress=None,
-    checkpoint=None,
+    role, stage: str, train: list, per_update: int, profile: Profile, update_loss, epoch_summary, leg: Leg
 ) -> dict:
-    """The epoch loop of SFT and the judge: the same order, schedule, step and resume state.
+    """The epoch loop of SFT and the judge (`stage` "sft" or "judge", its profile table): the
+    same order, schedule, step and resume state.
 
     Each epoch draws a permutation of `train` from the data-order generator and takes
     ceil(len(train) / per_update) updates of `per_update` items:
@@ -80,18 +66,19 @@ def train_epochs(
         lr = learning_rate(step, total)      warm-up then linear decay (rlhf.ppo_math)
         optimizer_step(...)                  backward, clip, AdamW
 
-    After each epoch `epoch_summary(updates_of_the_epoch)` adds the validation numbers, then
-    `checkpoint(epochs_done, make_state)` (when given) may save the state (rlhf.lab's crash-safe
-    legs). Runs to cfg.epochs or stops after `stop_after_epoch`; returns the state to save or
-    resume from (keys: stage, epochs_done, step, `key`, optimizer, order_generator, rng, history).
+    After each epoch `epoch_summary(updates_of_the_epoch)` adds the validation numbers. The leg
+    (rlhf.checkpoint.Leg) says where to start and stop, and is told of progress and checkpoints.
+    Returns the state to save or resume from (keys: stage, epochs_done, step, the role's kind
+    (its learned tensors), optimizer, order_generator, rng, history).
     """
-    opt_cfg = profile.optim
-    per_epoch, total = epoch_budget(len(train), per_update, cfg.epochs, cfg.max_updates_per_epoch)
+    cfg, opt_cfg, key = getattr(profile, stage), profile.optim, role.kind
+    label = f"{'SFT' if stage == 'sft' else stage} stage, {key} role"  # names where a non-finite loss arose
+    per_epoch, total = epoch_budget(len(train), per_update, cfg)
     params = [p for p in role.learned_parameters() if p.requires_grad]
     optimizer, order, history, first_epoch, step = _start_epochs(
-        role, key, params, cfg.lr, opt_cfg.weight_decay, profile.seeds.data_order, total, state
+        role, key, params, cfg.lr, opt_cfg.weight_decay, profile.seeds.data_order, total, leg.state
     )
-    last_epoch = cfg.epochs if stop_after_epoch is None else stop_after_epoch
+    last_epoch = cfg.epochs if leg.stop is None else leg.stop
     for epoch in range(first_epoch, last_epoch):
         perm = torch.randperm(len(train), generator=order).tolist()
         for u in range(per_epoch):
@@ -106,11 +93,13 @@ def train_epochs(
                 {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr, **extra, "grad_norm": grad_norm}
             )
             step += 1
-            if progress is not None:
-                progress(step, total, float(loss.detach()))
+            if leg.progress is not None:
+                leg.progress(step, total, float(loss.detach()))
         history["epochs"].append({"epoch": epoch, **epoch_summary(history["updates"][-per_epoch:])})
-        if checkpoint is not None and epoch + 1 < last_epoch:  # the last state is the caller's to save
-            checkpoint(epoch + 1, lambda: _epoch_state(stage, key, role, optimizer, order, history, epoch + 1, step))
+        if leg.checkpoint is not None and epoch + 1 < last_epoch:  # the last state is the caller's to save
+            leg.checkpoint(
+                epoch + 1, lambda: _epoch_state(stage, key, role, optimizer, order, history, epoch + 1, step)
+            )
     return _epoch_state(stage, key, role, optimizer, order, history, last_epoch, step)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhf import ppo_math
-from rlhf.checkpoint import rng_state, set_rng_state
+from rlhf.checkpoint import Leg, rng_state, set_rng_state
 from rlhf.config import Ppo, Profile
 from rlhf.generate import generate
 from rlhf.io import crash_point
@@ -47,6 +47,7 @@ from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens
 # with them the golden hashes (tests_reproducibility/golden_embedded.json). Insertion order is the
 # state's key order.
 STATE_KEYS = {"actor": "actor", "critic": "critic", "reference": "reference", "judge": "reward"}
+TOKEN_VIEWS = 3  # the history keeps a token view of the first 3 iterations and of the last
 PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
 
 
@@ -255,19 +256,7 @@ def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
 
 
 def train_ppo(
-    roles: dict,
-    view,
-    tokenizer,
-    eos_id: int,
-    pad_id: int,
-    profile: Profile,
-    *,
-    state: dict | None = None,
-    stop_after_iteration: int | None = None,
-    use_cache: bool = True,
-    progress=None,
-    keep_token_views: int = 3,
-    checkpoint=None,
+    roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, leg: Leg = Leg(), *, use_cache=True
 ) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
 
@@ -275,16 +264,16 @@ def train_ppo(
     actor and critic adapters/heads, both optimizers, the prompt sampler, the sampling
     generator, the system RNGs, the history and the consumed rollout ids. Timings are returned
     apart: durations are not part of the compared state. After each iteration (both updates
-    done, no rollout pending) `checkpoint(iterations_done, make_state)`, when given, may save
-    the state (rlhf.lab's crash-safe legs).
+    done, no rollout pending) the leg (rlhf.checkpoint.Leg) is told of progress and may save the
+    state (rlhf.lab's crash-safe legs); it stops after `leg.stop` iterations.
     """
     cfg, limits = profile.ppo, profile.limits
     prompts = view.rollout_prompts()
     encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
-    run = _restore(roles, profile, len(prompts), state)
+    run = _restore(roles, profile, len(prompts), leg.state)
     updates = cfg.updates_per_iteration
     total = cfg.iterations * updates
-    last = cfg.iterations if stop_after_iteration is None else stop_after_iteration
+    last = cfg.iterations if leg.stop is None else leg.stop
     timings = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
     for it in range(run["start"], last):
         crash_point("ppo.iteration")
@@ -299,15 +288,15 @@ def train_ppo(
             for u in range(updates)
         ]
         record = _record(it, [prompts[i]["document_id"] for i in idx], ro, stats, cfg)
-        _append_history(run["history"], record, ro, tokenizer, profile, keep_token_views)
+        _append_history(run["history"], record, ro, tokenizer, profile)
         tm["iteration"] = time.perf_counter() - t_iter
         timings["per_iteration"].append(tm)
         for k in PHASES:
             timings["total"][k] += tm.get(k, 0.0)
-        if progress is not None:
-            progress(it + 1, cfg.iterations, record)
-        if checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
-            checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
+        if leg.progress is not None:
+            leg.progress(it + 1, cfg.iterations, record)
+        if leg.checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
+            leg.checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
     timings["memory"] = peak_memory()
     return _ppo_state(roles, run, last), timings
 
@@ -387,13 +376,11 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
     }
 
 
-def _append_history(
-    history: dict, record: dict, ro: Rollout, tokenizer, profile: Profile, keep_token_views: int
-) -> None:
+def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile: Profile) -> None:
     """The iteration's record, its consumed rollout ids, and (first few and last) a token view."""
     history["iterations"].append(record)
     history["consumed"].extend(record["prompt_ids"])
-    if len(history["token_views"]) < keep_token_views or record["iteration"] == profile.ppo.iterations - 1:
+    if len(history["token_views"]) < TOKEN_VIEWS or record["iteration"] == profile.ppo.iterations - 1:
         history["token_views"].append(
             {
                 "iteration": record["iteration"],

@@ -13,8 +13,8 @@ is recorded every epoch and never selects anything.
 r001 has no validation demonstrations, so the validation loss is the same token NLL on the
 (prompt, chosen) answers of the 180 validation pairs: every chosen answer is a rubric success.
 
-Resume: `train_sft(..., stop_after_epoch=k)` returns after epoch k with a complete state
-(adapters, optimizer, data-order generator, system RNGs, history); `train_sft(..., state=s)`
+Resume: `train_sft(..., Leg(stop=k))` returns after epoch k with a complete state
+(adapters, optimizer, data-order generator, system RNGs, history); `train_sft(..., Leg(state=s))`
 continues from it. Both paths run the same updates bit for bit.
 """
 
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
+from rlhf.checkpoint import Leg
 from rlhf.config import Limits, Profile
 from rlhf.masks import masked_sum
-from rlhf.optim import epoch_budget, train_epochs
+from rlhf.optim import train_epochs
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, encode_example
 
@@ -55,28 +56,10 @@ def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
     return total / count
 
 
-def sft_budget(profile: Profile, n_examples: int) -> tuple[int, int]:
-    """(updates per epoch, total updates): 168 demonstrations / 8 = 21 per epoch."""
-    return epoch_budget(
-        n_examples, profile.sft.examples_per_update, profile.sft.epochs, profile.sft.max_updates_per_epoch
-    )
-
-
-def train_sft(
-    actor,
-    view,
-    tokenizer,
-    eos_id: int,
-    pad_id: int,
-    profile: Profile,
-    *,
-    state: dict | None = None,
-    stop_after_epoch: int | None = None,
-    progress=None,
-    checkpoint=None,
-) -> dict:
-    """Run (or continue) the profile's SFT budget on the actor Role; returns the state after the
-    last epoch run (keys: stage, epochs_done, step, actor, optimizer, order_generator, rng, history)."""
+def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, leg: Leg = Leg()) -> dict:
+    """Run (or continue) the profile's SFT budget on the actor Role over one leg; returns the
+    state after the last epoch run (keys: stage, epochs_done, step, actor, optimizer,
+    order_generator, rng, history)."""
     cfg, limits = profile.sft, profile.limits
     train = encode_demonstrations(view.demonstrations("train"), tokenizer, eos_id, limits)
     valid = encode_demonstrations(view.pairs("validation"), tokenizer, eos_id, limits, "chosen")
@@ -92,19 +75,4 @@ def train_sft(
             "train_loss": sum(h["loss"] for h in updates) / len(updates),
         }
 
-    return train_epochs(
-        actor,
-        "sft",
-        "actor",
-        train,
-        cfg.examples_per_update,
-        cfg,
-        profile,
-        update_loss,
-        epoch_summary,
-        label="SFT stage, actor role",
-        state=state,
-        stop_after_epoch=stop_after_epoch,
-        progress=progress,
-        checkpoint=checkpoint,
-    )
+    return train_epochs(actor, "sft", train, cfg.examples_per_update, profile, update_loss, epoch_summary, leg)

@@ -144,7 +144,7 @@ def test_peft_adapter_dtype_semantics_for_bf16_base(record_result):
     """autocast_adapter_dtype=True (default): FP32 adapters = ours. False: BF16 adapters, differs."""
     g = torch.Generator().manual_seed(123)
     base = nn.Linear(64, 48).to(torch.bfloat16)
-    ours = LoRALinear(copy.deepcopy(base), generator=g)
+    ours = LoRALinear(copy.deepcopy(base), rank=8, alpha=16, generator=g)
     auto = peft_wrap(OneLinear(copy.deepcopy(base)), ["lin"])
     plain = peft_wrap(OneLinear(copy.deepcopy(base)), ["lin"], autocast_adapter_dtype=False)
     la, lp = auto.base_model.model.lin, plain.base_model.model.lin

@@ -46,7 +46,7 @@ CASES = {
         judge_module,
         "bradley_terry_loss",
         4,
-        r"judge stage, update 3 \(epoch 1\)",
+        r"judge stage, judge role, update 3 \(epoch 1\)",
         ["continuous-0001.pt.gz"],
     ),
     "ppo_actor": (
@@ -197,7 +197,7 @@ def test_optimizer_step_refuses_before_moving_anything(what):
         "inf_loss": loss * float("inf"),
         "inf_gradient": InfiniteGradient.apply(loss),
     }[what]
-    with pytest.raises(NonFiniteError, match=rf"^judge stage, reward role, update 7: {WHAT[what]}; stopping"):
-        optimizer_step(optimizer, params, bad, 1e-2, 1.0, "judge stage, reward role, update 7")
+    with pytest.raises(NonFiniteError, match=rf"^judge stage, judge role, update 7: {WHAT[what]}; stopping"):
+        optimizer_step(optimizer, params, bad, 1e-2, 1.0, "judge stage, judge role, update 7")
     assert all(torch.equal(a, b) for a, b in zip(weights, params))
     assert all(torch.equal(a, b) for a, b in zip(moments, [t for s in optimizer.state.values() for t in s.values()]))

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rlhf import lab, ppo
-from rlhf.checkpoint import assert_states_equal, load_state
+from rlhf.checkpoint import Leg, assert_states_equal, load_state
 from rlhf.io import read_json
 from rlhf.judge import train_judge
 from rlhf.roles import FROZEN_KINDS, ROLE_KINDS, Role, RoleIsolationError, assert_role_isolation
@@ -65,11 +65,11 @@ def resume_in_process(ctx, stage: str, boundary: dict) -> dict:
     if stage == "ppo":
         roles = lab.ppo_roles(ctx)
         disturb_global_rngs()
-        state, _ = ppo.train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=boundary)
+        state, _ = ppo.train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, Leg(state=boundary))
         return state
     role = ctx.role(kind)
     disturb_global_rngs()
-    return train_fn(role, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, state=boundary)
+    return train_fn(role, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, Leg(state=boundary))
 
 
 @pytest.mark.parametrize("stage", list(STAGES))

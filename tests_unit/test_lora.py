@@ -375,13 +375,13 @@ def test_tiny_double_injection_refused():
 def test_lora_linear_refuses_bad_arguments():
     g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="wraps an nn.Linear"):
-        LoRALinear(nn.Identity(), generator=g)
+        LoRALinear(nn.Identity(), rank=8, alpha=16, generator=g)
     with pytest.raises(ValueError, match="rank must be a positive int"):
-        LoRALinear(nn.Linear(4, 4), rank=0, generator=g)
+        LoRALinear(nn.Linear(4, 4), rank=0, alpha=16, generator=g)
     with pytest.raises(ValueError, match="alpha must be a positive number"):
-        LoRALinear(nn.Linear(4, 4), alpha=0, generator=g)
+        LoRALinear(nn.Linear(4, 4), rank=8, alpha=0, generator=g)
     with pytest.raises(ValueError, match="seeded torch.Generator"):
-        LoRALinear(nn.Linear(4, 4), generator=None)
+        LoRALinear(nn.Linear(4, 4), rank=8, alpha=16, generator=None)
 
 
 # --------------------------------------------------------------------------- state dict

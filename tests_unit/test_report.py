@@ -437,3 +437,13 @@ def test_print_summary(tmp_path):
     assert f"{sft:.3f}" in text
     assert "wrong_polite_outranks_correct_plain: 2" in text
     assert report.find_forbidden_wording(text) == []
+
+
+def test_report_phases_are_the_ppo_loop_phases_in_its_order():
+    """The reports label and order the phases that rlhf.ppo times; a phase added to (or renamed
+    in) the loop without a label would drop out of the timing table and plot."""
+    from rlhf.ppo import PHASES
+    from rlhf.report.labels import PHASE_LABELS, PPO_PHASES
+
+    assert PPO_PHASES == PHASES
+    assert set(PHASE_LABELS) == set(PHASES)

@@ -7,10 +7,10 @@ import torch
 from rlhf import cli
 from rlhf.config import load_profile
 from rlhf.generate import generate
-from rlhf.judge import judge_budget
 from rlhf.lora import count_lora_parameters
+from rlhf.optim import epoch_budget
 from rlhf.roles import new_role
-from rlhf.sft import encode_demonstrations, sft_budget, sft_loss
+from rlhf.sft import encode_demonstrations, sft_loss
 from rlhf.tokens import OverLimitError, collate, encode_prompt
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
@@ -18,13 +18,13 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 def test_spec_budgets_for_qwen_and_the_embedded_profile(embedded_profile):
     q = load_profile("qwen2.5-0.5b")
-    assert sft_budget(q, 168) == (21, 63)
-    assert judge_budget(q, 840) == (105, 210)
+    assert epoch_budget(168, q.sft.examples_per_update, q.sft) == (21, 63)
+    assert epoch_budget(840, q.judge.pairs_per_update, q.judge) == (105, 210)
     assert q.ppo.iterations * q.ppo.prompts_per_iteration == 400
     assert q.ppo.iterations * q.ppo.updates_per_iteration == 200
     for p in (q, embedded_profile):
-        assert sft_budget(p, 168)[1] == p.sft.expected_updates
-        assert judge_budget(p, 840)[1] == p.judge.expected_updates
+        assert epoch_budget(168, p.sft.examples_per_update, p.sft)[1] == p.sft.expected_updates
+        assert epoch_budget(840, p.judge.pairs_per_update, p.judge)[1] == p.judge.expected_updates
         assert (
             p.ppo.kl_coef,
             p.ppo.truncation_penalty,

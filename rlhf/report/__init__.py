@@ -43,7 +43,8 @@ The package, one concern per module:
 ``render``      ``render_markdown``, ``render_html`` (and ``CSS``)
 ``write``       ``write_reports``, ``print_summary``
 
-Everything is imported here: use ``rlhf.report.X``. The wording names (``SCORE_NAME``,
+The entry points, ``Table`` and the wording names are imported here: use ``rlhf.report.X``; the
+fixed vocabulary stays in ``rlhf.report.labels``. The wording names (``SCORE_NAME``,
 ``HONESTY`` ...) live in ``rlhf.report.wording`` and the other modules read them there at call
 time, so a test that changes one patches ``rlhf.report.wording``.
 """
@@ -52,16 +53,6 @@ from __future__ import annotations
 
 from rlhf.report import wording as wording  # re-exported: tests patch rlhf.report.wording
 from rlhf.report.formatting import fmt, fmt_signed
-from rlhf.report.labels import (
-    METRICS,
-    PHASE_LABELS,
-    POPULATION_LABELS,
-    POPULATIONS,
-    PPO_PHASES,
-    STAGE_LABELS,
-    STAGES,
-    VARIANTS,
-)
 from rlhf.report.plots import make_plots
 from rlhf.report.render import CSS, render_html, render_markdown
 from rlhf.report.results import REQUIRED_INPUTS, collect_results
@@ -86,19 +77,11 @@ __all__ = [
     "DPO_NOTE",
     "FORBIDDEN_PATTERNS",
     "HONESTY",
-    "METRICS",
     "MODEL_TEXT_PLACEHOLDER",
-    "PHASE_LABELS",
-    "POPULATIONS",
-    "POPULATION_LABELS",
-    "PPO_PHASES",
     "REPORT_FILES",
     "REQUIRED_INPUTS",
     "SCORE_NAME",
     "SCORE_SHORT",
-    "STAGES",
-    "STAGE_LABELS",
-    "VARIANTS",
     "ReportWordingError",
     "Table",
     "build_sections",

@@ -41,7 +41,6 @@ def metric(key: str) -> tuple:
     return next(m for m in METRICS if m[0] == key)
 
 
-PPO_PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
 PHASE_LABELS = {
     "generation": "generation (sampling, actor)",
     "reference": "reference scoring",
@@ -51,5 +50,8 @@ PHASE_LABELS = {
     "critic_update": "critic optimisation",
     "iteration": "whole loop (all phases)",
 }
+# The phases in the order rlhf.ppo.PHASES times them (tests_unit/test_report.py ties the two;
+# the reports need no torch, so they do not import rlhf.ppo).
+PPO_PHASES = tuple(PHASE_LABELS)
 STAGES = ("sft", "judge", "ppo")
 STAGE_LABELS = {"sft": "SFT", "judge": "judge (reward model)", "ppo": "PPO"}

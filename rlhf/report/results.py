@@ -26,27 +26,10 @@ def _curves(records: list[dict]) -> dict:
     return {k: [r.get(k) for r in records] for k in keys}
 
 
-def _sft_summary(h: dict) -> dict:
-    ups = h.get("updates", [])
-    ep = h.get("epochs", [])
-    return {
-        "updates": len(ups),
-        "total_updates": h.get("total_updates"),
-        "epochs": len(ep),
-        "first_update_loss": ups[0]["loss"] if ups else None,
-        "last_update_loss": ups[-1]["loss"] if ups else None,
-        "mean_loss_last_10_updates": mean([u.get("loss") for u in ups[-10:]]),
-        "response_tokens_trained": sum(u.get("tokens", 0) for u in ups),
-        "peak_lr": max((u.get("lr", 0) for u in ups), default=None),
-        "max_grad_norm_before_clipping": max((u.get("grad_norm", 0) for u in ups), default=None),
-        "final_train_loss": ep[-1].get("train_loss") if ep else None,
-        "final_validation_loss": ep[-1].get("validation_loss") if ep else None,
-    }
-
-
-def _judge_summary(h: dict) -> dict:
-    ups = h.get("updates", [])
-    ep = h.get("epochs", [])
+def _epoch_summary(h: dict) -> dict:
+    """What the SFT and judge summaries share: update and epoch counts, the first and last
+    update's loss, the peak learning rate, and the last epoch's train and validation loss."""
+    ups, ep = h.get("updates", []), h.get("epochs", [])
     last = ep[-1] if ep else {}
     return {
         "updates": len(ups),
@@ -54,11 +37,29 @@ def _judge_summary(h: dict) -> dict:
         "epochs": len(ep),
         "first_update_loss": ups[0]["loss"] if ups else None,
         "last_update_loss": ups[-1]["loss"] if ups else None,
-        "mean_accuracy_last_10_updates": mean([u.get("accuracy") for u in ups[-10:]]),
         "peak_lr": max((u.get("lr", 0) for u in ups), default=None),
         "final_train_loss": last.get("train_loss"),
-        "final_train_accuracy": last.get("train_accuracy"),
         "final_validation_loss": last.get("validation_loss"),
+    }
+
+
+def _sft_summary(h: dict) -> dict:
+    ups = h.get("updates", [])
+    return {
+        **_epoch_summary(h),
+        "mean_loss_last_10_updates": mean([u.get("loss") for u in ups[-10:]]),
+        "response_tokens_trained": sum(u.get("tokens", 0) for u in ups),
+        "max_grad_norm_before_clipping": max((u.get("grad_norm", 0) for u in ups), default=None),
+    }
+
+
+def _judge_summary(h: dict) -> dict:
+    ups, ep = h.get("updates", []), h.get("epochs", [])
+    last = ep[-1] if ep else {}
+    return {
+        **_epoch_summary(h),
+        "mean_accuracy_last_10_updates": mean([u.get("accuracy") for u in ups[-10:]]),
+        "final_train_accuracy": last.get("train_accuracy"),
         "final_validation_accuracy": last.get("validation_accuracy"),
         "final_validation_ties": last.get("validation_ties"),
     }

@@ -154,6 +154,11 @@ def token_table(view: dict) -> Table:
     )
 
 
+def _point_with_interval(ax, x: float, y: float, interval: list, **style) -> None:
+    """One point at (x, y) with its [low, high] interval as an error bar."""
+    ax.errorbar([x], [y], yerr=[[y - interval[0]], [interval[1] - y]], **style)
+
+
 def plot_seeds(result: dict) -> bytes:
     """One panel per PLOTTED difference: a point per seed with its single-run bootstrap interval,
     and the across-seed mean with its t-interval."""
@@ -164,28 +169,13 @@ def plot_seeds(result: dict) -> bytes:
         m = f"{key}.{pop}"
         for j, r in enumerate(rows):
             b = r["single_run_bootstrap"][m]
-            ax.errorbar(
-                [j],
-                [b["diff"]],
-                yerr=[[b["diff"] - b["ci95"][0]], [b["ci95"][1] - b["diff"]]],
-                fmt="o",
-                color="#4c72b0",
-                capsize=3,
-                label="one run: diff, bootstrap 95% (prompts)" if j == 0 else None,
-            )
+            label = "one run: diff, bootstrap 95% (prompts)" if j == 0 else None
+            _point_with_interval(ax, j, b["diff"], b["ci95"], fmt="o", color="#4c72b0", capsize=3, label=label)
         s = result["across"][f"{m}.ppo_minus_sft"]
         x = len(rows) + 0.8
         if s["t95"]:
-            ax.errorbar(
-                [x],
-                [s["mean"]],
-                yerr=[[s["mean"] - s["t95"][0]], [s["t95"][1] - s["mean"]]],
-                fmt="D",
-                color="#c44e52",
-                capsize=5,
-                ms=8,
-                label="mean over seeds, 95% t-interval",
-            )
+            label = "mean over seeds, 95% t-interval"
+            _point_with_interval(ax, x, s["mean"], s["t95"], fmt="D", color="#c44e52", capsize=5, ms=8, label=label)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(list(range(len(rows))) + [x], [str(r["index"]) for r in rows] + ["mean"])
         ax.set(title=f"PPO − SFT: {_label(key, pop)}", xlabel="training seed (run)")
