@@ -101,7 +101,14 @@ class Context:
         )
 
     def role(self, kind: str):
-        return new_role(kind, self.profile, self.model_dir, base_identity=self.base_identity, device=self.device)
+        return new_role(
+            kind,
+            self.profile,
+            self.model_dir,
+            base_identity=self.base_identity,
+            tokenizer=self.tokenizer,
+            device=self.device,
+        )
 
 
 def profile_device(profile: Profile) -> str:

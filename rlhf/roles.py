@@ -105,11 +105,14 @@ def new_head(hidden: int, kind: str, profile: Profile) -> nn.Linear:
     return head
 
 
-def new_role(kind: str, profile: Profile, model_dir, *, base_identity: dict | None = None, device: str = "cpu") -> Role:
-    """Load a fresh backbone from `model_dir` and give it this role's adapters and head."""
+def new_role(
+    kind: str, profile: Profile, model_dir, *, base_identity: dict | None = None, tokenizer=None, device: str = "cpu"
+) -> Role:
+    """Load a fresh backbone from `model_dir` and give it this role's adapters and head
+    (`base_identity` and `tokenizer`: see rlhf.models.load_base)."""
     if kind not in ROLE_KINDS:
         raise ValueError(f"unknown role {kind!r}; roles are {ROLE_KINDS}")
-    base = load_base(profile, model_dir, device=device, identity=base_identity)
+    base = load_base(profile, model_dir, device=device, identity=base_identity, tokenizer=tokenizer)
     seed = profile.seeds.judge_lora if kind == "judge" else profile.seeds.lora
     adapters = inject_lora(
         base.model, rank=profile.lora.rank, alpha=profile.lora.alpha, seed=seed, targets=profile.lora.targets
@@ -158,7 +161,8 @@ def tensor_sha256(t: torch.Tensor) -> str:
     """SHA-256 of a tensor's dtype, shape and raw bytes."""
     t = t.detach().to("cpu").contiguous()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if t.numel():
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # hashed in place: no copy of its bytes
     return h.hexdigest()
 
 
