@@ -141,8 +141,9 @@ def cmd_lab(args) -> int:
     print(print_summary(results))
     audit = results.get("shortcut_audit")
     if audit:
+        pairs = audit["counterfactuals"][audit["baseline"]]["pairs"]
         print(
-            "shortcut audit (judge accuracy on the 180 test pairs): "
+            f"shortcut audit (judge accuracy on the {pairs} test pairs): "
             + ", ".join(f"{k} {audit['counterfactuals'][k]['accuracy']:.3f}" for k in audit["order"])
         )
     print(f"lab finished in {time.perf_counter() - t0:.1f} s; everything is in {ctx.run}")

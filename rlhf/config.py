@@ -160,6 +160,12 @@ class Evaluation:
         "cut held-out answers to N new tokens (miniature budgets); absent in a real profile: limits.response_tokens",
         default=None,
     )
+    max_units: int | None = doc(
+        "cut every held-out set to its first N independent units: N test families (their prompts, test pairs "
+        "and shortcut-audit pairs) and N probe contexts (their rows and candidates); miniature budgets; "
+        "absent in a real profile: every unit",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)

@@ -873,6 +873,16 @@ def _copies(records) -> list[dict]:
 _PROMPT_FIELDS = ("document_id", "family", "split", "population", "prompt")
 
 
+def first_units(records: list[dict], max_units: int | None) -> list[dict]:
+    """`records` restricted to its first `max_units` families (test families or probe contexts,
+    in file order): the miniature budgets' cut (profile key evaluation.max_units). None (every
+    real profile) keeps every record."""
+    if max_units is None:
+        return records
+    kept = set(list(dict.fromkeys(r["family"] for r in records))[:max_units])
+    return [r for r in records if r["family"] in kept]
+
+
 class LearningView:
     """What learning stages (SFT, judge, PPO) may read; it holds copies of nothing else."""
 

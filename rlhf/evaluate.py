@@ -40,6 +40,7 @@ import torch
 
 from rlhf import pin, rubric
 from rlhf.config import profile_hash
+from rlhf.corpus import first_units
 from rlhf.generate import generate
 from rlhf.io import crash_point, sha256_file, write_json
 from rlhf.judge import encode_pairs, evaluate_pairs
@@ -50,7 +51,6 @@ from rlhf.tokens import collate, decode_response, encode_example, encode_prompt,
 
 BATCH_SIZE = 32
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
-POPULATIONS_NOTE = "80 probe rows are 20 independent contexts; 520 generations are not 520 independent cases"
 EXPECTED_ROWS = {"test": 180, "probe": 80}
 EXPECTED_DISTINCT_PROMPTS = 200
 
@@ -71,18 +71,29 @@ def _batches(items: list, size: int = BATCH_SIZE):
         yield items[i : i + size]
 
 
-def heldout_prompts(view) -> list[dict]:
-    """The 260 prompt-only records: 180 test prompts, then 80 probe rows (inputs, never labels)."""
+def heldout_prompts(view, max_units: int | None = None) -> list[dict]:
+    """The 260 prompt-only records: 180 test prompts, then 80 probe rows (inputs, never labels);
+    with `max_units`, the rows of the first N test families and N probe contexts (rlhf.corpus.first_units)."""
     records = []
     for population in ("test", "probe"):
         recs = view.prompts(population)
         if len(recs) != EXPECTED_ROWS[population]:
             raise ValueError(f"expected {EXPECTED_ROWS[population]} {population} prompts, got {len(recs)}")
-        records += [{**r, "population": population} for r in recs]
-    distinct = len({r["prompt"] for r in records})
+        records += [{**r, "population": population} for r in first_units(recs, max_units)]
+    distinct = len({r["prompt"] for r in view.prompts("test") + view.prompts("probe")})
     if distinct != EXPECTED_DISTINCT_PROMPTS:
         raise ValueError(f"expected {EXPECTED_DISTINCT_PROMPTS} distinct prompts, got {distinct}")
     return records
+
+
+def populations_note(rows: list[dict]) -> str:
+    """What the row counts of one policy's evaluation are (independent units, not rows)."""
+    probes = [r for r in rows if r["population"] == "probe"]
+    contexts = len({r["family"] for r in probes})
+    return (
+        f"{len(probes)} probe rows are {contexts} independent contexts; "
+        f"{2 * len(rows)} generations are not {2 * len(rows)} independent cases"
+    )
 
 
 def check_probe_identity(rows: list[dict]) -> int:
@@ -145,7 +156,7 @@ def generate_heldout(actor_model, ctx) -> list[dict]:
     Each row: document_id, family, population ("test"/"probe"), prompt, response (text),
     response_ids, finish_reason ("eos"/"length"/"undecodable"), ended_with_eos, length (tokens).
     """
-    records = heldout_prompts(ctx.corpus.evaluation_view())
+    records = heldout_prompts(ctx.corpus.evaluation_view(), ctx.profile.evaluation.max_units)
     limits = ctx.profile.limits
     prompt_ids = [encode_prompt(ctx.tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
     responses = greedy_responses(actor_model, prompt_ids, ctx)
@@ -293,7 +304,8 @@ def judge_test_accuracy(judge_role, ctx) -> dict:
     """The frozen judge on the 180 held-out test pairs; a tie counts as a miss. `rows` keeps
     each pair's chosen and rejected score, so that the accuracy can be recomputed from them."""
     view = ctx.corpus.evaluation_view()
-    pairs = encode_pairs(view.test_pairs(), ctx.tokenizer, ctx.eos_id, ctx.profile.limits)
+    test_pairs = first_units(view.test_pairs(), ctx.profile.evaluation.max_units)
+    pairs = encode_pairs(test_pairs, ctx.tokenizer, ctx.eos_id, ctx.profile.limits)
     result = evaluate_pairs(judge_role, pairs, ctx.pad_id)
     variant = {lab["document_id"]: lab["variant"] for lab in view.labels("pair", "test")}
     hits: dict[str, list[bool]] = defaultdict(list)
@@ -426,7 +438,7 @@ def probe_candidate_scores(judge_role, ctx) -> dict[str, dict[str, float]]:
     """{context family: {"s_TF", "s_TT", "s_FF", "s_FT"}}: the frozen judge's score of each of
     the 80 fixed probe candidates (correct/polite designs from the labels)."""
     view = ctx.corpus.evaluation_view()
-    rows = view.probe_rows()
+    rows = first_units(view.probe_rows(), ctx.profile.evaluation.max_units)
     encoded = [
         encode_example(ctx.tokenizer, r["prompt"], r["response"], ctx.eos_id, ctx.profile.limits, r["document_id"])
         for r in rows
@@ -561,7 +573,7 @@ def stage_evaluate(ctx) -> dict:
         "judge_test": judge_test,
         "differences": differences,
         "politeness": politeness,
-        "populations_note": POPULATIONS_NOTE,
+        "populations_note": populations_note(policies["sft"]["rows"]),
         "seconds": seconds,
         "arithmetic": pin.describe(),
         "determinism": getattr(ctx, "determinism", None),

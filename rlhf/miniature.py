@@ -19,8 +19,12 @@ What a miniature run cuts (MINIATURE_BUDGET), each key a budget:
                 one 64-token rollout of 4 rows took 41 s (the 151,936-row BF16 vocabulary
                 projection is read from memory at every step), so an uncut PPO leg alone
                 was minutes
-    evaluation  held-out answers cut to 2 new tokens (all 260 rows, the 180 test pairs, the
-                80 probe candidates and the shortcut audit stay whole)
+    evaluation  held-out answers cut to 2 new tokens, and every held-out set to its first 2
+                units (evaluation.max_units): 2 test families (10 test prompts, 10 test pairs, 10
+                shortcut-audit pairs per counterfactual set) and 2 probe contexts (8 rows, 8
+                candidates). At full width the whole held-out evaluation and shortcut audit took
+                60 s of the dry run's 107 s on 2 cores; cut, each scored part is projected back
+                to its full count (`project`)
 
 A CPU run of a CUDA profile is never silent: the miniature of a CUDA profile runs on CUDA when
 torch sees one, else on the CPU with `device = "cpu"` written into the profile (and so into
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from rlhf import lab
 from rlhf.config import Profile, override
+from rlhf.evaluate import EXPECTED_ROWS
 from rlhf.io import read_json, write_json
 from rlhf.tokens import max_new_tokens
 
@@ -47,6 +52,7 @@ MINIATURE_BUDGET = {
     ("ppo", "checkpoint_every"): 1,
     ("ppo", "max_new_tokens"): 8,
     ("evaluation", "max_new_tokens"): 2,
+    ("evaluation", "max_units"): 2,
 }
 # What follows from the layer count: 7 adapted projections per layer, and their parameters.
 LAYER_KEYS = (("model", "num_hidden_layers"), ("lora", "expected_adapters"), ("lora", "expected_parameters"))
@@ -115,13 +121,29 @@ def stage_units(profile: Profile) -> dict[str, int]:
 
 
 STAGE_FOLDERS = {"sft": "sft", "judge": "judge", "ppo": "ppo"}
+# What each timed part of the evaluation (rlhf.evaluate.stage_evaluate's "seconds", without the
+# policy prefix) grows with, and that count in the full evaluation. Loading the roles, the
+# bootstrap and the politeness exercise do not grow with a cut: the exercise is mostly its
+# before/after hashing of the judge and every artifact (1.3 s for 8 candidates, 2.7 s for 80 at
+# full width on 2 cores).
+EVALUATION_GROWTH = {"scoring": "rows", "rubric": "rows", "judge_test_accuracy": "pairs"}
+FULL_EVALUATION = {
+    "rows": EXPECTED_ROWS["test"] + EXPECTED_ROWS["probe"],  # 260 per policy
+    "pairs": EXPECTED_ROWS["test"],  # one test pair per test prompt: 180
+}
+
+
+def evaluation_counts(results: dict) -> dict[str, int]:
+    """Rows per policy and test pairs that an evaluation's results.json covers."""
+    return {"rows": len(results["policies"]["sft"]["rows"]), "pairs": results["judge_test"]["pairs"]}
 
 
 def measured_step_seconds(run: Path, mini: Profile) -> dict[str, dict]:
     """Seconds per update (SFT, judge) / iteration (PPO) of the miniature's continuous leg, from
     its resume_check.json (`continuous_s`, the leg run from scratch to the end, role building
-    and the cut validation included), and the evaluation's seconds per new token of greedy
-    generation (the rest of the evaluation does not depend on the answer length)."""
+    and the cut validation included), and the evaluation's greedy generation seconds per new
+    token, grown to the full 260 rows per policy, with the rest of the evaluation grown part by
+    part to its full count (EVALUATION_GROWTH; it does not depend on the answer length)."""
     units = stage_units(mini)
     out = {}
     for stage, folder in STAGE_FOLDERS.items():
@@ -134,14 +156,22 @@ def measured_step_seconds(run: Path, mini: Profile) -> dict[str, dict]:
     out["ppo"]["generation_per_token"] = (
         sum(t["generation"] for t in continuous) / units["ppo"] / units["ppo_rollout_tokens"]
     )
-    ev = read_json(run / "evaluation" / "results.json")["seconds"]
+    results = read_json(run / "evaluation" / "results.json")
+    ev, counts = results["seconds"], evaluation_counts(results)
     generation = sum(v for k, v in ev.items() if k.endswith("_generation"))
+    rest_full = ev["total"] - generation
+    for name, seconds in ev.items():
+        growth = EVALUATION_GROWTH.get(name.removeprefix("sft_").removeprefix("ppo_"))
+        if growth is not None:
+            rest_full += seconds * (FULL_EVALUATION[growth] / counts[growth] - 1)
     out["evaluation"] = {
         "seconds": ev["total"],
         "generation_seconds": generation,
         "units": units["evaluation"],
-        "per_unit": generation / units["evaluation"],
+        "counts": counts,
+        "per_unit": generation / units["evaluation"] * FULL_EVALUATION["rows"] / counts["rows"],
         "rest_seconds": ev["total"] - generation,
+        "rest_seconds_full": rest_full,
     }
     return out
 
@@ -153,8 +183,10 @@ def project(step: dict[str, dict], full: Profile) -> dict[str, dict]:
         PPO iteration = measured seconds per iteration + measured rollout generation seconds
                         per new token x (64 - the miniature's rollout tokens); scoring and
                         updates as measured on the shorter responses (an underestimate)
-        evaluation    = measured generation seconds per new token x 64 (the full answer length)
-                        + the rest of the evaluation as measured (it is not cut)
+        evaluation    = measured generation seconds per new token (grown to the full 260 rows
+                        per policy) x 64 (the full answer length) + the rest of the evaluation,
+                        each part grown to its full count of rows or test pairs
+                        (EVALUATION_GROWTH; rest_seconds_full)
 
     The lab's interrupt/resume protocol runs each training stage twice over (boundary + resumed
     leg, then the continuous leg): `lab_with_protocol` is 2 x the three stages + evaluation.
@@ -177,7 +209,7 @@ def project(step: dict[str, dict], full: Profile) -> dict[str, dict]:
     out["evaluation"] = {
         "per_unit_s": ev["per_unit"],
         "units": units["evaluation"],
-        "projected_s": ev["per_unit"] * units["evaluation"] + ev["rest_seconds"],
+        "projected_s": ev["per_unit"] * units["evaluation"] + ev["rest_seconds_full"],
     }
     training = sum(out[s]["projected_s"] for s in STAGE_FOLDERS)
     out["one_leg_total_s"] = training + out["evaluation"]["projected_s"]
@@ -221,7 +253,8 @@ def dry_run(
         "formula": "projected stage seconds = measured seconds per update/iteration (continuous leg) "
         "x the full profile's updates/iterations; a PPO iteration adds the rollout's "
         "generation seconds per token x the tokens the miniature cut; evaluation = "
-        "generation seconds per new token x full answer length + the rest as measured",
+        "generation seconds per new token (grown to 260 rows per policy) x full answer length + the rest, "
+        "each part grown to its full count of rows or test pairs",
     }
     write_json(run / "dry_run.json", record)
     for line in dry_run_lines(record):

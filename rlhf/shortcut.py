@@ -55,9 +55,8 @@ import torch
 from rlhf import corpus as C
 from rlhf import pin, rubric
 from rlhf.io import sha256_file, write_json
-from rlhf.judge import encode_pairs
-from rlhf.roles import fingerprint, load_role, reward_scores
-from rlhf.tokens import collate
+from rlhf.judge import encode_pairs, pair_scores
+from rlhf.roles import fingerprint, load_role
 
 STUDY = "shortcut-audit"
 VERSION = "shortcut-audit-v1"
@@ -259,13 +258,10 @@ def cue_counts(records: list[dict], originals: list[dict], labels: list[dict]) -
 def score_records(judge, records: list[dict], ctx) -> list[float]:
     """Margins score(chosen) - score(rejected) of each record with the frozen judge."""
     pairs = encode_pairs(records, ctx.tokenizer, ctx.eos_id, ctx.profile.limits)
-    device = next(judge.model.parameters()).device
     margins: list[float] = []
     for i in range(0, len(pairs), BATCH_SIZE):
-        chunk = pairs[i : i + BATCH_SIZE]
-        batch = collate([p[1] for p in chunk] * 2, [p[2] for p in chunk] + [p[3] for p in chunk], ctx.pad_id).to(device)
-        s = reward_scores(judge, batch).float()
-        margins += (s[: len(chunk)] - s[len(chunk) :]).tolist()
+        chosen, rejected = pair_scores(judge, pairs[i : i + BATCH_SIZE], ctx.pad_id)  # FP32
+        margins += (chosen - rejected).tolist()
     return margins
 
 
@@ -339,6 +335,10 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
     view = ctx.corpus.evaluation_view()
     test_pairs, labels = view.test_pairs(), view.labels("pair", "test")
     sets = build_counterfactuals(test_pairs, labels, revision)
+    # A miniature budget scores the pairs of the first N test families only (after the draws,
+    # so each kept pair has the counterfactual prompt it has in the full audit).
+    kept = {r["document_id"] for r in C.first_units(test_pairs, ctx.profile.evaluation.max_units)}
+    sets = {key: [r for r in records if r["document_id"] in kept] for key, records in sets.items()}
     results = {}
     for key, records in sets.items():
         summary = summarise(records, score_records(judge, records, ctx))

@@ -218,3 +218,24 @@ def test_probe_contexts_take_one_row_per_context(ctx):
     picked = population_rows(rows, "probe_contexts")
     assert len(picked) == 20 and len({r["family"] for r in picked}) == 20
     assert len(population_rows(rows, "probe_rows")) == 80
+
+
+def test_held_out_cut_keeps_whole_units_in_file_order(ctx):
+    """The miniature's evaluation.max_units: the first N test families and probe contexts, every
+    row of each (a cut inside a family would break the probe identity check and the bootstrap's
+    units); None (every real profile) keeps all 260 rows."""
+    from rlhf.corpus import first_units
+    from rlhf.evaluate import heldout_prompts
+
+    view = ctx.corpus.evaluation_view()
+    assert len(heldout_prompts(view)) == 260
+    cut = heldout_prompts(view, 2)
+    tests, probes = view.prompts("test"), view.prompts("probe")
+    first_families = list(dict.fromkeys(r["family"] for r in tests))[:2]
+    first_contexts = list(dict.fromkeys(r["family"] for r in probes))[:2]
+    assert [r["document_id"] for r in cut] == [r["document_id"] for r in tests if r["family"] in first_families] + [
+        r["document_id"] for r in probes if r["family"] in first_contexts
+    ]
+    assert [r["population"] for r in cut] == ["test"] * 10 + ["probe"] * 8
+    assert first_units(tests, None) is tests
+    assert first_units(view.test_pairs(), 1) == [p for p in view.test_pairs() if p["family"] == first_families[0]]

@@ -15,7 +15,8 @@ What differs from the real profile (asserted key by key in
 LoRA counts that follow from it), the budgets of rlhf.miniature.MINIATURE_BUDGET (SFT and judge
 2 epochs of 1 update with validation cut to 4 examples, PPO 2 iterations stopped after 1 with
 rollouts cut to 8 new tokens, and an evaluation budget cut: held-out answers of 2 new tokens
-instead of 64; a cut row is truncated like a row at 64), and the labels that
+instead of 64 (a cut row is truncated like a row at 64), and every held-out set cut to its first
+2 units: 2 test families and 2 probe contexts), and the labels that
 say so: the name, `device = "cpu"` (a CUDA profile run on the CPU on purpose, recorded in
 run.json) and `allow_random_weights`.
 
@@ -197,17 +198,44 @@ def test_ppo_ran_on_the_full_vocabulary(full_width):
         assert all(v == v for v in (it["mean_score"], it["mean_sampled_log_ratio"]))  # not NaN
 
 
-def test_evaluation_covers_every_row_and_metrics_recompute_from_rows(full_width):
+def test_evaluation_covers_the_first_two_units_of_each_set_and_metrics_recompute_from_rows(full_width):
+    """The miniature's held-out cut (evaluation.max_units = 2): every row of the first 2 test
+    families and the first 2 probe contexts, the same 10 test pairs for the judge's accuracy and
+    for each shortcut-audit set, the 8 candidates of 2 contexts; the reports say these counts."""
     from rlhf.evaluate import summarise_populations
 
     run = full_width[0]
     res = read_json(run / "evaluation" / "results.json")
+    assert MINIATURE_BUDGET[("evaluation", "max_units")] == 2
     for policy in ("sft", "ppo"):
         rows = res["policies"][policy]["rows"]
-        assert len(rows) == 260
+        assert [r["population"] for r in rows] == ["test"] * 10 + ["probe"] * 8  # 2 x 5 prompts, 2 x 4 rows
+        assert len({r["family"] for r in rows if r["population"] == "test"}) == 2
+        assert len({r["family"] for r in rows if r["population"] == "probe"}) == 2
         assert all(1 <= r["length"] <= MINIATURE_BUDGET[("evaluation", "max_new_tokens")] for r in rows)
         assert summarise_populations(rows) == res["policies"][policy]["metrics"]
-    assert res["judge_test"]["pairs"] == 180 and res["politeness"]["unchanged"] is True
+    assert res["judge_test"]["pairs"] == 10 and len(res["judge_test"]["rows"]) == 10
+    test_ids = {r["document_id"] for r in res["policies"]["sft"]["rows"] if r["population"] == "test"}
+    assert {r["document_id"] for r in res["judge_test"]["rows"]} == test_ids  # the same 2 families
+    assert res["politeness"]["counts"]["contexts"] == 2 and res["politeness"]["unchanged"] is True
+    assert (
+        res["populations_note"]
+        == "8 probe rows are 2 independent contexts; 36 generations are not 36 independent cases"
+    )
+    audit = read_json(run / "shortcut_audit" / "results.json")
+    assert {k: v["pairs"] for k, v in audit["counterfactuals"].items()} == {
+        "r001": 10,
+        "a_family_permuted": 10,
+        "b_heading_independent": 10,
+        "c_both": 10,
+        "d_conflict": 6,
+    }
+    report = (run / "report.md").read_text()
+    assert "Judge accuracy on the 10 test pairs" in report and "on the 10 test prompts and the 8 probe rows" in report
+    # No sentence about the evaluated sets claims the full counts (the honesty list names them as
+    # the full evaluation's, on purpose).
+    assert "the 180 test" not in report and "the 20 contexts" not in report and "the 20 probe" not in report
+    assert "Counts over the 2 contexts" in report
 
 
 def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(full_width, record_result):
@@ -226,10 +254,16 @@ def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(ful
     per_token = sum(t["generation"] for t in per_iteration) / 2 / 8
     ppo_s = read_json(run / "ppo" / "resume_check.json")["continuous_s"]
     assert dry["projection"]["ppo"]["projected_s"] == pytest.approx((ppo_s / 2 + per_token * (64 - 8)) * 100)
+    # Evaluation: generation per new token grown from 18 to 260 rows per policy, x 64 tokens; the
+    # scoring and rubric grown from 18 to 260 rows, the judge's accuracy from 10 to 180 pairs;
+    # loading roles, the bootstrap and the politeness exercise (mostly hashing) as measured.
     ev = read_json(run / "evaluation" / "results.json")["seconds"]
     generation = ev["sft_generation"] + ev["ppo_generation"]
+    grown = sum(ev[f"{p}_{part}"] for p in ("sft", "ppo") for part in ("scoring", "rubric")) * (260 / 18 - 1)
+    grown += ev["judge_test_accuracy"] * (180 / 10 - 1)
+    assert dry["measured"]["evaluation"]["counts"] == {"rows": 18, "pairs": 10}
     assert dry["projection"]["evaluation"]["projected_s"] == pytest.approx(
-        generation / 2 * 64 + ev["total"] - generation
+        generation / 2 * 260 / 18 * 64 + ev["total"] - generation + grown
     )
     assert project(dry["measured"], full) == dry["projection"]
     assert "projected time of the full qwen2.5-0.5b run" in stdout
@@ -286,7 +320,7 @@ def test_projection_arithmetic_on_given_step_times():
         "sft": {"per_unit": 2.0},
         "judge": {"per_unit": 1.0},
         "ppo": {"per_unit": 10.0, "rollout_tokens": 8, "generation_per_token": 0.5},
-        "evaluation": {"per_unit": 3.0, "rest_seconds": 40.0},
+        "evaluation": {"per_unit": 3.0, "rest_seconds": 10.0, "rest_seconds_full": 40.0},
     }
     p = project(step, load_profile("qwen2.5-0.5b"))
     assert p["sft"]["projected_s"] == 2.0 * 63 and p["judge"]["projected_s"] == 1.0 * 210

@@ -19,6 +19,7 @@ from rlhf.report.tables import (
     judge_test_table,
     key_results_table,
     kv_table,
+    policy_metrics,
     politeness_table,
     probe_outputs_table,
     resume_tables,
@@ -63,7 +64,7 @@ def glance_section(res: dict) -> tuple[str, str, list]:
         glance.append(
             (
                 "p",
-                f"Judge accuracy on the 180 test pairs: {fmt(rt.get('accuracy'))} "
+                f"Judge accuracy on the {fmt(rt.get('pairs'))} test pairs: {fmt(rt.get('accuracy'))} "
                 f"({fmt(rt.get('pairs'))} pairs, {fmt(rt.get('ties'))} ties).",
             )
         )
@@ -72,7 +73,12 @@ def glance_section(res: dict) -> tuple[str, str, list]:
             glance.append(
                 (
                     "table",
-                    kv_table(counts, "Politeness probes: counts over the 20 contexts", "count", "number of contexts"),
+                    kv_table(
+                        counts,
+                        f"Politeness probes: counts over the {fmt(counts.get('contexts'))} contexts",
+                        "count",
+                        "number of contexts",
+                    ),
                 )
             )
     else:
@@ -95,11 +101,17 @@ def honesty_section() -> tuple[str, str, list]:
     return ("honesty", "What this lab is and is not", [("list", list(wording.HONESTY))])
 
 
+def _n_rows(ev: dict, population: str):
+    """Rows of one population in the SFT policy's evaluation (180 test, 80 probe rows in a full run)."""
+    return (policy_metrics(ev, "sft").get(population) or {}).get("n_rows")
+
+
 def comparison_section(ev: dict, quote) -> tuple[str, str, list]:
     blocks = [
         (
             "p",
-            f"Both policies generate greedily on the 180 test prompts and the 80 probe rows. "
+            f"Both policies generate greedily on the {fmt(_n_rows(ev, 'test'))} test prompts and the "
+            f"{fmt(_n_rows(ev, 'probe_rows'))} probe rows. "
             f"Rubric metrics come from the independent rubric (exact grammar checker); the "
             f"{wording.SCORE_SHORT} is the {wording.SCORE_NAME}. Rates of unsupported certainty use "
             f"recognised outputs as denominator; success rates use all rows. The CI of a difference is "
@@ -122,13 +134,19 @@ def judge_test_section(res: dict) -> tuple[str, str, list]:
         [
             (
                 "p",
-                "Accuracy of the frozen judge on the 180 test pairs, published separately from the "
+                f"Accuracy of the frozen judge on the {fmt(res['judge_test'].get('pairs'))} test pairs, "
+                "published separately from the "
                 "actor's generations. See the give-away note above: r001 test pairs can be won "
                 "without reading the situation.",
             ),
             ("table", judge_test_table(res["judge_test"])),
         ],
     )
+
+
+def _audit_pairs(sa: dict):
+    """Pairs scored per counterfactual set (the baseline's count; 180 in a full run)."""
+    return ((sa.get("counterfactuals") or {}).get(sa.get("baseline")) or {}).get("pairs")
 
 
 def shortcut_audit_section(sa: dict) -> tuple[str, str, list]:
@@ -138,7 +156,7 @@ def shortcut_audit_section(sa: dict) -> tuple[str, str, list]:
         [
             (
                 "p",
-                "The frozen judge scores the 180 test pairs under counterfactual prompts; "
+                f"The frozen judge scores the {fmt(_audit_pairs(sa))} test pairs under counterfactual prompts; "
                 "nothing it learned from is changed (hash-checked: "
                 f"{fmt(sa.get('unchanged'))}).",
             ),
@@ -162,7 +180,15 @@ def politeness_section(ev: dict) -> tuple[str, str, list]:
         blocks.append(("table", politeness_table(pol)))
         if pol.get("counts"):
             blocks.append(
-                ("table", kv_table(pol["counts"], "Counts over the 20 contexts", "count", "number of contexts"))
+                (
+                    "table",
+                    kv_table(
+                        pol["counts"],
+                        f"Counts over the {fmt(pol['counts'].get('contexts'))} contexts",
+                        "count",
+                        "number of contexts",
+                    ),
+                )
             )
         blocks.append(
             (

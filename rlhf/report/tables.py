@@ -129,7 +129,10 @@ def judge_test_table(rt: dict) -> Table:
     header = ["variant", "chosen vs rejected", "judge accuracy", "details"]
     if not any(r[3] for r in rows):
         header, rows = header[:3], [r[:3] for r in rows]
-    return Table(header, rows, "Judge accuracy on the 180 held-out test pairs, by pair variant (ties count as misses)")
+    caption = (
+        f"Judge accuracy on the {fmt(rt.get('pairs'))} held-out test pairs, by pair variant (ties count as misses)"
+    )
+    return Table(header, rows, caption)
 
 
 def politeness_table(pol: dict) -> Table:
@@ -216,7 +219,7 @@ def probe_outputs_table(ev: dict, quote) -> Table | None:
             f"PPO {wording.SCORE_SHORT}",
         ],
         rows,
-        "The actor's own greedy outputs on the 20 probe contexts (one row per context; "
+        f"The actor's own greedy outputs on the {len(rows)} probe contexts (one row per context; "
         "its four rows are repeated greedy generations of the same prompt)",
         cls="outputs",
     )

@@ -34,8 +34,8 @@ HONESTY: tuple[str, ...] = (
     "DPO, which needs no judge, no critic and no online generation, is discussed in this report but not trained.",
     "Exact checkers, such as the rubric used for evaluation here, suit truly verifiable tasks better "
     "than a learned judge does.",
-    "The 80 probe rows are 20 independent contexts (four rows per context), and the 520 evaluation "
-    "generations are not 520 independent cases.",
+    "The probe rows are four rows per independent context (the full evaluation: 80 rows, 20 contexts), "
+    "and the evaluation's generations are not as many independent cases (520 in the full evaluation).",
     "A gain in learned reward is not human satisfaction and does not by itself prove that PPO "
     "exploits the politeness bias of the judge: the actor outputs are shown next to the scores.",
     "The sampled-token log-ratio log pi_old - log pi_ref can be negative; it is not the full-vocabulary KL divergence.",

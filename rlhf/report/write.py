@@ -89,7 +89,7 @@ def print_summary(results: dict) -> str:
         )
         counts = (ev.get("politeness") or {}).get("counts")
         if counts:
-            lines.append(f"politeness probes (20 contexts): {fmt(counts)}")
+            lines.append(f"politeness probes ({fmt(counts.get('contexts'))} contexts): {fmt(counts)}")
     else:
         lines.append("evaluation: not run (evaluation/results.json absent)")
     sp = (results.get("ppo") or {}).get("summary") or {}
