@@ -1,13 +1,17 @@
 """scripts/gpu_check.sh (issue 15, item 3): what can be checked without a GPU.
 
 The script is valid bash, runs the gpu tier with random weights in one process under a
-timeout inside 10 minutes, copies the tier's reports, and on a machine without CUDA stops at
-once with a message saying so (exit 2), before running anything.
+timeout inside 10 minutes, copies the tier's reports, and stops at once with a message saying
+why (exit 2), before running anything, on a machine without CUDA and on a python whose
+transformers, tokenizers or safetensors differ from pyproject.toml's pins (the GPU machine's own
+transformers 5.17 fails at the lab's first cached generation step; scripts/gpu_wheels.sh fetches
+the pinned wheels to carry).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +20,29 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def run_in_copy(tmp_path: Path, pyproject: str):
+    """Run the script in a copy of the checkout holding only it and `pyproject` (no carried
+    .whl/ of this checkout, whose wheels are for the GPU machine's Python): (process, OUTDIR)."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "scripts" / "gpu_check.sh")
+    (tmp_path / "pyproject.toml").write_text(pyproject)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "gpu_check.sh"), str(out)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+    )
+    return proc, out
 
 
 def test_script_is_valid_bash_and_names_the_gpu_command():
-    assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
+    for script in (SCRIPT, ROOT / "scripts" / "gpu_wheels.sh"):
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
     text = SCRIPT.read_text()
     run_line = next(line for line in text.splitlines() if "-m pytest" in line and not line.startswith("#"))
     assert re.search(r"-m pytest -m gpu --random-weights -n 0\b", run_line), run_line
@@ -43,13 +65,25 @@ def test_without_cuda_it_stops_before_running_anything(tmp_path):
         # Deliberate: the refusal exists only where torch sees no CUDA device. CI machines have none,
         # so in CI this test always runs; on a GPU machine the gpu tier runs the script for real.
         pytest.skip("this machine has CUDA: the refusal cannot be shown here")
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
-    )
+    proc, out = run_in_copy(tmp_path, (ROOT / "pyproject.toml").read_text())
     assert proc.returncode == 2, proc.stderr
     assert "sees no CUDA device" in proc.stderr
     assert list(out.iterdir()) == []  # no log, no reports: nothing ran
+
+
+def test_other_library_versions_are_named_and_nothing_runs(tmp_path):
+    """Catches a script that would run the tier on the GPU machine's own transformers (5.17,
+    whose generation API the lab does not use) instead of the pinned one: a checkout whose
+    pyproject pins another transformers than this python has is refused, naming both versions
+    and the way out, before the CUDA check and before anything runs."""
+    import importlib.metadata as md
+
+    have = {name: md.version(name) for name in ("transformers", "tokenizers", "safetensors")}
+    pins = {**have, "transformers": "5.17.0"}
+    deps = ", ".join(f'"{name}=={version}"' for name, version in pins.items())
+    proc, out = run_in_copy(tmp_path, f'[project]\nname = "x"\ndependencies = [{deps}]\n')
+    assert proc.returncode == 2, proc.stderr
+    assert f"transformers {have['transformers']} (the lab pins 5.17.0)" in proc.stderr
+    assert "tokenizers" not in proc.stderr.split("Carry")[0]  # only what differs is named
+    assert "bash scripts/gpu_wheels.sh" in proc.stderr
+    assert "CUDA" not in proc.stderr and list(out.iterdir()) == []
