@@ -234,18 +234,26 @@ def load_base(
     return Base(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id, identity=ident)
 
 
+def qwen2_config(profile: Profile, **extra):
+    """transformers' Qwen2Config of the profile's shape (SHAPE_KEYS), embeddings tied, with
+    Qwen2.5's position and norm settings (32,768 positions, RoPE theta 1e6, RMSNorm eps 1e-6);
+    `extra` adds or replaces keys. The random-weight base and the tests that build a model of a
+    profile's shape use this one builder."""
+    from transformers import Qwen2Config
+
+    spec = profile.model
+    settings = {"tie_word_embeddings": True, "max_position_embeddings": 32768, "rope_theta": 1000000.0}
+    return Qwen2Config(**{k: getattr(spec, k) for k in SHAPE_KEYS}, **{**settings, "rms_norm_eps": 1e-6, **extra})
+
+
 def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cpu") -> Base:
     """The profile's full shape with random weights (time/memory runs without the download)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     spec = profile.model
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
-    config = Qwen2Config(
-        **{k: getattr(spec, k) for k in SHAPE_KEYS},
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
+    config = qwen2_config(
+        profile,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
         bos_token_id=None,

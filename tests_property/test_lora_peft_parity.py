@@ -30,6 +30,7 @@ from property_budget import examples
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlhf.embedded import SHAPE as EMBEDDED_SHAPE
 from rlhf.lora import TARGETS, LoRALinear, inject_lora
 
 pytestmark = pytest.mark.unit
@@ -164,15 +165,7 @@ def test_peft_adapter_dtype_semantics_for_bf16_base(record_result):
     assert diff_plain > 0  # a BF16 branch really is a different computation
 
 
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=256,
-    vocab_size=1024,
-    tie_word_embeddings=True,
-)
+TINY = {**EMBEDDED_SHAPE, "tie_word_embeddings": True}  # the embedded base's tiny Qwen2 shape
 
 
 def test_whole_tiny_qwen2_fp32_parity_with_peft(record_result):

@@ -450,6 +450,20 @@ def test_cpu_matmul_peak(benchmark, record_result, peak):
     assert peak["all_cores"]["gflop_s"] > 0 and peak["one_thread"]["gflop_s"] > 0
 
 
+def _fixed_draw(generate, model, prompts, pad_id: int, **kwargs):
+    """`generate` of RESPONSE new tokens with EOS off (eos_id=-1: every row runs to the end),
+    sampled from the benchmarks' fixed seed 11: what every timed and checking round draws."""
+    return generate(
+        model,
+        prompts,
+        eos_id=-1,
+        pad_id=pad_id,
+        max_new_tokens=RESPONSE,
+        generator=torch.Generator().manual_seed(11),
+        **kwargs,
+    )
+
+
 # ------------------------------------------------------------------------------ generation
 
 
@@ -465,29 +479,14 @@ def test_generation_tokens_per_second(
     log: list = []
 
     def once():
-        g = generate(
-            model,
-            ps,
-            eos_id=-1,
-            pad_id=bench_ctx.pad_id,
-            max_new_tokens=RESPONSE,
-            generator=torch.Generator().manual_seed(11),
-            use_cache=use_cache,
-        )
+        g = _fixed_draw(generate, model, ps, bench_ctx.pad_id, use_cache=use_cache)
         assert all(len(r) == RESPONSE for r in g.responses)
         return g
 
     benchmark.pedantic(_timed(once, log), rounds=5 if use_cache else 3, warmup_rounds=1, iterations=1)
     # Untimed: the unit path (KV cache, the default) with the same seed draws what every timed round
     # drew; without the cache the draws are the same too (FP32, tests_unit/test_training.py).
-    expected = generate(
-        model,
-        ps,
-        eos_id=-1,
-        pad_id=bench_ctx.pad_id,
-        max_new_tokens=RESPONSE,
-        generator=torch.Generator().manual_seed(11),
-    )
+    expected = _fixed_draw(generate, model, ps, bench_ctx.pad_id)
     _check_generation("unit path", expected, batch, model.config.vocab_size, new_tokens=RESPONSE)
     for i, (_, g) in enumerate(log):
         _check_generation(f"round {i}", g, batch, model.config.vocab_size, new_tokens=RESPONSE)
@@ -580,14 +579,7 @@ def test_generation_before_after(
 
     def draw(generate):
         t = time.perf_counter()
-        g = generate(
-            model,
-            ps,
-            eos_id=-1,
-            pad_id=bench_ctx.pad_id,
-            max_new_tokens=RESPONSE,
-            generator=torch.Generator().manual_seed(11),
-        )
+        g = _fixed_draw(generate, model, ps, bench_ctx.pad_id)
         return time.perf_counter() - t, _draws(g)
 
     def both():
@@ -600,14 +592,7 @@ def test_generation_before_after(
     # Untimed: every timed round (previous and current) drew what a fresh call of the unit path draws.
     from rlhf.generate import generate as unit_generate
 
-    expected = unit_generate(
-        model,
-        ps,
-        eos_id=-1,
-        pad_id=bench_ctx.pad_id,
-        max_new_tokens=RESPONSE,
-        generator=torch.Generator().manual_seed(11),
-    )
+    expected = _fixed_draw(unit_generate, model, ps, bench_ctx.pad_id)
     _check_generation("unit path", expected, batch, model.config.vocab_size, new_tokens=RESPONSE)
     for kind in ("previous", "current"):
         assert logs[kind], kind
@@ -1132,27 +1117,16 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
 def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
     """Teacher-forced scoring of the Qwen2.5-0.5B shape (random weights, FP32, no download),
     4 x 256 tokens (192 prompt + 64 response), with all cores. Goal: >= 50% of the peak."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     from rlhf.config import load_profile
     from rlhf.lora import inject_lora
+    from rlhf.models import qwen2_config
     from rlhf.scoring import response_logprobs
     from rlhf.tokens import collate
 
     prof = load_profile("qwen2.5-0.5b")
-    m = prof.model
-    config = Qwen2Config(
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads,
-        num_key_value_heads=m.num_key_value_heads,
-        intermediate_size=m.intermediate_size,
-        vocab_size=m.vocab_size,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-    )
+    config = qwen2_config(prof)
     torch.set_num_threads(ALL_CORES)
     try:
         torch.manual_seed(0)

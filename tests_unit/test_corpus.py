@@ -214,6 +214,8 @@ def test_audit_catches_in_memory_violations(built):
 
 def test_prepare_writes_manifest_and_layout(prepared):
     out, manifest = prepared
+    # The SPEC's counts written out, not read from rlhf.corpus.EXPECTED (which the audit itself
+    # checks against): a changed constant in the code must fail here.
     assert manifest["audit"] == {
         "dataset": "OfficeHelpPrefs-v1",
         "revision": "r001",

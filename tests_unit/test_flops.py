@@ -32,19 +32,12 @@ def test_qwen_parameter_counts():
 
 
 def test_embedded_counts_match_a_built_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
+
+    from rlhf.models import qwen2_config
 
     profile = load_profile("embedded")
-    m = profile.model
-    config = Qwen2Config(
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads,
-        num_key_value_heads=m.num_key_value_heads,
-        intermediate_size=m.intermediate_size,
-        vocab_size=m.vocab_size,
-        tie_word_embeddings=True,
-    )
+    config = qwen2_config(profile)
     model = Qwen2ForCausalLM(config)
     shape = flops.Shape.from_config(config)
     assert flops.total_params(shape) == sum(p.numel() for p in model.parameters())

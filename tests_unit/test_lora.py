@@ -21,6 +21,8 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
+from rlhf.config import load_profile
+from rlhf.embedded import SHAPE as EMBEDDED_SHAPE
 from rlhf.lora import (
     TARGETS,
     LoRALinear,
@@ -31,43 +33,25 @@ from rlhf.lora import (
     lora_parameters,
     lora_state_dict,
 )
+from rlhf.models import qwen2_config
 
 pytestmark = pytest.mark.unit
 
-FULL_CONFIG = dict(
-    hidden_size=896,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    intermediate_size=4864,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-    max_position_embeddings=32768,
-    rope_theta=1e6,
-    rms_norm_eps=1e-6,
-)
-TINY_CONFIG = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=256,
-    vocab_size=1024,
-    tie_word_embeddings=True,
-)
+FULL_CONFIG = qwen2_config(load_profile("qwen2.5-0.5b"))  # Qwen2.5-0.5B's shape (SPEC §4)
+TINY_CONFIG = {**EMBEDDED_SHAPE, "tie_word_embeddings": True}  # the embedded base's tiny Qwen2 shape
 SPEC_ADAPTERS = 168  # SPEC §4
 SPEC_LORA_PARAMS = 4_399_104  # SPEC §4
 SPEC_LORA = {"rank": 8, "alpha": 16, "seed": 49}  # SPEC §4 (the profiles hold these; inject_lora has no defaults)
 RANK = 8
 
 
-def build_uninitialised(config_kwargs: dict, dtype: torch.dtype) -> Qwen2ForCausalLM:
+def build_uninitialised(config: Qwen2Config, dtype: torch.dtype) -> Qwen2ForCausalLM:
     """Qwen2ForCausalLM with real CPU storage in `dtype`, init kernels skipped, embeddings tied."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with no_init_weights():
-            model = Qwen2ForCausalLM(Qwen2Config(**config_kwargs))
+            model = Qwen2ForCausalLM(config)
     finally:
         torch.set_default_dtype(old)
     model.tie_weights()  # no_init_weights also skips tying

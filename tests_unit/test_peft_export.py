@@ -18,21 +18,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlhf.embedded import SHAPE as EMBEDDED_SHAPE
 from rlhf.io import ArtifactExists, sha256_file
 from rlhf.lora import TARGETS, export_peft, inject_lora, lora_modules
 
 pytestmark = pytest.mark.unit
 
 LOGITS_ATOL = 0.0
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=256,
-    vocab_size=1024,
-    tie_word_embeddings=True,
-)
+TINY = {**EMBEDDED_SHAPE, "tie_word_embeddings": True}  # the embedded base's tiny Qwen2 shape
 BASE_NAME = "Qwen/Qwen2.5-0.5B-Instruct"
 
 

@@ -195,28 +195,19 @@ def test_regression_9_4_check_rejects_gae_that_bootstraps_past_terminal():
     assert adv[2].item() != pytest.approx(0.3)
 
 
-def test_token_rewards_eos_by_hand():
+@pytest.mark.parametrize("episode,truncated", [("a_eos", False), ("b_truncated", True)])
+def test_token_rewards_by_hand(episode, truncated):
+    """The hand-computed rewards of an episode that ended with EOS and of one cut at the limit
+    (the truncation penalty added to the score)."""
     r = token_rewards(
         t64([LOGP_OLD]),
         t64([LOGP_REF]),
         t64([SCORE]),
         torch.ones(1, 3, dtype=torch.bool),
-        torch.tensor([False]),
+        torch.tensor([truncated]),
         **REWARD,
     )
-    assert_close(r, [HAND_EPISODES["a_eos"]["rewards"]])
-
-
-def test_token_rewards_truncated_by_hand():
-    r = token_rewards(
-        t64([LOGP_OLD]),
-        t64([LOGP_REF]),
-        t64([SCORE]),
-        torch.ones(1, 3, dtype=torch.bool),
-        torch.tensor([True]),
-        **REWARD,
-    )
-    assert_close(r, [HAND_EPISODES["b_truncated"]["rewards"]])
+    assert_close(r, [HAND_EPISODES[episode]["rewards"]])
 
 
 def test_token_rewards_padding_by_hand():

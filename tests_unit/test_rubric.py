@@ -44,6 +44,8 @@ def test_contexts_do_not_contain_the_answer_text():
 def test_result_has_exactly_the_spec_keys():
     for text in (render(2, 1, True), "I cannot help with that.", "something else"):
         assert tuple(evaluate(text, "eos", 2)) == rubric.RESULT_KEYS
+    # The SPEC's keys written out, not read from rubric.RESULT_KEYS: a key dropped or renamed in
+    # the code must fail here.
     assert set(rubric.RESULT_KEYS) == {
         "recognized",
         "status",
