@@ -15,7 +15,7 @@ profile's own value, the study seed S and the run index i by ``derived_seed``:
 
     seed = profile seed + 100000 * S + 1000 * i
 
-so run 0 of study seed 0 is exactly the profile's single run (the README's lab), two runs of a
+so run 0 of study seed 0 is exactly the profile's single run (the lab run of docs/results.md), two runs of a
 study never share a seed (the profile's seeds differ by less than 1000), and two study seeds
 never share one (n <= 100). The evaluation seed (349, ``FIXED_SEEDS``) and the corpus seed (49,
 the corpus revision's own) are kept: every run sees the same corpus, the same held-out prompts and the same

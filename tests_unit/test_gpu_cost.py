@@ -1,7 +1,7 @@
-"""The per-stage GPU cost estimate of README "What a GPU run costs" (rlhf.flops.stage_costs).
+"""The per-stage GPU cost estimate of docs/gpu-cost.md "What a GPU run costs" (rlhf.flops.stage_costs).
 
 Checks the arithmetic against the module's own formulas written out by hand, so that the
-README's table cannot drift from what the formulas say.
+table in docs/gpu-cost.md cannot drift from what the formulas say.
 """
 
 import pytest
@@ -11,7 +11,7 @@ from rlhf.config import load_profile
 
 pytestmark = pytest.mark.unit
 
-LENGTHS = flops.Lengths(prompt=51.6, response=19.0)  # measured with Qwen2.5's BPE on r001 (README)
+LENGTHS = flops.Lengths(prompt=51.6, response=19.0)  # measured with Qwen2.5's BPE on r001 (docs/gpu-cost.md)
 
 
 def test_decode_floor_is_the_actor_weights_over_the_bandwidth():

@@ -121,7 +121,7 @@ def test_openrlhf_reward_dataset_reads_every_train_pair(handoff, judge_tokenizer
 
 def test_lab_ids_against_the_libraries(handoff, expect, judge_tokenizer):
     """How the libraries' token ids compare with the lab's judge input (ChatML prompt ids +
-    answer ids + EOS): measured, and written down in the README (Scaling out)."""
+    answer ids + EOS): measured, and written down in docs/scaling-out.md."""
     rows = _jsonl(handoff / "data" / "preference_pairs" / "train.jsonl")
     lab = expect["pair_ids"]
     template = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
