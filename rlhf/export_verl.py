@@ -308,7 +308,7 @@ def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
         "not expressible",
         "the PPO hand-off starts from the trained SFT actor and judge; "
         "training them at scale goes through TRL or OpenRLHF on the exported pairs and "
-        "demonstrations (README: Scaling out)",
+        "demonstrations (docs/scaling-out.md)",
     )
     rows = [
         ("sft.epochs", sft.epochs, [], *not_trained),
