@@ -1,4 +1,4 @@
-"""Issue 8, items 3-4: can the embedded base carry an SFT actor and a judge that reads the situation?
+"""The base study: can the embedded base carry an SFT actor and a judge that reads the situation?
 
 The study measures a base through the project's own code, with the budgets the profile fixed
 before any measurement (one training run each, validation picks nothing):
@@ -46,7 +46,7 @@ STUDY = "base_study"
 VERSION = 1
 BASES = {"embedded": "office", "control": "control"}  # base name -> build text
 CONFLICT_VARIANTS = ("1", "2", "4")
-# Issue 8 item 3, for the chosen base (the control is measured, not judged).
+# The bounds, fixed before measuring, for the chosen base (the control is measured, not judged).
 CRITERIA = {
     "sft_greedy_correct_action": 0.90,
     "sft_temperature_1_in_grammar": 0.80,

@@ -7,9 +7,9 @@ rlhf sft|judge|ppo --run DIR [--resume] [--stop-after N]   one stage
 rlhf evaluate --run DIR / rlhf report --run DIR
 rlhf lab --out DIR [--profile embedded]      the whole lab in one run
 rlhf lab --profile P --model-dir DIR --dry-run [--cpu]   every stage at tiny budgets, projected full times
-rlhf base-study --out DIR                    issue 8: the embedded base beside its control base
-rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   issue 14: the lab over N seeds
-rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   issue 14: the cut SFT budget, validation only
+rlhf base-study --out DIR                    the embedded base beside its control base
+rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   the lab over N seeds
+rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the cut SFT budget, validation only
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 """
 
@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--text",
         default="office",
         choices=["office", "control"],
-        help="tokenizer text: office (the lab's base) or control (issue 8's control base)",
+        help="tokenizer text: office (the lab's base) or control (the base study's control base)",
     )
     p.set_defaults(func=cmd_build_embedded)
 

@@ -291,7 +291,7 @@ def profile_hash(profile: Profile) -> str:
     return sha256_text(dumps_json(profile.to_dict()))
 
 
-# CUDA's deterministic settings (issue 15): the GPU tier demands a bit-identical resume, and
+# CUDA's deterministic settings: the GPU tier demands a bit-identical resume, and
 # cuBLAS picks reduction orders by workspace and TF32 rounds FP32 matmul inputs to 10 bits.
 CUBLAS_WORKSPACE = ":4096:8"
 

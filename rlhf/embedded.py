@@ -228,7 +228,7 @@ def tokenizer_training_text(seed: int = BUILD_SEED, lines: int = 6000, text: str
 
     "office" (the embedded base): six sentence forms, every field drawn independently; a
     situation (subject + state) and a fix (an action) never share a line.
-    "control" (the control base of issue 8): the same lines, and after every situation line a
+    "control" (the control base of the base study): the same lines, and after every situation line a
     fix sentence whose action is drawn from a second, independent stream: text that pairs each
     situation with a fix unrelated to it. The first stream is consumed exactly as for "office".
     """
@@ -330,7 +330,7 @@ def build_embedded(
 ) -> dict:
     """Build the embedded base into `out_dir` (must not exist). Returns the manifest.
 
-    `text="control"` builds issue 8's control base: the same shape, weight seed and (zero)
+    `text="control"` builds the base study's control base: the same shape, weight seed and (zero)
     training budget, with the tokenizer learned on the control text (see tokenizer_training_text).
     """
     import torch

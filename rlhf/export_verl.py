@@ -1,4 +1,4 @@
-"""`rlhf export-verl`: hand a finished lab run to verl 0.9.1 (issue 16).
+"""`rlhf export-verl`: hand a finished lab run to verl 0.9.1 (docs/scaling-out.md).
 
     rlhf export-verl --run RUN --out OUT [--nnodes M --gpus-per-node N --seeds K]
 

@@ -1,4 +1,4 @@
-"""FLOP and memory formulas (pure arithmetic) for the benchmarks (`pytest -m benchmark`, issue #7).
+"""FLOP and memory formulas (pure arithmetic) for the benchmarks (`pytest -m benchmark`).
 
 This module only calculates: it imports nothing from `rlhf` and nothing outside the standard
 library, so it sits at the bottom of the import graph. Measuring (the CPU's matmul peak, the peak

@@ -98,7 +98,7 @@ def generate(
     `last_logits_only` (the profile's `runtime.last_logits_only`): a full forward (the prefill,
     every step without a cache) projects only the last column onto the vocabulary. Only that
     column is used; at Qwen's 151,936 words the [B, L, V] projection of a 32-row prefill is
-    ~0.6 GB BF16 and most of the prefill's time (issue 15). Off for the embedded profile: a
+    ~0.6 GB BF16 and most of the prefill's time. Off for the embedded profile: a
     [B, 1] projection rounds differently from a [B, L] one (4e-6 apart), and its golden hashes
     were made with the full one.
 
@@ -135,7 +135,7 @@ def generate(
             # The last column, made contiguous before the vocabulary projection: torch 2.13's CPU
             # BF16 linear with a frozen weight on a strided [B, 1, H] view (what transformers'
             # logits_to_keep=1 passes) took 65 s for a 32-row batch at Qwen's vocabulary, 0.08 s
-            # contiguous (issue 15).
+            # contiguous.
             out.logits = model.lm_head(out.last_hidden_state[:, -1:, :].contiguous())  # [B, 1, V]
         else:
             out = model(

@@ -20,7 +20,7 @@ stop after a boundary (SFT epoch 1, judge epoch 1, PPO iteration 40), resume fro
 to the end, run the same stage continuously to the end, and require the two final states to
 be identical tensor by tensor. Nothing existing is overwritten.
 
-Crash safety (issue 12): a rerun of the same command after a crash (SIGKILL, power cut) at any
+Crash safety: a rerun of the same command after a crash (SIGKILL, power cut) at any
 moment continues where the run stopped. `run.json` is checked first (a different profile,
 revision, code, base model or CPU pin is refused); what a crash left half-written is swept
 away (rlhf.io.sweep_incomplete); a leg whose final state exists is loaded, not recomputed; any
@@ -167,14 +167,14 @@ RUN_FILE = "run.json"
 
 
 def refuse_old_layout(run: Path) -> None:
-    """The one compatibility rule for run folders written before the judge had one name
-    (issue 17): their judge stage lives in `reward/`. Such a folder is refused with the reason,
+    """The one compatibility rule for run folders written before the judge had one name: their
+    judge stage lives in `reward/`. Such a folder is refused with the reason,
     before anything is read or written; its states were made by older code, which the run's
     code identity would refuse anyway, so it is never continued or mixed with new stages."""
     if (run / "reward").is_dir() and not (run / "judge").exists():
         raise StateError(
             f"run folder {run} has the old layout (its judge stage is in reward/; the stage "
-            f"is now judge/, issue 17) and was written by an older rlhf: it cannot be continued. "
+            f"is now judge/) and was written by an older rlhf: it cannot be continued. "
             f"Its results stay readable as files; start afresh in a new folder: "
             f"rlhf lab --out NEW_FOLDER"
         )

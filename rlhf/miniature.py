@@ -1,4 +1,4 @@
-"""The miniature path of a profile: every stage at tiny budgets (issue 15).
+"""The miniature path of a profile: every stage at tiny budgets (the full-width test, `rlhf lab --dry-run`).
 
 `miniature_profile(profile)` is the profile with only its budgets cut (and, for a cut-down
 model directory, its layer count): the same widths, vocabulary, tokenizer, dtype, LoRA, token

@@ -43,7 +43,7 @@ from rlhf.scoring import response_logprobs
 from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens
 
 # Where each role's learned tensors sit in a PPO state. The state format keeps the judge under
-# "reward", its name before issue 17: renaming the key would change every PPO state's bytes, and
+# "reward", its earlier name: renaming the key would change every PPO state's bytes, and
 # with them the golden hashes (tests_reproducibility/golden_embedded.json). Insertion order is the
 # state's key order.
 STATE_KEYS = {"actor": "actor", "critic": "critic", "reference": "reference", "judge": "reward"}

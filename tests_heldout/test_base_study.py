@@ -1,4 +1,4 @@
-"""Issue 8, items 3-4 as assertions: the embedded base measured through the project's own code,
+"""The base study as assertions: the embedded base measured through the project's own code,
 beside a control base of the same size and (zero-step) budget.
 
 The study runs once per module (SFT on r001 and the judge on r002 for both bases, about

@@ -62,7 +62,7 @@ def test_results_file_schema(evaluation, lab_run, record_result):
         "arithmetic",
         "determinism",
     }
-    # CUDA's deterministic settings (issue 15): applied for CUDA profiles only, recorded as not applied on the CPU
+    # CUDA's deterministic settings: applied for CUDA profiles only, recorded as not applied on the CPU
     assert file["determinism"] == json.loads((lab_run.run / "run.json").read_text()).get("determinism")
     # conftest imports rlhf before torch, so the run is pinned unless RLHF_CPU_PIN turned it off
     assert file["arithmetic"]["status"] == ("pinned" if pin.requested() else "off")

@@ -1,4 +1,4 @@
-"""Held-out numbers checked by an independent path (issue 13, items 3 and 4).
+"""Held-out numbers checked by an independent path.
 
 `evaluation/results.json` publishes rates, the judge's test accuracy and bootstrap intervals.
 Here every one of them is recomputed from the rows stored next to it, by code that does not

@@ -1,4 +1,4 @@
-"""Issue 14: `rlhf seeds`, a multi-seed study of the whole lab, and the cut SFT budget.
+"""`rlhf seeds`, a multi-seed study of the whole lab, and the cut SFT budget.
 
 One 2-seed study on the small test profile (conftest.SMALL_BUDGET) is run once per module, in
 this process (workers = 1); the tests read its folder. The pool path (workers > 1) is taken by

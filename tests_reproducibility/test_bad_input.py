@@ -112,7 +112,7 @@ def test_resume_continues_to_the_end(small_run):
 
 
 def test_a_cuda_profile_without_cuda_is_refused_not_run_on_the_cpu(tmp_path, monkeypatch):
-    """Issue 15: no silent CPU fallback. The qwen2.5-0.5b profile says cuda; without a CUDA device
+    """No silent CPU fallback. The qwen2.5-0.5b profile says cuda; without a CUDA device
     the context refuses before anything is prepared, naming how to run on the CPU on purpose."""
     import torch
 
@@ -131,7 +131,7 @@ def test_a_cuda_profile_without_cuda_is_refused_not_run_on_the_cpu(tmp_path, mon
 
 
 def test_a_run_folder_of_the_old_layout_is_refused_naming_why(tmp_path):
-    """Issue 17's one compatibility rule: a run folder whose judge stage is in reward/ (written
+    """The one compatibility rule for old run folders: a run folder whose judge stage is in reward/ (written
     before the judge had one name) is refused before anything is read or written."""
     run = tmp_path / "old"
     (run / "reward").mkdir(parents=True)

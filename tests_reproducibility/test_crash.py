@@ -1,4 +1,4 @@
-"""Crash-safe runs (issue 12 item 4): a killed `rlhf lab` continues on rerun, bit for bit.
+"""Crash-safe runs: a killed `rlhf lab` continues on rerun, bit for bit.
 
 The lab runs in a subprocess on the miniature budget (conftest.SMALL_BUDGET: every stage and
 every leg of the interrupt/resume protocol in about a minute). One run folder is killed again

@@ -1,4 +1,4 @@
-"""NaN and infinity stop training (issue 13, item 8).
+"""NaN and infinity stop training.
 
 A non-finite loss, or a finite loss whose gradient is not finite, stops SFT, the judge, the PPO
 actor and the PPO critic with NonFiniteError naming the stage, the role and the update step,

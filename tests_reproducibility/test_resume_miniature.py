@@ -1,4 +1,4 @@
-"""Fast equivalents of the lab's slow resume and role checks (issue 13, item 3).
+"""Fast equivalents of the lab's slow resume and role checks.
 
 One miniature lab (the embedded profile with conftest.SMALL_BUDGET: SFT and judge 2 epochs of
 3 updates, PPO 4 iterations stopped after 2) runs SFT, the judge and PPO with the

@@ -1,4 +1,4 @@
-"""CUDA's deterministic settings are applied for CUDA profiles and recorded (issue 15, item 3),
+"""CUDA's deterministic settings are applied for CUDA profiles and recorded,
 testable without a GPU: the switches are process settings, not CUDA calls.
 
 The gpu tier (tests_gpu/test_qwen_pipeline.py) then demands a bit-identical resume on CUDA

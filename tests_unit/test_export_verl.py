@@ -1,4 +1,4 @@
-"""`rlhf export-verl` (issue 16): the hand-off's contents against the lab's own roles, bad input,
+"""`rlhf export-verl`: the hand-off's contents against the lab's own roles, bad input,
 and verl's own classes run on it in `.venv-verl` (tests_verl/, built by `bash setup.sh --verl`).
 
 One small-profile lab run (SMALL_BUDGET, ~70 s) is made for this module and exported once;

@@ -92,7 +92,7 @@ def test_utilisation_ratio():
 
 def test_flops_is_pure_and_at_the_bottom_of_the_import_graph():
     """rlhf.flops only calculates: every import, at any depth (function bodies included), is of
-    the standard library; nothing from rlhf, torch or any other package (issue 17 item 5)."""
+    the standard library; nothing from rlhf, torch or any other package."""
     tree = ast.parse(Path(flops.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh (issue 15, item 3): what can be checked without a GPU.
+"""scripts/gpu_check.sh: what can be checked without a GPU.
 
 The script is valid bash, runs the gpu tier with random weights in one process under a
 timeout inside 10 minutes, copies the tier's reports, and stops at once with a message saying

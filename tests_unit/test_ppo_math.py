@@ -334,7 +334,7 @@ def test_nothing_is_named_kl_except_the_coefficient():
 
 
 # Every number the profile owns, by the ppo_math function that takes it: no defaults, so a caller
-# cannot silently run on a value that repeats (or contradicts) the profile (issue 17).
+# cannot silently run on a value that repeats (or contradicts) the profile.
 PROFILE_OWNED = {
     "token_rewards": ("kl_coef", "truncation_penalty"),
     "log_ratio_penalty": ("kl_coef",),

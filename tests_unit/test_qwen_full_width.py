@@ -1,5 +1,4 @@
-"""The qwen2.5-0.5b code path at Qwen2.5-0.5B's full width, on the CPU, through every stage
-(issue 15, items 1 and 2).
+"""The qwen2.5-0.5b code path at Qwen2.5-0.5B's full width, on the CPU, through every stage.
 
 What runs: `rlhf lab --profile qwen2.5-0.5b --model-dir DIR --dry-run --cpu --layers 2
 --random-weights`, once per module, in a subprocess: open_context -> SFT -> judge -> PPO (each

@@ -1,4 +1,4 @@
-"""Style cannot regress (issue 17): `ruff check` (lint: pyflakes, pycodestyle, import order) and
+"""Style cannot regress: `ruff check` (lint: pyflakes, pycodestyle, import order) and
 `ruff format --check` over the package, the tests and conftest.py, with the configuration in
 pyproject.toml ([tool.ruff]). ruff is a pinned test extra, so `bash setup.sh` installs it."""
 

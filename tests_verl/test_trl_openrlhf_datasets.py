@@ -1,5 +1,5 @@
 """The hand-off's preference pairs and demonstrations, unchanged, through TRL's and OpenRLHF's own
-dataset code (issue 16, item 4): the route for training the judge and SFT at 7B.
+dataset code: the route for training the judge and SFT at 7B.
 
 Both import on a CPU only in `.venv-verl` (trl 1.12.0 and openrlhf 0.11.2 installed there, see
 requirements-verl.txt; OpenRLHF's model code needs flash-attn, so only its dataset classes are

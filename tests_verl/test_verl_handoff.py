@@ -1,4 +1,4 @@
-"""The hand-off checked with verl 0.9.1's own classes (issue 16, item 3).
+"""The hand-off checked with verl 0.9.1's own classes.
 
 Runs in `.venv-verl` (`bash setup.sh --verl`), never in the lab's environment, and imports
 nothing from rlhf: the lab's side of every comparison comes from the expectations file that
