@@ -236,71 +236,157 @@ def cmd_export_verl(args) -> int:
     return 0
 
 
+def _command(sub, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
+    """One subcommand: `summary` in `rlhf --help`, `description` and one example in its own --help."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+REVISION_HELP = "corpus revision: r001 (OfficeHelpPrefs-v1, the default) or r002 (the corrected v2)"
+MODEL_DIR_HELP = (
+    "the downloaded model folder (rlhf fetch-model) for the qwen2.5-0.5b profile; "
+    "the embedded profile builds its own base and needs none"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rlhf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="rlhf",
+        description=__doc__,
+        epilog="Each command explains its options and shows an example: rlhf COMMAND --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("prepare", help="write the OfficeHelpPrefs corpus and its audit")
-    p.add_argument("--out", required=True)
-    p.add_argument("--revision", default="r001")
+    p = _command(
+        sub,
+        "prepare",
+        "write the OfficeHelpPrefs corpus and its audit",
+        "Write the OfficeHelpPrefs corpus into a new folder: model inputs (inputs/), gold labels kept\n"
+        "apart (labels/), and manifest.json with the audit and every file's hash. Prints the audit.",
+        "rlhf prepare --out runs/corpus --revision r001",
+    )
+    p.add_argument("--out", required=True, help="new corpus folder (refused if it exists and is not empty)")
+    p.add_argument("--revision", default="r001", help=REVISION_HELP)
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("build-embedded", help="build the embedded base model deterministically")
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=49)
+    p = _command(
+        sub,
+        "build-embedded",
+        "build the embedded base model deterministically",
+        "Build the embedded base model (a 2-layer Qwen2ForCausalLM with its own byte-level BPE) into a\n"
+        "new folder, in about a second. Two builds with the same seed and text are bit-identical.",
+        "rlhf build-embedded --out runs/base_model",
+    )
+    p.add_argument("--out", required=True, help="new folder for the base model (must not exist)")
+    p.add_argument("--seed", type=int, default=49, help="build seed of the weights and the tokenizer text (default 49)")
     p.add_argument(
         "--text",
         default="office",
         choices=["office", "control"],
-        help="tokenizer text: office (the lab's base) or control (the base study's control base)",
+        help="tokenizer text: office (the lab's base, the default) or control (the base study's control base)",
     )
     p.set_defaults(func=cmd_build_embedded)
 
-    p = sub.add_parser("fetch-model", help="download the pinned Qwen2.5-0.5B-Instruct revision")
-    p.add_argument("--out", required=True)
-    p.add_argument("--profile", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b"])
+    p = _command(
+        sub,
+        "fetch-model",
+        "download the pinned Qwen2.5-0.5B-Instruct revision",
+        "Download Qwen2.5-0.5B-Instruct at the revision the profile pins, and record the SHA-256 of\n"
+        "its files; the loader checks them on every later use. Needs network access to the model hub.",
+        "rlhf fetch-model --out models/qwen2.5-0.5b-instruct",
+    )
+    p.add_argument("--out", required=True, help="folder to download into (must not exist or be empty)")
+    p.add_argument(
+        "--profile",
+        default="qwen2.5-0.5b",
+        choices=["qwen2.5-0.5b"],
+        help="the profile whose model and revision to download (only qwen2.5-0.5b has one)",
+    )
     p.set_defaults(func=cmd_fetch_model)
 
-    for name, text in (
-        ("sft", "supervised fine-tuning of the actor"),
-        ("judge", "train the judge (Bradley-Terry)"),
-        ("ppo", "100-iteration PPO against the frozen judge"),
+    for name, text, unit in (
+        ("sft", "supervised fine-tuning of the actor", "epoch"),
+        ("judge", "train the judge (Bradley-Terry)", "epoch"),
+        ("ppo", "100-iteration PPO against the frozen judge", "iteration"),
     ):
-        p = sub.add_parser(name, help=text)
+        p = _command(
+            sub,
+            name,
+            text,
+            f"One stage of the lab: {text}.\n"
+            "It runs in a run folder (its corpus and base are prepared there on first use; the stages\n"
+            "run in the order sft, judge, ppo). A stage that run.json records as complete is skipped;\n"
+            "after a crash, the same command continues from the last checkpoint.",
+            f"rlhf {name} --run runs/lab --stop-after 1"
+            if name != "ppo"
+            else "rlhf ppo --run runs/lab --stop-after 40",
+        )
         p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
         p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-        p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b)")
-        p.add_argument("--revision", default="r001")
-        p.add_argument("--resume", action="store_true", help="continue from the saved stop state")
+        p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
+        p.add_argument("--revision", default="r001", help=REVISION_HELP)
+        p.add_argument("--resume", action="store_true", help="continue from the state saved by --stop-after")
         p.add_argument(
             "--stop-after",
             type=int,
             default=None,
-            help="stop after this epoch (sft, judge) or iteration (ppo) and save a state",
+            help=f"stop after this {unit} and save a state (continue later with --resume)",
         )
         if name == "ppo":
-            p.add_argument("--no-kv-cache", action="store_true", help="generate without a KV cache")
+            p.add_argument(
+                "--no-kv-cache", action="store_true", help="generate without a KV cache (same tokens, slower)"
+            )
         p.set_defaults(func=cmd_stage)
 
-    for name, text, fn in (
-        ("evaluate", "held-out generation, rubric, judge accuracy, politeness exercise", cmd_evaluate),
-        ("report", "results.json, report.md and report.html of a run folder", cmd_report),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--run", required=True)
-        if name == "evaluate":
-            p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-            p.add_argument("--model-dir", default=None)
-            p.add_argument("--revision", default="r001")
-        p.set_defaults(func=fn)
+    p = _command(
+        sub,
+        "evaluate",
+        "held-out generation, rubric, judge accuracy, politeness exercise",
+        "Evaluate a run folder whose SFT, judge and PPO stages are complete: greedy answers of both\n"
+        "policies on the held-out prompts, the rubric, the judge's test accuracy, bootstrap intervals\n"
+        "and the politeness exercise, written to evaluation/results.json.",
+        "rlhf evaluate --run runs/lab",
+    )
+    p.add_argument("--run", required=True, help="run folder whose training stages are complete")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
+    p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("lab", help="the whole lab in one run")
+    p = _command(
+        sub,
+        "report",
+        "results.json, report.md and report.html of a run folder",
+        "Write results.json, report.md and report.html of a run folder from what its stages wrote,\n"
+        "and print the summary table.",
+        "rlhf report --run runs/lab",
+    )
+    p.add_argument("--run", required=True, help="run folder with its evaluation written")
+    p.set_defaults(func=cmd_report)
+
+    p = _command(
+        sub,
+        "lab",
+        "the whole lab in one run",
+        "The whole lab in one run folder: corpus, base model, SFT, judge, PPO (each with the\n"
+        "interrupt/resume protocol), held-out evaluation and politeness exercise, shortcut audit,\n"
+        "reports. A rerun of the same command after a crash continues where the run stopped.\n"
+        "\n"
+        "With --dry-run: every stage at tiny budgets in a throw-away folder, then the projected time\n"
+        "of each full stage on this machine, e.g.\n"
+        "  rlhf lab --profile qwen2.5-0.5b --model-dir models/qwen2.5-0.5b-instruct --dry-run",
+        "rlhf lab --out runs/lab",
+    )
     p.add_argument("--out", default=None, help="run folder (required; with --dry-run: default a new temporary folder)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-    p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b)")
-    p.add_argument("--revision", default="r001")
+    p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
+    p.add_argument("--revision", default="r001", help=REVISION_HELP)
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -325,31 +411,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_lab)
 
-    p = sub.add_parser("base-study", help="SFT on r001 and the judge on r002 for the embedded and control bases")
-    p.add_argument("--out", required=True)
+    p = _command(
+        sub,
+        "base-study",
+        "SFT on r001 and the judge on r002 for the embedded and control bases",
+        "Can the embedded base carry an SFT actor and a judge that reads the situation? Measures SFT\n"
+        "on r001 and the judge on r002 with the profile's budgets, for the embedded base and for a\n"
+        "control base, and checks the bounds fixed before measuring (about 2.5 minutes).",
+        "rlhf base-study --out runs/base_study",
+    )
+    p.add_argument("--out", required=True, help="study folder (refused if it already holds results.json)")
     p.set_defaults(func=cmd_base_study)
 
     from rlhf.sft_budget import SFT_BUDGETS
 
-    p = sub.add_parser("seeds", help="the whole embedded lab over N training seeds, with across-seed statistics")
-    p.add_argument("--out", required=True)
-    p.add_argument("--n", type=int, default=5, help="number of training seeds (runs)")
-    p.add_argument("--revision", default="r001", choices=["r001", "r002"])
+    p = _command(
+        sub,
+        "seeds",
+        "the whole embedded lab over N training seeds, with across-seed statistics",
+        "The whole lab N times, every training seed of run i derived from the profile's value +\n"
+        "100000 x study seed + 1000 x i; run 0 of study seed 0 is the profile's single run. Writes\n"
+        "DIR/seeds.json (per run and across runs: mean, SD, 95% t-interval over seeds, sign counts)\n"
+        "and DIR/report.html. A killed study continues on rerun; a finished one recomputes nothing.",
+        "rlhf seeds --out runs/seeds-r001 --n 5 --revision r001 --workers 2",
+    )
+    p.add_argument(
+        "--out", required=True, help="study folder: one run folder per seed (seed-i/), seeds.json, report.html"
+    )
+    p.add_argument("--n", type=int, default=5, help="number of training seeds (runs), default 5")
+    p.add_argument("--revision", default="r001", choices=["r001", "r002"], help=REVISION_HELP)
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
     p.add_argument(
         "--sft-budget",
         default="full",
         choices=list(SFT_BUDGETS),
-        help="named SFT budget (rlhf.sft_budget.SFT_BUDGETS; full: the profile's)",
+        help="named SFT budget (rlhf.sft_budget.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
     )
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.set_defaults(func=cmd_seeds)
 
-    p = sub.add_parser("choose-sft-budget", help="pick the cut SFT budget of question (b) on validation prompts only")
+    p = _command(
+        sub,
+        "choose-sft-budget",
+        "pick the cut SFT budget of question (b) on validation prompts only",
+        "Pick the cut SFT budget on validation prompts only: the smallest named budget (1 to 10\n"
+        "epochs) whose greedy validation rubric success lies in [0.3, 0.8], with the profile's own\n"
+        "seeds. Writes every measured candidate and the choice to a JSON record.",
+        "rlhf choose-sft-budget --out runs/sft-budget-r002.json --work runs/sft-budget-r002-work --revision r002",
+    )
     p.add_argument("--out", required=True, help="JSON record of every candidate and the choice")
     p.add_argument("--work", required=True, help="folder for the corpus and the base model")
-    p.add_argument("--revision", default="r002", choices=["r001", "r002"])
+    p.add_argument("--revision", default="r002", choices=["r001", "r002"], help="corpus revision (default r002)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--budgets", default=None, help="comma-separated budget names to measure (default: all)")
     p.add_argument(
@@ -360,12 +473,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_choose_sft_budget)
 
-    p = sub.add_parser("export-verl", help="hand a finished lab run to verl 0.9.1 (data, models, reward, launch)")
+    p = _command(
+        sub,
+        "export-verl",
+        "hand a finished lab run to verl 0.9.1 (data, models, reward, launch)",
+        "Write a self-contained verl 0.9.1 hand-off of a finished run into a new folder: data/\n"
+        "(parquet prompts, preference pairs, demonstrations), models/ (merged SFT actor, critic\n"
+        "initialisation, judge), reward/, launch/ (Hydra overrides, launch.sh, mapping.json) and\n"
+        "manifest.json. Written whole or not at all. See docs/scaling-out.md.",
+        "rlhf export-verl --run runs/lab --out handoff --nnodes 2 --gpus-per-node 8 --seeds 3",
+    )
     p.add_argument("--run", required=True, help="finished run folder (run.json lists every stage complete)")
     p.add_argument("--out", required=True, help="new folder for the hand-off (never overwritten)")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--gpus-per-node", type=int, default=1)
-    p.add_argument("--seeds", type=int, default=1, help="launch.sh runs this many seeds")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes of the verl launch (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node of the verl launch (default 1)")
+    p.add_argument("--seeds", type=int, default=1, help="launch.sh runs this many seeds (default 1)")
     p.add_argument("--profile", default=None, help="the run's profile file, when it was made with --profile PATH")
     p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b runs)")
     p.set_defaults(func=cmd_export_verl)

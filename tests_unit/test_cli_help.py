@@ -1,0 +1,53 @@
+"""Every `rlhf` subcommand's --help explains every option and shows one example command.
+
+For each subparser of `rlhf.cli.build_parser()`: every option has non-empty help, the command
+has a description, and its help text holds an example line starting with `rlhf <command>`,
+which the parser itself accepts.
+"""
+
+import argparse
+import shlex
+
+import pytest
+
+from rlhf.cli import build_parser
+
+pytestmark = pytest.mark.unit
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+NAMES = sorted(subcommands())
+
+
+def test_the_parser_has_the_documented_subcommands():
+    assert {"prepare", "build-embedded", "fetch-model", "sft", "judge", "ppo", "evaluate", "report", "lab"} <= set(
+        NAMES
+    )
+    assert {"base-study", "seeds", "choose-sft-budget", "export-verl"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_option_has_help(name):
+    sub = subcommands()[name]
+    assert (sub.description or "").strip(), f"rlhf {name} has no description"
+    for action in sub._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        where = f"rlhf {name} {'/'.join(action.option_strings) or action.dest}"
+        assert action.help not in (None, argparse.SUPPRESS), f"{where} has no help"
+        assert action.help.strip(), f"{where} has empty help"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_help_shows_an_example_the_parser_accepts(name):
+    text = subcommands()[name].format_help()
+    examples = [line.strip() for line in text.splitlines() if line.strip().startswith(f"rlhf {name} ")]
+    assert examples, f"rlhf {name} --help shows no example line starting with 'rlhf {name} ':\n{text}"
+    for line in examples:
+        args = build_parser().parse_args(shlex.split(line, comments=True)[1:])
+        assert args.command == name, line
