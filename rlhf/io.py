@@ -27,8 +27,12 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+# Artifacts get the modes the user's umask allows (a shared run folder stays readable by the
+# team): mkstemp and mkdtemp would create them private (0600/0700). Read once, at import.
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+FOLDER_MODE = 0o777 & ~_UMASK
 
 
 class ArtifactExists(FileExistsError):
@@ -79,7 +83,7 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False
         raise ArtifactExists(f"refusing to overwrite existing artifact {path}")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make artifacts private
+        os.fchmod(fd, FILE_MODE)  # mkstemp's 0600 would make artifacts private
         with os.fdopen(fd, "wb") as f:
             half = len(data) // 2
             f.write(data[:half])
@@ -116,7 +120,7 @@ def atomic_folder(out):
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, FOLDER_MODE)  # mkdtemp's 0700 would make the folder private
         if out.exists():
             out.rmdir()  # empty, or this raises: never replaces content
         os.rename(tmp, out)

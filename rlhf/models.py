@@ -12,16 +12,13 @@ have network access.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from rlhf.config import Profile
-from rlhf.io import ArtifactExists, dumps_json, read_json, sha256_file, write_text
+from rlhf.io import ArtifactExists, atomic_folder, dumps_json, read_json, sha256_file, write_text
 
 FETCH_MARKER = "rlhf-fetch.json"
 SHAPE_KEYS = (
@@ -287,9 +284,7 @@ def fetch_model(profile: Profile, out_dir, *, snapshot_download=None) -> Path:
     if snapshot_download is None:
         from huggingface_hub import snapshot_download
     spec = profile.model
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_folder(out_dir) as tmp:
         snapshot_download(
             repo_id=spec.repo_id, revision=spec.revision, local_dir=str(tmp), allow_patterns=FETCH_PATTERNS
         )
@@ -297,13 +292,6 @@ def fetch_model(profile: Profile, out_dir, *, snapshot_download=None) -> Path:
             tmp / FETCH_MARKER,
             dumps_json({"repo_id": spec.repo_id, "revision": spec.revision, "files": directory_identity(tmp)}),
         )
-        os.chmod(tmp, 0o755)
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

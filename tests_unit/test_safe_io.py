@@ -226,6 +226,62 @@ def test_the_writer_without_failures_replaces_and_leaves_nothing_else(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["log.json"]
 
 
+# ================================================================= modes of what is written
+
+UMASK_WRITES = """
+import json, sys, rlhf
+from pathlib import Path
+from rlhf.io import atomic_folder, write_bytes, write_json, write_with_sidecar
+out = Path(sys.argv[1])
+write_bytes(out / "state.bin", b"state")
+write_json(out / "results.json", {"a": 1})
+write_bytes(out / "log.json", b"new", overwrite=True)
+write_with_sidecar(out / "actor.safetensors", b"weights", {"role": "actor"})
+with atomic_folder(out / "handoff") as tmp:
+    write_bytes(tmp / "data.parquet", b"rows")
+"""
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077], ids=["022", "002", "077"])
+def test_what_the_lab_writes_has_the_modes_the_users_umask_allows(tmp_path, umask):
+    """Catches a writer that leaves its temporary file's private mode (0600, folders 0700): a run
+    folder shared with a team, a results folder served to others or a CI artifact could then be
+    read by no one else, and reading back as the same user would never notice."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run([sys.executable, "-c", UMASK_WRITES, str(out)], capture_output=True, text=True, umask=umask)
+    assert done.returncode == 0, done.stderr[-2000:]
+    modes = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*")}
+    files = {name: mode for name, mode in modes.items() if (out / name).is_file()}
+    assert set(files) == {
+        "state.bin",
+        "results.json",
+        "log.json",
+        "actor.safetensors",
+        "actor.safetensors.json",
+        "handoff/data.parquet",
+    }
+    assert files == dict.fromkeys(files, 0o666 & ~umask), f"umask {umask:o}: {files}"
+    assert modes["handoff"] == 0o777 & ~umask
+
+
+def test_every_file_of_a_lab_run_is_readable_by_the_group_and_others(lab_run):
+    """The whole run folder as `rlhf lab` leaves it: no file or folder is more private than the
+    suite's umask makes it (with the usual 022, everything is readable by group and others)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    read, enter = 0o044 & ~umask, 0o011 & ~umask
+    private = [
+        str(p.relative_to(lab_run.run))
+        for p in lab_run.run.rglob("*")
+        if p.stat().st_mode & read != read or (p.is_dir() and p.stat().st_mode & enter != enter)
+    ]
+    assert not private, f"{len(private)} private path(s), e.g. {private[:5]}"
+
+
 # ================================================================= replaced model weights
 
 
