@@ -247,6 +247,10 @@ def _command(sub, name: str, summary: str, description: str, example: str) -> ar
     )
 
 
+PIN_HELP = (
+    "keep the CPU arithmetic pinned for a BF16 profile on the CPU (by default such runs are unpinned: "
+    "the pin caps oneDNN's BF16 matmuls at AVX2, tens of times slower, and no golden numbers exist for them)"
+)
 REVISION_HELP = "corpus revision: r001 (OfficeHelpPrefs-v1, the default) or r002 (the corrected v2)"
 MODEL_DIR_HELP = (
     "the downloaded model folder (rlhf fetch-model) for the qwen2.5-0.5b profile; "
@@ -331,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
         p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
         p.add_argument("--revision", default="r001", help=REVISION_HELP)
+        p.add_argument("--pin", action="store_true", help=PIN_HELP)
         p.add_argument("--resume", action="store_true", help="continue from the state saved by --stop-after")
         p.add_argument(
             "--stop-after",
@@ -357,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
     p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    p.add_argument("--pin", action="store_true", help=PIN_HELP)
     p.set_defaults(func=cmd_evaluate)
 
     p = _command(
@@ -409,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--dry-run only: accept a random-weight model directory (rlhf.models.write_random_model_dir)",
     )
+    p.add_argument("--pin", action="store_true", help=PIN_HELP)
     p.set_defaults(func=cmd_lab)
 
     p = _command(
@@ -508,8 +515,32 @@ def _on_sigint(signum, frame) -> None:
     )
 
 
+def _unpin_bf16_on_cpu(argv: list[str]) -> None:
+    """A BF16 profile on the CPU runs unpinned unless --pin: capped at AVX2, oneDNN's BF16 matmuls
+    are tens of times slower, and golden numbers exist for the embedded FP32 profile only.
+
+    Decided from the command line alone, before anything imports torch (building the full parser
+    does): rlhf.pin.release, recorded in the run's identity."""
+    from rlhf import pin
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--profile", default=None)
+    pre.add_argument("--cpu", action="store_true")
+    pre.add_argument("--pin", action="store_true")
+    known, _ = pre.parse_known_args(argv)
+    if known.profile is None or known.pin:
+        return
+    try:
+        profile = load_profile(known.profile)
+    except Exception:  # noqa: BLE001 - a bad profile is reported by the command itself
+        return
+    if profile.model.dtype == "bfloat16" and (profile.device == "cpu" or known.cpu):
+        pin.release(f"profile {profile.name} runs BF16 on the CPU (--pin keeps the pin)")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _unpin_bf16_on_cpu(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGINT, _on_sigint)
     from rlhf.checkpoint import Interrupted

@@ -1,4 +1,4 @@
-"""Pinned CPU arithmetic: the same bytes on every x86-64 machine (issue 12).
+"""Pinned CPU arithmetic: the same bytes on every x86-64 machine.
 
 torch picks its CPU kernels by what the processor offers, and so does MKL: the same code and
 seed give different bytes on an AVX-512 Xeon, an AVX2 laptop and an AMD EPYC. Before torch is
@@ -7,40 +7,66 @@ imported, `apply()` (run by `rlhf/__init__.py`, so by the `rlhf` command, `pytho
 
     ATEN_CPU_CAPABILITY = avx2         torch's own vectorised kernels: the AVX2 build on every CPU
     MKL_CBWR            = COMPATIBLE   MKL's reproducibility branch that Intel documents as the same
-                                       on Intel and non-Intel processors (SSE2-level code paths)
+                                       on Intel and non-Intel processors
     ONEDNN_MAX_CPU_ISA  = AVX2         oneDNN (BF16 matmuls on CPU) no wider than AVX2
 
 and the stages set the thread count the profile names (`runtime.torch_threads`).
 
-How it was chosen (measured on an Intel Xeon with AVX-512, the SFT state after epoch 1): without
-the pin the state has three different SHA-256 for ATEN_CPU_CAPABILITY default/avx2/avx512, and
-a fourth when MKL is limited to AVX2 (`MKL_ENABLE_INSTRUCTIONS=AVX2`, what an AVX2-only machine
-offers). With `MKL_CBWR=AVX2` the state still changes when MKL is limited to SSE4.2, and on an
-AMD EPYC that setting gave the same bytes as no setting at all. With `MKL_CBWR=COMPATIBLE` the
-state is the same whether MKL may use AVX-512, AVX2 or only SSE4.2, and with 1 or 2 OpenMP
-threads. The pin costs little here: see README "Same numbers on every machine".
+The variables are requests; `describe()` reads what is in force: torch's kernel capability and
+the branch MKL itself reports (`mkl_serv_cbwr_get`). MKL accepts `MKL_CBWR=AVX2` on an AMD CPU
+and runs its AUTO branch instead, so only the branch in force proves the pin. The run's identity
+(`identity_tag`) is built from those values, never from the request.
+
+The pin alone does not make two CPU vendors agree: an operation built on the processor's
+approximate instructions (MKL's vector square root, whose reciprocal-square-root estimate
+differs between Intel and AMD) parts them under any pin. The lab avoids such operations
+(rlhf.optim.adamw), and `rlhf arithmetic` (rlhf.arithmetic) measures whether a machine computes
+like the machines the golden numbers were verified on (docs/reproducibility.md).
 
 Off switch: `RLHF_CPU_PIN=off` (or 0/no/false) before the process starts. The run's identity
-and every results file then say "unpinned", so pinned and unpinned states never mix. A CPU that
-cannot honour the pin (not x86-64, or no AVX2, or torch without MKL) still runs; `describe()`
-says plainly that its hashes cannot be compared with the pinned golden numbers.
+and every results file then say "unpinned", so pinned and unpinned states never mix. A BF16
+profile on the CPU runs unpinned unless asked (`release()`, called by the command line before
+torch is imported; `--pin` keeps the pin): capped at AVX2, oneDNN's BF16 matmuls are tens of
+times slower, and no golden numbers exist for those profiles. A CPU that cannot honour the pin
+(not x86-64, or no AVX2, or torch without MKL) still runs; `describe()` says plainly that its
+hashes cannot be compared with the pinned golden numbers.
 
 This module must not import torch at module level: it runs before torch exists in the process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import sys
+from pathlib import Path
 
 PIN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 SWITCH = "RLHF_CPU_PIN"
 _OFF_VALUES = ("0", "off", "no", "false")
 
-# What apply() found and did, for describe(): "pinned", "off" (the switch), or "late" (torch was
-# imported before rlhf, so the environment could no longer choose its kernels).
-_applied: dict = {"status": None, "overridden": {}}
+# MKL's code branches as mkl_serv_cbwr_get(MKL_CBWR_BRANCH) reports them (mkl_service.h).
+MKL_BRANCHES = {
+    1: "OFF",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    12: "AVX512",
+    14: "AVX512_E1",
+}
+_MKL_CBWR_BRANCH = 1
+_MKL_CBWR_STRICT = 0x10000
+
+# What apply() found and did, for describe(): "pinned", "off" (the switch), "late" (torch was
+# imported before rlhf, so the environment could no longer choose its kernels) or "released"
+# (a BF16 profile on the CPU, unpinned by default). `saved` holds the user's own values.
+_applied: dict = {"status": None, "overridden": {}, "saved": {}, "reason": ""}
 
 
 def requested() -> bool:
@@ -59,6 +85,7 @@ def apply() -> str:
     else:
         for key, value in PIN.items():
             old = os.environ.get(key)
+            _applied["saved"][key] = old
             if old is not None and old != value:
                 _applied["overridden"][key] = old
             os.environ[key] = value
@@ -66,10 +93,65 @@ def apply() -> str:
     return _applied["status"]
 
 
+def release(reason: str) -> str:
+    """Undo apply() before torch is imported (the user's own variables come back); returns the
+    status. For runs the pin does not serve: a BF16 profile on the CPU. Too late once torch is
+    imported: the status then stays as it was and the caller's run stays pinned."""
+    if _applied["status"] != "pinned" or "torch" in sys.modules:
+        return _applied["status"]
+    for key, old in _applied["saved"].items():
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+    _applied.update(status="released", overridden={}, reason=reason)
+    return "released"
+
+
+def _mkl_service():
+    """torch's CPU library, where its MKL's service functions live, or None. Imports torch."""
+    import torch
+
+    lib_dir = Path(torch.__file__).parent / "lib"
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
+        if (lib_dir / name).is_file():
+            try:
+                lib = ctypes.CDLL(str(lib_dir / name))
+                lib.mkl_serv_cbwr_get  # noqa: B018 - present only where torch carries MKL
+                return lib
+            except (OSError, AttributeError):
+                return None
+    return None
+
+
+def mkl_branch_in_force() -> str | None:
+    """The code branch MKL reports it runs ("COMPATIBLE", "AUTO", ...; "+STRICT" when set), or
+    None where torch carries no MKL service functions. Imports torch."""
+    lib = _mkl_service()
+    if lib is None:
+        return None
+    get = lib.mkl_serv_cbwr_get
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
+    value = get(_MKL_CBWR_BRANCH)
+    branch = MKL_BRANCHES.get(value & ~_MKL_CBWR_STRICT, f"unknown-{value}")
+    return branch + ("+STRICT" if value & _MKL_CBWR_STRICT else "")
+
+
+def mkl_sees_intel() -> bool | None:
+    """Whether MKL takes this processor for an Intel one (its CPUID vendor check), or None without
+    MKL. MKL honours some of its switches (MKL_ENABLE_INSTRUCTIONS) on Intel processors only."""
+    lib = _mkl_service()
+    if lib is None:
+        return None
+    check = lib.mkl_serv_intel_cpu_true
+    check.restype = ctypes.c_int
+    return bool(check())
+
+
 def describe() -> dict:
     """What arithmetic this process really runs (imports torch): recorded in every results file.
 
-    `comparable` is True only when the pin is set and honoured, i.e. when this process's hashes
+    `comparable` is True only when the pin is set and in force, i.e. when this process's hashes
     can be compared with the committed golden numbers of another machine.
     """
     import torch
@@ -77,18 +159,23 @@ def describe() -> dict:
     machine = platform.machine().lower()
     capability = torch.backends.cpu.get_cpu_capability()
     mkl = bool(torch.backends.mkl.is_available())
+    branch = mkl_branch_in_force() if mkl else None
     status = _applied["status"] or ("off" if not requested() else "late")
     problems = []
     if status == "off":
         problems.append(f"turned off with {SWITCH}")
     elif status == "late":
         problems.append("torch was imported before rlhf, so the pin could not be set")
+    elif status == "released":
+        problems.append(f"unpinned by default: {_applied['reason']}")
     if machine not in ("x86_64", "amd64"):
         problems.append(f"{machine} is not x86-64: the AVX2/MKL pin does not exist there")
     elif status == "pinned" and capability != "AVX2":
         problems.append(f"torch runs {capability} kernels, not AVX2 (this CPU cannot honour the pin)")
     if status == "pinned" and not mkl:
         problems.append("this torch has no MKL, so MKL_CBWR pins nothing")
+    elif status == "pinned" and branch != PIN["MKL_CBWR"]:
+        problems.append(f"MKL runs its {branch} branch, not {PIN['MKL_CBWR']} (MKL_CBWR={os.environ.get('MKL_CBWR')})")
     return {
         "status": status,
         "pin": dict(PIN) if status == "pinned" else {},
@@ -97,6 +184,8 @@ def describe() -> dict:
         "machine": machine,
         "cpu_capability": capability,
         "mkl": mkl,
+        "mkl_branch": branch,
+        "mkl_sees_intel": mkl_sees_intel() if mkl else None,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "comparable": not problems,
@@ -107,8 +196,14 @@ def describe() -> dict:
 
 
 def identity_tag() -> str:
-    """The short form that goes into every state's identity (a resume refuses a different one)."""
+    """The short form that goes into every state's identity (a resume refuses a different one),
+    built from the settings in force."""
     d = describe()
     if d["comparable"]:
-        return f"pinned:{d['machine']}:aten-avx2:mkl-compatible:onednn-avx2:threads={d['threads']}"
-    return f"unpinned:{d['machine']}:{d['cpu_capability']}:threads={d['threads']}:{d['status']}"
+        onednn = (d["environment"]["ONEDNN_MAX_CPU_ISA"] or "default").lower()
+        return (
+            f"pinned:{d['machine']}:aten-{d['cpu_capability'].lower()}:mkl-{d['mkl_branch'].lower()}"
+            f":onednn-{onednn}:threads={d['threads']}"
+        )
+    why = "pin-not-in-force" if d["status"] == "pinned" else d["status"]
+    return f"unpinned:{d['machine']}:{d['cpu_capability']}:threads={d['threads']}:{why}"
