@@ -34,6 +34,14 @@ if [ ! -x /usr/bin/chromium ]; then
     $SUDO apt-get update -qq
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+# Debian's qemu-user runs the arithmetic fingerprint on an emulated CPU of the other vendor
+# (tests_unit/test_arithmetic.py): the same bytes on Intel and AMD, checked on every machine.
+if ! command -v qemu-x86_64 >/dev/null 2>&1; then
+    echo "setup: installing Debian's qemu-user (the other-vendor arithmetic check)" >&2
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null
+fi
 stamp_src=$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)
 if [ -f .venv/.rlhf-stamp ] && [ "$(cat .venv/.rlhf-stamp)" = "$stamp_src" ]; then
     exit 0

@@ -11,6 +11,7 @@ rlhf base-study --out DIR                    the embedded base beside its contro
 rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   the lab over N seeds
 rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the cut SFT budget, validation only
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
+rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
 """
 
 from __future__ import annotations
@@ -55,6 +56,22 @@ def cmd_fetch_model(args) -> int:
     out = fetch_model(profile, args.out)
     print(f"downloaded {profile.model.repo_id}@{profile.model.revision} -> {out}")
     return 0
+
+
+def cmd_arithmetic(args) -> int:
+    """This machine's arithmetic fingerprint against the verified classes (rlhf.arithmetic)."""
+    from rlhf import arithmetic
+    from rlhf.io import write_json
+
+    if args.out and Path(args.out).exists():
+        raise FileExistsError(f"{args.out} exists; a fingerprint file is never overwritten (choose a new name)")
+    fp = arithmetic.measure()
+    other = arithmetic.load(args.compare) if args.compare else None
+    print(arithmetic.report(fp, other, args.compare or ""))
+    if args.out:
+        write_json(args.out, fp)
+        print(f"fingerprint written to {args.out}")
+    return 0 if arithmetic.verdict(fp)["verified"] else 1
 
 
 def _context(args):
@@ -118,6 +135,7 @@ def cmd_lab(args) -> int:
     A stage that run.json records as complete is skipped; one that a crash interrupted
     continues from its last checkpoint."""
     from rlhf import lab
+    from rlhf.arithmetic import golden_line
     from rlhf.report import print_summary
 
     if args.dry_run:
@@ -130,6 +148,7 @@ def cmd_lab(args) -> int:
     ctx = _context(args)
     arithmetic = json.loads((ctx.run / lab.RUN_FILE).read_text())["arithmetic"]
     print(f"arithmetic: {arithmetic['note']} ({arithmetic['cpu_capability']} kernels, {arithmetic['threads']} threads)")
+    print(golden_line(ctx.profile))
     print(f"corpus {ctx.corpus.dataset} {ctx.corpus.revision} audit:")
     print(json.dumps(ctx.corpus.manifest["audit"], indent=1, sort_keys=True))
     n = sum(p.numel() for p in ctx.role("reference").model.parameters())
@@ -417,6 +436,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pin", action="store_true", help=PIN_HELP)
     p.set_defaults(func=cmd_lab)
+
+    p = _command(
+        sub,
+        "arithmetic",
+        "this CPU's arithmetic fingerprint: do the golden numbers apply here?",
+        "Measure this machine's arithmetic fingerprint (SHA-256 of the outputs of the CPU operations\n"
+        "the embedded lab runs, under the pinned arithmetic) and compare it with the committed\n"
+        "fingerprints of every CPU class the golden numbers were verified on, naming the first\n"
+        "operation that differs. Exit status 0 when this machine belongs to a verified class, 1 when\n"
+        "not. About 3 seconds.",
+        "rlhf arithmetic --out my-cpu.json",
+    )
+    p.add_argument(
+        "--out", default=None, help="also write this machine's fingerprint to this JSON file (never overwritten)"
+    )
+    p.add_argument(
+        "--compare", default=None, help="also compare with another machine's fingerprint file (rlhf arithmetic --out)"
+    )
+    p.set_defaults(func=cmd_arithmetic)
 
     p = _command(
         sub,

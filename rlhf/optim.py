@@ -22,8 +22,14 @@ class NonFiniteError(FloatingPointError):
 
 
 def adamw(params, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    # foreach=False: the same per-parameter kernels on every run and after a resume.
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
+    """AdamW through torch's fused kernel: the same bytes on every x86-64 CPU.
+
+    The default (single-tensor) AdamW takes the square root of `exp_avg_sq` with torch.sqrt,
+    which on the CPU is MKL's vector math (vsSqrt): not correctly rounded, and built on the
+    processor's approximate reciprocal square root, whose low bits differ between Intel and AMD.
+    The fused kernel uses the IEEE square-root instruction, exact on every CPU
+    (docs/reproducibility.md, "Where two CPUs parted")."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False, fused=True)
 
 
 def optimizer_step(optimizer, params, loss: torch.Tensor, lr: float, clip_norm: float, where: str) -> float:
