@@ -660,32 +660,39 @@ def test_generation_before_after(
     )
 
 
+def _ppo_optimizers(roles, prof) -> dict:
+    """The actor's and the critic's AdamW as rlhf.ppo.train_ppo builds them (the profile's [ppo] rates)."""
+    from rlhf.optim import adamw
+
+    lr = {"actor": prof.ppo.actor_lr, "critic": prof.ppo.critic_lr}
+    return {
+        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], lr[k], prof.optim.weight_decay)
+        for k in lr
+    }
+
+
 def _ppo_trainer(bench_ctx, prompts):
     """Fresh roles, optimizers, prompt sampler and sampling generator, as rlhf.ppo.train_ppo sets
     them up; returns (roles, iteration(it) -> seconds of that whole iteration (rollout + updates),
     record: one (rollout, [ppo_update results]) per iteration, for the checks after timing)."""
     from rlhf import lab
-    from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
 
     prof = bench_ctx.profile
     cfg = prof.ppo
     roles = lab.ppo_roles(bench_ctx)
-    optimizers = {
-        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"], prof.optim.weight_decay)
-        for k in ("actor", "critic")
-    }
+    optimizers = _ppo_optimizers(roles, prof)
     sampler = PromptSampler(len(prompts), prof.seeds.data_order)
     gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
-    updates = cfg["updates_per_iteration"]
+    updates = cfg.updates_per_iteration
     record: list = []
 
     def iteration(it: int) -> float:
         t = time.perf_counter()
-        ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
+        ps = [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, {})
         stats = [
-            ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg["iterations"] * updates, "bench", {})
+            ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg.iterations * updates, "bench", {})
             for u in range(updates)
         ]
         seconds = time.perf_counter() - t
@@ -921,18 +928,12 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
 def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fixed_rollout, peak, shape, rank):
     """One rlhf.ppo.ppo_update: actor (clipped loss) then critic (value loss), each with its AdamW."""
     from rlhf import ppo_math
-    from rlhf.optim import adamw
     from rlhf.ppo import ppo_update
     from rlhf.roles import critic_values
     from rlhf.scoring import response_logprobs
 
     prof = bench_ctx.profile
-    optimizers = {
-        k: adamw(
-            [p for p in roles[k].learned_parameters() if p.requires_grad], prof.ppo[f"{k}_lr"], prof.optim.weight_decay
-        )
-        for k in ("actor", "critic")
-    }
+    optimizers = _ppo_optimizers(roles, prof)
     _check_rollout("fixed rollout", fixed_rollout)
     start = {k: roles[k].learned_state() for k in ("actor", "critic")}
     mask = fixed_rollout.batch.response_mask
@@ -1011,15 +1012,11 @@ def _iteration_flops(shape, rank, ro, prompt_len: int, updates: int) -> dict:
 def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank):
     """One whole iteration as rlhf.ppo.train_ppo runs it: draw 4 prompts, rollout (sample with
     the KV cache, reference, judge, critic), 2 x (actor update, critic update)."""
-    from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
 
     prof = bench_ctx.profile
     cfg = prof.ppo
-    optimizers = {
-        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"], prof.optim.weight_decay)
-        for k in ("actor", "critic")
-    }
+    optimizers = _ppo_optimizers(roles, prof)
     sampler = PromptSampler(len(prompts), prof.seeds.data_order)
     gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
     phases: list[dict] = []
@@ -1030,23 +1027,22 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
 
     def once():
         tm: dict = {}
-        ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
+        ps = [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, tm)
         stats = [
-            ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm)
-            for u in range(cfg["updates_per_iteration"])
+            ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm) for u in range(cfg.updates_per_iteration)
         ]
         phases.append(tm)
         done.append((ro, stats))
         lengths.append(float(ro.batch.response_mask.sum(-1).float().mean()))
-        return _iteration_flops(shape, rank, ro, max(len(p) for p in ps), cfg["updates_per_iteration"])
+        return _iteration_flops(shape, rank, ro, max(len(p) for p in ps), cfg.updates_per_iteration)
 
     log: list = []
     benchmark.pedantic(_timed(once, log), rounds=10, warmup_rounds=1, iterations=1)
     assert len(done) == len(phases) == len(log) >= 1
     for i, (ro, stats) in enumerate(done):
         _check_rollout(f"round {i}", ro)
-        assert len(stats) == cfg["updates_per_iteration"], (i, len(stats))
+        assert len(stats) == cfg.updates_per_iteration, (i, len(stats))
         for u, st in enumerate(stats):
             _check_update_stats(f"round {i} update {u}", st)
         _check_seconds(
@@ -1289,32 +1285,32 @@ def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
         seed=prof.seeds.torch,
         disable_tqdm=True,
         dataloader_num_workers=0,
-        per_device_train_batch_size=cfg["prompts_per_iteration"],
+        per_device_train_batch_size=cfg.prompts_per_iteration,
         gradient_accumulation_steps=1,
         num_mini_batches=1,
-        num_ppo_epochs=cfg["updates_per_iteration"],
+        num_ppo_epochs=cfg.updates_per_iteration,
         total_episodes=episodes,
-        local_rollout_forward_batch_size=cfg["prompts_per_iteration"],
+        local_rollout_forward_batch_size=cfg.prompts_per_iteration,
         response_length=RESPONSE,
         stop_token="eos",
-        temperature=cfg["temperature"],
-        missing_eos_penalty=-cfg["truncation_penalty"],
-        kl_coef=cfg["kl_coef"],
+        temperature=cfg.temperature,
+        missing_eos_penalty=-cfg.truncation_penalty,
+        kl_coef=cfg.kl_coef,
         kl_estimator="k1",
-        cliprange=cfg["clip"],
+        cliprange=cfg.clip,
         vf_coef=1.0,
-        gamma=cfg["gamma"],
-        lam=cfg["lam"],
+        gamma=cfg.gamma,
+        lam=cfg.lam,
         whiten_rewards=False,
         num_sample_generations=0,
-        learning_rate=cfg["actor_lr"],
+        learning_rate=cfg.actor_lr,
         weight_decay=prof.optim.weight_decay,
     )
     # Two learning rates as in ours (actor 1e-4, critic 1e-3), one AdamW (TRL steps one optimizer).
     actor_params = [p for p in roles["actor"].learned_parameters() if p.requires_grad]
     critic_params = [p for p in roles["critic"].learned_parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
-        [{"params": actor_params, "lr": cfg["actor_lr"]}, {"params": critic_params, "lr": cfg["critic_lr"]}],
+        [{"params": actor_params, "lr": cfg.actor_lr}, {"params": critic_params, "lr": cfg.critic_lr}],
         weight_decay=prof.optim.weight_decay,
         foreach=False,
     )
