@@ -551,16 +551,23 @@ def previous(tmp_path_factory):
         sys.modules[spec.name] = mods[name]  # dataclasses look their module up while it executes
         spec.loader.exec_module(mods[name])
 
+    def previous_generate(*args, last_logits_only: bool = False, **kwargs):
+        # The previous generate has no last_logits_only (rlhf.ppo.rollout passes the profile's
+        # value); False, the embedded profile's, is what it always did: every column projected.
+        if last_logits_only:
+            pytest.fail("the previous generate cannot project only the last column", pytrace=False)
+        return mods["generate"].generate(*args, **kwargs)
+
     @contextlib.contextmanager
     def active():
         saved = ppo.generate, LoRALinear.forward
-        ppo.generate, LoRALinear.forward = mods["generate"].generate, mods["lora"].LoRALinear.forward
+        ppo.generate, LoRALinear.forward = previous_generate, mods["lora"].LoRALinear.forward
         try:
             yield
         finally:
             ppo.generate, LoRALinear.forward = saved
 
-    yield types.SimpleNamespace(generate=mods["generate"].generate, active=active)
+    yield types.SimpleNamespace(generate=previous_generate, active=active)
     for name in mods:
         sys.modules.pop(f"rlhf_previous_{name}", None)
 
