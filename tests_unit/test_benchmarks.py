@@ -16,8 +16,9 @@ What is measured (each in its own test):
     cores) and with 1 thread; every phase's model FLOPs (rlhf.flops) and its utilisation;
   * teacher-forced scoring of the full Qwen2.5-0.5B shape, random weights, FP32, 4 x 256 tokens,
     with 2 threads (all cores);
-  * TRL's PPO (trl.experimental.ppo.PPOTrainer, trl==1.12.0, `pip install -e .[bench]`) side by
-    side with ours on the same embedded roles: seconds per iteration and the ratio;
+  * TRL's PPO (trl.experimental.ppo.PPOTrainer, trl==1.12.0: the `bench` extra, which
+    setup.sh installs) side by side with ours on the same embedded roles: seconds per
+    iteration and the ratio, with and without TRL's gc.collect() calls;
   * peak RSS per stage, each stage in its own process, and the qwen2.5-0.5b memory estimate.
 
 The embedded phases run with 1 torch thread (the profile's setting; rlhf.config.configure_torch).
@@ -1350,18 +1351,34 @@ def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
     return trainer
 
 
+TRL_VERSION = "1.12.0"  # the last TRL release with PPO (trl.experimental.ppo); pyproject.toml's `bench` extra
+TRL_INSTALL = f'bash setup.sh (it installs the bench extra), or .venv/bin/pip install "trl=={TRL_VERSION}"'
+
+
+def _import_trl():
+    """trl, or a failure (never a skip) that says what is missing and how to install it."""
+    try:
+        import trl
+        from trl.experimental.ppo import PPOConfig, PPOTrainer  # noqa: F401
+    except ImportError as e:
+        pytest.fail(
+            f"the TRL side-by-side needs trl=={TRL_VERSION} (trl.experimental.ppo.PPOTrainer), the `bench` extra "
+            f"of pyproject.toml; it could not be imported ({e}). Install it: {TRL_INSTALL}",
+            pytrace=False,
+        )
+    if trl.__version__ != TRL_VERSION:
+        pytest.fail(
+            f"the TRL side-by-side is pinned to trl=={TRL_VERSION} and found trl {trl.__version__}. "
+            f"Install the pinned one: {TRL_INSTALL}",
+            pytrace=False,
+        )
+    return trl
+
+
 def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prompts, tmp_path):
     """Seconds per PPO iteration, ours (rlhf.ppo.train_ppo) and TRL's PPOTrainer, same roles,
     4 prompts, 64-token responses, 2 PPO epochs, 1 warm-up + TRL_TIMED timed iterations each."""
-    try:
-        import trl
-        from trl.experimental.ppo import PPOTrainer  # noqa: F401
-    except ImportError as e:
-        pytest.fail(
-            f"TRL is not installed ({e}): pip install 'trl==1.12.0' (or pip install -e '.[bench]'); "
-            f"the TRL comparison needs trl.experimental.ppo.PPOTrainer",
-            pytrace=False,
-        )
+    trl = _import_trl()
     from transformers import TrainerCallback
 
     from rlhf import lab
