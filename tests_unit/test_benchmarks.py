@@ -1,8 +1,10 @@
-"""Benchmarks of the embedded profile (issue #7): tier `benchmark`, never in CI.
+"""Benchmarks of the embedded profile: tier `benchmark`.
 
-Run them alone, without xdist (pytest-benchmark switches itself off under xdist):
-
-    pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json
+Measured with `pytest --benchmark` (conftest.py: `-m benchmark`, one process, pytest-benchmark's
+JSON in reports/benchmark/benchmark.json). CI runs each benchmark once, untimed, after the unit
+tier: `pytest --benchmark-smoke` (pytest-benchmark's --benchmark-disable; reports in
+reports/benchmark-smoke/), so that a benchmark that no longer runs fails CI; no timing is
+asserted or kept there.
 
 What is measured (each in its own test):
   * generation tokens/s with and without the KV cache, batch 1 and 4 (64 tokens, EOS disabled
@@ -215,16 +217,20 @@ def summary_table(request):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.fail(
             "benchmarks must run in one process (pytest-benchmark switches itself off under xdist, and two "
-            "workers would share the 2 cores): pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json",
+            "workers would share the 2 cores): pytest --benchmark (timed) or pytest --benchmark-smoke (once, untimed)",
             pytrace=False,
         )
+    session = getattr(request.config, "_benchmarksession", None)  # pytest-benchmark's own verdict
+    timed = not (session.disabled if session is not None else request.config.option.benchmark_disable)
+    if not timed:  # each benchmark ran once: the figures below are no measurement
+        SUMMARY["untimed_smoke_run"] = "each benchmark ran once (--benchmark-disable): no figure here is a measurement"
     yield
     reports = Path(getattr(request.config, "_rlhf_reports", "reports"))
     reports.mkdir(parents=True, exist_ok=True)
     (reports / "benchmark_summary.json").write_text(json.dumps(SUMMARY, indent=1, sort_keys=True))
     tr = request.config.pluginmanager.getplugin("terminalreporter")
     capture = request.config.pluginmanager.getplugin("capturemanager")
-    if tr is None or not (SUMMARY["rows"] or SUMMARY["notes"] or SUMMARY["goals"] or "trl" in SUMMARY):
+    if not timed or tr is None or not (SUMMARY["rows"] or SUMMARY["notes"] or SUMMARY["goals"] or "trl" in SUMMARY):
         return
     if capture is not None:
         with capture.global_and_fixture_disabled():
