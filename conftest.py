@@ -12,6 +12,9 @@
   CUDA device, profile hashes and the command line.
 * `pytest --benchmark` runs the benchmark tier the right way: `-m benchmark`, no xdist (timings
   need one process), and pytest-benchmark's JSON written to `reports/benchmark/benchmark.json`.
+* `pytest --benchmark-smoke` runs every benchmark once, untimed (pytest-benchmark's
+  `--benchmark-disable`), in one process, with its reports in `reports/benchmark-smoke/` so that
+  it never overwrites a measured run's: what CI runs after the unit tier, so the tier cannot rot.
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ def pytest_addoption(parser):
         help="run the benchmark tier: -m benchmark, no xdist, JSON in reports/benchmark/benchmark.json",
     )
     parser.addoption(
+        "--benchmark-smoke",
+        action="store_true",
+        help="run every benchmark once, untimed (CI): -m benchmark, no xdist, --benchmark-disable, "
+        "reports in reports/benchmark-smoke/",
+    )
+    parser.addoption(
         "--model-dir",
         default=os.environ.get("RLHF_MODEL_DIR"),
         help="gpu tier: local Qwen2.5-0.5B-Instruct directory (rlhf fetch-model --out DIR)",
@@ -77,16 +86,24 @@ def reports_folder(config) -> Path:
     """reports/<tier>/ for a run of exactly one tier, reports/other/ otherwise."""
     if config.getoption("--reports-dir"):
         return Path(config.getoption("--reports-dir"))
+    if config.getoption("--benchmark-smoke"):
+        return Path("reports") / "benchmark-smoke"
     markexpr = (config.option.markexpr or "").strip()
     return Path("reports") / (markexpr if markexpr in TIERS else "other")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist registers its scheduler (trylast) and before -m is applied
 def pytest_configure(config):
-    if config.getoption("--benchmark"):
+    smoke = config.getoption("--benchmark-smoke")
+    if smoke and config.getoption("--benchmark"):
+        raise pytest.UsageError("--benchmark times the tier and --benchmark-smoke runs it untimed: give one of them")
+    if config.getoption("--benchmark") or smoke:
         config.option.markexpr = "benchmark"
-        # pytest-benchmark times nothing under xdist: one process, whatever addopts says.
+        # pytest-benchmark times nothing under xdist: one process, whatever addopts says (the
+        # benchmarks refuse xdist workers, timed or not).
         config.option.numprocesses, config.option.dist, config.option.tx = None, "no", []
+    if smoke:
+        config.option.benchmark_disable = True  # each benchmark function runs once, nothing is timed
     reports = reports_folder(config)
     reports.mkdir(parents=True, exist_ok=True)
     config._rlhf_reports = reports
@@ -114,6 +131,8 @@ def pytest_terminal_summary(terminalreporter, config):
     lines = [f"reports: {folder / 'junit.xml'} and {folder / 'results.json'}"]
     if config.getoption("--benchmark"):
         lines.append(f"benchmark numbers: {folder / 'benchmark.json'} (pytest-benchmark JSON)")
+    if config.getoption("--benchmark-smoke"):
+        lines.append("benchmark smoke run: every benchmark ran once, untimed; no figure of this run is a measurement")
     for line in lines:
         terminalreporter.write_line(line)
 

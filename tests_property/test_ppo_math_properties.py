@@ -162,6 +162,8 @@ def test_gae_appended_padding_changes_nothing_on_active_part(ep, pad_values, pad
         gamma=gamma,
         lam=lam,
     )
+    # Bit for bit on every CPU: the terminal cuts the recursion, so the active part is computed by
+    # the same elementwise IEEE 754 operations on the same numbers (see test_batched_gae_equals_row_by_row).
     assert torch.equal(adv1[:n], adv0)
     assert torch.equal(ret1[:n], ret0)
     assert torch.equal(adv1[n:], torch.zeros(p, dtype=F64))
@@ -190,6 +192,10 @@ def test_batched_gae_equals_row_by_row(eps, gamma, lam):
             gamma=gamma,
             lam=lam,
         )
+        # Bit for bit on every CPU: GAE is elementwise over rows (no sum across them); +, - and *
+        # are correctly rounded in IEEE 754 (one result on any CPU) and rlhf.pin makes every CPU
+        # run the same AVX2 code, so whether a row depends on the batch around it is a property
+        # of that code, the same on an Intel Xeon and an AMD EPYC (and it does not).
         assert torch.equal(adv[i], a_i)
         assert torch.equal(ret[i], r_i)
 

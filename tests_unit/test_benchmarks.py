@@ -1,8 +1,10 @@
-"""Benchmarks of the embedded profile (issue #7): tier `benchmark`, never in CI.
+"""Benchmarks of the embedded profile: tier `benchmark`.
 
-Run them alone, without xdist (pytest-benchmark switches itself off under xdist):
-
-    pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json
+Measured with `pytest --benchmark` (conftest.py: `-m benchmark`, one process, pytest-benchmark's
+JSON in reports/benchmark/benchmark.json). CI runs each benchmark once, untimed, after the unit
+tier: `pytest --benchmark-smoke` (pytest-benchmark's --benchmark-disable; reports in
+reports/benchmark-smoke/), so that a benchmark that no longer runs fails CI; no timing is
+asserted or kept there.
 
 What is measured (each in its own test):
   * generation tokens/s with and without the KV cache, batch 1 and 4 (64 tokens, EOS disabled
@@ -16,8 +18,9 @@ What is measured (each in its own test):
     cores) and with 1 thread; every phase's model FLOPs (rlhf.flops) and its utilisation;
   * teacher-forced scoring of the full Qwen2.5-0.5B shape, random weights, FP32, 4 x 256 tokens,
     with 2 threads (all cores);
-  * TRL's PPO (trl.experimental.ppo.PPOTrainer, trl==1.12.0, `pip install -e .[bench]`) side by
-    side with ours on the same embedded roles: seconds per iteration and the ratio;
+  * TRL's PPO (trl.experimental.ppo.PPOTrainer, trl==1.12.0: the `bench` extra, which
+    setup.sh installs) side by side with ours on the same embedded roles: seconds per
+    iteration and the ratio, with and without TRL's gc.collect() calls;
   * peak RSS per stage, each stage in its own process, and the qwen2.5-0.5b memory estimate.
 
 The embedded phases run with 1 torch thread (the profile's setting; rlhf.config.configure_torch).
@@ -29,10 +32,20 @@ timings of the shapes stay meaningful; PPO response lengths differ) and the JSON
 
 Every benchmark also checks what it timed, after the timed rounds (nothing is added to them):
 finite losses and log-probs, the [B, R] shapes, the same draws as a fresh, untimed call of the
-unit path with the same generator seed, optimizer steps that moved the parameters, positive
-finite timings. A wrong result fails the test; a published goal that is missed does not (it is
-recorded as met or not under `goal_<name>` in results.json, benchmark_summary.json and the
-table), but an invalid measurement of it (NaN, zero time) does.
+same code path with the same generator seed, optimizer steps that moved the parameters,
+positive finite timings. A wrong result fails the test; a published goal that is missed does
+not (it is recorded as met or not under `goal_<name>` in results.json, benchmark_summary.json
+and the table), but an invalid measurement of it (NaN, zero time) does.
+
+Bit-for-bit checks: a timed round against a fresh call of the same code path (the same kernels
+on the same operands in one process give the same bits on any CPU). Two code paths are compared
+bit for bit only in the before/after benchmarks, and there the equality holds by construction
+on every CPU: the tuned code feeds the same kernels the same operands (equal integer ids, masks
+and positions; the prepared SDPA mask equals transformers' own, tested in test_training.py;
+log_softmax makes its input contiguous either way), and its only arithmetic changes are exact
+in IEEE 754 (x / 1.0 skipped, a power-of-two LoRA scale folded into the add: rlhf.lora._scaled_sum).
+Whether the cached and the uncached generation agree is a property of the arithmetic, not of a
+benchmark: tests_unit/test_training.py checks it, within its stated FP32 bound.
 
 Numbers go to pytest-benchmark's JSON (extra_info: tokens/s, FLOPs, utilisation), to
 results.json through `record_result`, and to benchmark_summary.json in the reports folder;
@@ -204,16 +217,20 @@ def summary_table(request):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.fail(
             "benchmarks must run in one process (pytest-benchmark switches itself off under xdist, and two "
-            "workers would share the 2 cores): pytest -m benchmark -n 0 --benchmark-json=reports/benchmark.json",
+            "workers would share the 2 cores): pytest --benchmark (timed) or pytest --benchmark-smoke (once, untimed)",
             pytrace=False,
         )
+    session = getattr(request.config, "_benchmarksession", None)  # pytest-benchmark's own verdict
+    timed = not (session.disabled if session is not None else request.config.option.benchmark_disable)
+    if not timed:  # each benchmark ran once: the figures below are no measurement
+        SUMMARY["untimed_smoke_run"] = "each benchmark ran once (--benchmark-disable): no figure here is a measurement"
     yield
     reports = Path(getattr(request.config, "_rlhf_reports", "reports"))
     reports.mkdir(parents=True, exist_ok=True)
     (reports / "benchmark_summary.json").write_text(json.dumps(SUMMARY, indent=1, sort_keys=True))
     tr = request.config.pluginmanager.getplugin("terminalreporter")
     capture = request.config.pluginmanager.getplugin("capturemanager")
-    if tr is None or not (SUMMARY["rows"] or SUMMARY["notes"] or SUMMARY["goals"] or "trl" in SUMMARY):
+    if not timed or tr is None or not (SUMMARY["rows"] or SUMMARY["notes"] or SUMMARY["goals"] or "trl" in SUMMARY):
         return
     if capture is not None:
         with capture.global_and_fixture_disabled():
@@ -305,7 +322,7 @@ def _check_moved(what: str, before: dict, after: dict) -> None:
 
 
 def _check_draws(what: str, got, expected) -> None:
-    """Two generate() results drew the same tokens (and log-probs, and ends)."""
+    """Two generate() results of the same code path drew the same tokens, log-probs and ends."""
     assert got.responses == expected.responses, f"{what}: the drawn tokens differ from the unit path's"
     assert got.ended == expected.ended, f"{what}: the ends differ from the unit path's"
     assert got.logps == expected.logps, f"{what}: the behaviour log-probs differ from the unit path's"
@@ -484,9 +501,10 @@ def test_generation_tokens_per_second(
         return g
 
     benchmark.pedantic(_timed(once, log), rounds=5 if use_cache else 3, warmup_rounds=1, iterations=1)
-    # Untimed: the unit path (KV cache, the default) with the same seed draws what every timed round
-    # drew; without the cache the draws are the same too (FP32, tests_unit/test_training.py).
-    expected = _fixed_draw(generate, model, ps, bench_ctx.pad_id)
+    # Untimed: a fresh call of the same path (same cache setting, same seed) draws what every timed
+    # round drew, bit for bit (one code path on one machine). Whether the cached and the uncached
+    # paths agree is a property of the arithmetic, tested in tests_unit/test_training.py.
+    expected = _fixed_draw(generate, model, ps, bench_ctx.pad_id, use_cache=use_cache)
     _check_generation("unit path", expected, batch, model.config.vocab_size, new_tokens=RESPONSE)
     for i, (_, g) in enumerate(log):
         _check_generation(f"round {i}", g, batch, model.config.vocab_size, new_tokens=RESPONSE)
@@ -540,16 +558,23 @@ def previous(tmp_path_factory):
         sys.modules[spec.name] = mods[name]  # dataclasses look their module up while it executes
         spec.loader.exec_module(mods[name])
 
+    def previous_generate(*args, last_logits_only: bool = False, **kwargs):
+        # The previous generate has no last_logits_only (rlhf.ppo.rollout passes the profile's
+        # value); False, the embedded profile's, is what it always did: every column projected.
+        if last_logits_only:
+            pytest.fail("the previous generate cannot project only the last column", pytrace=False)
+        return mods["generate"].generate(*args, **kwargs)
+
     @contextlib.contextmanager
     def active():
         saved = ppo.generate, LoRALinear.forward
-        ppo.generate, LoRALinear.forward = mods["generate"].generate, mods["lora"].LoRALinear.forward
+        ppo.generate, LoRALinear.forward = previous_generate, mods["lora"].LoRALinear.forward
         try:
             yield
         finally:
             ppo.generate, LoRALinear.forward = saved
 
-    yield types.SimpleNamespace(generate=mods["generate"].generate, active=active)
+    yield types.SimpleNamespace(generate=previous_generate, active=active)
     for name in mods:
         sys.modules.pop(f"rlhf_previous_{name}", None)
 
@@ -660,32 +685,39 @@ def test_generation_before_after(
     )
 
 
+def _ppo_optimizers(roles, prof) -> dict:
+    """The actor's and the critic's AdamW as rlhf.ppo.train_ppo builds them (the profile's [ppo] rates)."""
+    from rlhf.optim import adamw
+
+    lr = {"actor": prof.ppo.actor_lr, "critic": prof.ppo.critic_lr}
+    return {
+        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], lr[k], prof.optim.weight_decay)
+        for k in lr
+    }
+
+
 def _ppo_trainer(bench_ctx, prompts):
     """Fresh roles, optimizers, prompt sampler and sampling generator, as rlhf.ppo.train_ppo sets
     them up; returns (roles, iteration(it) -> seconds of that whole iteration (rollout + updates),
     record: one (rollout, [ppo_update results]) per iteration, for the checks after timing)."""
     from rlhf import lab
-    from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
 
     prof = bench_ctx.profile
     cfg = prof.ppo
     roles = lab.ppo_roles(bench_ctx)
-    optimizers = {
-        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"], prof.optim.weight_decay)
-        for k in ("actor", "critic")
-    }
+    optimizers = _ppo_optimizers(roles, prof)
     sampler = PromptSampler(len(prompts), prof.seeds.data_order)
     gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
-    updates = cfg["updates_per_iteration"]
+    updates = cfg.updates_per_iteration
     record: list = []
 
     def iteration(it: int) -> float:
         t = time.perf_counter()
-        ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
+        ps = [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, {})
         stats = [
-            ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg["iterations"] * updates, "bench", {})
+            ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg.iterations * updates, "bench", {})
             for u in range(updates)
         ]
         seconds = time.perf_counter() - t
@@ -921,18 +953,12 @@ def test_judge_update(benchmark, record_result, bench_ctx, peak, shape, rank):
 def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fixed_rollout, peak, shape, rank):
     """One rlhf.ppo.ppo_update: actor (clipped loss) then critic (value loss), each with its AdamW."""
     from rlhf import ppo_math
-    from rlhf.optim import adamw
     from rlhf.ppo import ppo_update
     from rlhf.roles import critic_values
     from rlhf.scoring import response_logprobs
 
     prof = bench_ctx.profile
-    optimizers = {
-        k: adamw(
-            [p for p in roles[k].learned_parameters() if p.requires_grad], prof.ppo[f"{k}_lr"], prof.optim.weight_decay
-        )
-        for k in ("actor", "critic")
-    }
+    optimizers = _ppo_optimizers(roles, prof)
     _check_rollout("fixed rollout", fixed_rollout)
     start = {k: roles[k].learned_state() for k in ("actor", "critic")}
     mask = fixed_rollout.batch.response_mask
@@ -1011,15 +1037,11 @@ def _iteration_flops(shape, rank, ro, prompt_len: int, updates: int) -> dict:
 def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank):
     """One whole iteration as rlhf.ppo.train_ppo runs it: draw 4 prompts, rollout (sample with
     the KV cache, reference, judge, critic), 2 x (actor update, critic update)."""
-    from rlhf.optim import adamw
     from rlhf.ppo import PromptSampler, ppo_update, rollout
 
     prof = bench_ctx.profile
     cfg = prof.ppo
-    optimizers = {
-        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], cfg[f"{k}_lr"], prof.optim.weight_decay)
-        for k in ("actor", "critic")
-    }
+    optimizers = _ppo_optimizers(roles, prof)
     sampler = PromptSampler(len(prompts), prof.seeds.data_order)
     gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
     phases: list[dict] = []
@@ -1030,23 +1052,22 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
 
     def once():
         tm: dict = {}
-        ps = [prompts[i] for i in sampler.draw(cfg["prompts_per_iteration"])]
+        ps = [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)]
         ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, tm)
         stats = [
-            ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm)
-            for u in range(cfg["updates_per_iteration"])
+            ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm) for u in range(cfg.updates_per_iteration)
         ]
         phases.append(tm)
         done.append((ro, stats))
         lengths.append(float(ro.batch.response_mask.sum(-1).float().mean()))
-        return _iteration_flops(shape, rank, ro, max(len(p) for p in ps), cfg["updates_per_iteration"])
+        return _iteration_flops(shape, rank, ro, max(len(p) for p in ps), cfg.updates_per_iteration)
 
     log: list = []
     benchmark.pedantic(_timed(once, log), rounds=10, warmup_rounds=1, iterations=1)
     assert len(done) == len(phases) == len(log) >= 1
     for i, (ro, stats) in enumerate(done):
         _check_rollout(f"round {i}", ro)
-        assert len(stats) == cfg["updates_per_iteration"], (i, len(stats))
+        assert len(stats) == cfg.updates_per_iteration, (i, len(stats))
         for u, st in enumerate(stats):
             _check_update_stats(f"round {i} update {u}", st)
         _check_seconds(
@@ -1289,32 +1310,32 @@ def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
         seed=prof.seeds.torch,
         disable_tqdm=True,
         dataloader_num_workers=0,
-        per_device_train_batch_size=cfg["prompts_per_iteration"],
+        per_device_train_batch_size=cfg.prompts_per_iteration,
         gradient_accumulation_steps=1,
         num_mini_batches=1,
-        num_ppo_epochs=cfg["updates_per_iteration"],
+        num_ppo_epochs=cfg.updates_per_iteration,
         total_episodes=episodes,
-        local_rollout_forward_batch_size=cfg["prompts_per_iteration"],
+        local_rollout_forward_batch_size=cfg.prompts_per_iteration,
         response_length=RESPONSE,
         stop_token="eos",
-        temperature=cfg["temperature"],
-        missing_eos_penalty=-cfg["truncation_penalty"],
-        kl_coef=cfg["kl_coef"],
+        temperature=cfg.temperature,
+        missing_eos_penalty=-cfg.truncation_penalty,
+        kl_coef=cfg.kl_coef,
         kl_estimator="k1",
-        cliprange=cfg["clip"],
+        cliprange=cfg.clip,
         vf_coef=1.0,
-        gamma=cfg["gamma"],
-        lam=cfg["lam"],
+        gamma=cfg.gamma,
+        lam=cfg.lam,
         whiten_rewards=False,
         num_sample_generations=0,
-        learning_rate=cfg["actor_lr"],
+        learning_rate=cfg.actor_lr,
         weight_decay=prof.optim.weight_decay,
     )
     # Two learning rates as in ours (actor 1e-4, critic 1e-3), one AdamW (TRL steps one optimizer).
     actor_params = [p for p in roles["actor"].learned_parameters() if p.requires_grad]
     critic_params = [p for p in roles["critic"].learned_parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
-        [{"params": actor_params, "lr": cfg["actor_lr"]}, {"params": critic_params, "lr": cfg["critic_lr"]}],
+        [{"params": actor_params, "lr": cfg.actor_lr}, {"params": critic_params, "lr": cfg.critic_lr}],
         weight_decay=prof.optim.weight_decay,
         foreach=False,
     )
@@ -1336,18 +1357,34 @@ def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
     return trainer
 
 
+TRL_VERSION = "1.12.0"  # the last TRL release with PPO (trl.experimental.ppo); pyproject.toml's `bench` extra
+TRL_INSTALL = f'bash setup.sh (it installs the bench extra), or .venv/bin/pip install "trl=={TRL_VERSION}"'
+
+
+def _import_trl():
+    """trl, or a failure (never a skip) that says what is missing and how to install it."""
+    try:
+        import trl
+        from trl.experimental.ppo import PPOConfig, PPOTrainer  # noqa: F401
+    except ImportError as e:
+        pytest.fail(
+            f"the TRL side-by-side needs trl=={TRL_VERSION} (trl.experimental.ppo.PPOTrainer), the `bench` extra "
+            f"of pyproject.toml; it could not be imported ({e}). Install it: {TRL_INSTALL}",
+            pytrace=False,
+        )
+    if trl.__version__ != TRL_VERSION:
+        pytest.fail(
+            f"the TRL side-by-side is pinned to trl=={TRL_VERSION} and found trl {trl.__version__}. "
+            f"Install the pinned one: {TRL_INSTALL}",
+            pytrace=False,
+        )
+    return trl
+
+
 def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prompts, tmp_path):
     """Seconds per PPO iteration, ours (rlhf.ppo.train_ppo) and TRL's PPOTrainer, same roles,
     4 prompts, 64-token responses, 2 PPO epochs, 1 warm-up + TRL_TIMED timed iterations each."""
-    try:
-        import trl
-        from trl.experimental.ppo import PPOTrainer  # noqa: F401
-    except ImportError as e:
-        pytest.fail(
-            f"TRL is not installed ({e}): pip install 'trl==1.12.0' (or pip install -e '.[bench]'); "
-            f"the TRL comparison needs trl.experimental.ppo.PPOTrainer",
-            pytrace=False,
-        )
+    trl = _import_trl()
     from transformers import TrainerCallback
 
     from rlhf import lab

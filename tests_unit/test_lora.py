@@ -174,6 +174,8 @@ def test_full_shape_projection_forward_is_base_at_B_zero_and_live_after(full):
             assert torch.equal(y, a.base(x))  # branch exactly 0; fp32 sum casts back to same bits
             a.lora_B.normal_(generator=g)
             want = (a.base(x).float() + 2.0 * ((x.float() @ a.lora_A.T) @ a.lora_B.T)).bfloat16()
+            # Bit for bit on every CPU: F.linear without a bias and `@` with the transposed weight
+            # run the same matmul on the same operands, and the scale 2 is exact.
             assert torch.equal(a(x), want)
         finally:
             a.lora_B.zero_()
@@ -233,6 +235,7 @@ def test_tiny_fp32_injection_is_exact_identity_at_init_and_formula_holds():
         before = model(ids).logits
     adapters = inject_lora(model, **SPEC_LORA)
     with torch.no_grad():
+        # Bit for bit on every CPU: at B = 0 every branch adds an exact zero to the same base output.
         assert torch.equal(model(ids).logits, before)
         a = adapters["model.layers.1.mlp.down_proj"]
         a.lora_B.normal_(generator=torch.Generator().manual_seed(3))
@@ -257,14 +260,16 @@ def test_bf16_lora_linear_sums_in_fp32_and_casts_back_once():
         branch = (x.float() @ layer.lora_A.T) @ layer.lora_B.T * 2.0
         want = (base(x).float() + branch).to(torch.bfloat16)
     assert y.dtype == torch.bfloat16
-    assert torch.equal(y, want)
+    assert torch.equal(y, want)  # the same ops on the same operands (`@` is F.linear's matmul): any CPU
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rank,alpha", [(8, 16), (4, 16), (8, 12), (16, 8)])
 def test_forward_and_gradients_equal_the_two_op_formula_bit_for_bit(dtype, rank, alpha):
     """The forward fuses a power-of-two scaling into the add (rlhf.lora._scaled_sum) and calls
-    the base through F.linear; outputs and gradients must equal the plain formula exactly."""
+    the base through F.linear; outputs and gradients must equal the plain formula exactly, on
+    every CPU: both sides run the same kernels on the same operands, and the fused add differs
+    from the two-op form only by a rounding that a power-of-two scale makes exact."""
     g = torch.Generator().manual_seed(12)
     layer = LoRALinear(nn.Linear(40, 24, dtype=dtype), rank=rank, alpha=alpha, generator=g)
     assert layer.exact_scaling == (alpha / rank in (2.0, 4.0))
@@ -291,7 +296,7 @@ def test_tiny_bf16_model_logits_unchanged_at_init_and_only_B_gets_gradient():
     adapters = inject_lora(model, **SPEC_LORA)
     out = model(ids).logits
     assert out.dtype == torch.bfloat16
-    assert torch.equal(out, before)
+    assert torch.equal(out, before)  # an exact zero added in FP32, cast back: the same bits on any CPU
     nn.functional.cross_entropy(out[0, :-1].float(), ids[0, 1:]).backward()
     for name, a in adapters.items():
         assert torch.count_nonzero(a.lora_A.grad) == 0, name  # dL/dA = B^T(...) = 0 at B = 0

@@ -86,25 +86,56 @@ def _prompts(base, profile, n=4):
     return [encode_prompt(base.tokenizer, r["prompt"], profile.limits) for r in recs]
 
 
+# FP32 bound on |cached - recomputed| behaviour log-probs of the same drawn token (SPEC §6 asks
+# the two paths to agree and names no number). They run the same model on different matrix
+# shapes (one new column against the KV cache, or the whole sequence again), and the CPU's
+# matmul kernels may sum those in another order: the last bits can differ, and which ones
+# depends on the CPU. With live adapters they do (up to 8e-6 on an AMD EPYC, trained or drawn
+# adapters); with fresh ones (B = 0) they happened to be equal. 1e-4 is the project's FP32 bound
+# for one log-prob computed by two kernel paths (behaviour vs teacher-forced below, the
+# benchmarks, the held-out rescoring), more than 10 x the largest difference seen.
+KV_FP32_ATOL = 1e-4
+
+
 def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(
-    embedded_profile, embedded_dir, embedded_base, record_result
+    embedded_profile, embedded_dir, embedded_base, move_adapters, record_result
 ):
+    """The cached and the uncached generation draw the same tokens and end the same rows; their
+    behaviour log-probs agree within KV_FP32_ATOL (not bit for bit: see above).
+
+    Tokens and ends are compared exactly: they are discrete, and a last-bit difference in a
+    probability changes a draw only when the sampler's uniform lands within it of a boundary
+    (about 1e-5 per token here). These draws are fixed (seeded, deterministic): a CPU where one
+    flipped would fail on every run, not by chance (checked on an AMD EPYC). Live adapters (B
+    drawn, as after training) and 64-token answers without EOS are where the last bits part."""
     actor = new_role("actor", embedded_profile, embedded_dir)
+    move_adapters(actor.model, 31)
     prompts = _prompts(embedded_base, embedded_profile)
-    kw = dict(eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id, max_new_tokens=64)
-    a = generate(actor.model, prompts, generator=torch.Generator().manual_seed(249), use_cache=True, **kw)
-    b = generate(actor.model, prompts, generator=torch.Generator().manual_seed(249), use_cache=False, **kw)
-    assert a.responses == b.responses and a.ended == b.ended
-    diff = max(abs(x - y) for la, lb in zip(a.logps, b.logps) for x, y in zip(la, lb))
-    record_result("kv_vs_recompute_max_logp_diff_fp32", diff)
-    assert diff == 0.0  # FP32: the cached and the recomputed forward give the same log-probs exactly
-    # and the behaviour log-probs equal teacher-forced scoring of the same tokens
+    diffs = {}
+    for case, ps, eos_id, seed in (
+        ("eos_4_prompts", prompts, embedded_base.eos_id, 249),  # answers end at EOS, as in PPO
+        ("64_tokens_batch1", prompts[:1], -1, 11),  # no EOS: every answer runs to 64 tokens
+        ("64_tokens_batch4", prompts, -1, 11),
+    ):
+        kw = dict(eos_id=eos_id, pad_id=embedded_base.pad_id, max_new_tokens=64)
+        a = generate(actor.model, ps, generator=torch.Generator().manual_seed(seed), use_cache=True, **kw)
+        b = generate(actor.model, ps, generator=torch.Generator().manual_seed(seed), use_cache=False, **kw)
+        assert a.responses == b.responses and a.ended == b.ended, f"{case}: the two paths drew differently"
+        assert [len(x) for x in a.logps] == [len(x) for x in b.logps], case
+        diffs[case] = max(abs(x - y) for la, lb in zip(a.logps, b.logps) for x, y in zip(la, lb))
+        if case == "eos_4_prompts":
+            first = a
+    record_result("kv_vs_recompute_max_logp_diff_fp32", diffs)
+    assert all(d <= KV_FP32_ATOL for d in diffs.values()), diffs
+    # and the behaviour log-probs equal teacher-forced scoring of the same tokens (within 1e-4)
     from rlhf.scoring import response_logprobs
 
-    batch = collate(prompts, a.responses, embedded_base.pad_id)
+    batch = collate(prompts, first.responses, embedded_base.pad_id)
     with torch.no_grad():
         tf = response_logprobs(actor.model, batch)
-    tf_diff = max(abs(float(tf[i, j]) - a.logps[i][j]) for i in range(len(prompts)) for j in range(len(a.logps[i])))
+    tf_diff = max(
+        abs(float(tf[i, j]) - first.logps[i][j]) for i in range(len(prompts)) for j in range(len(first.logps[i]))
+    )
     record_result("behaviour_vs_teacher_forced_max_diff_fp32", tf_diff)
     assert tf_diff <= 1e-4
 

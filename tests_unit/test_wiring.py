@@ -57,12 +57,41 @@ def test_layer_marker_from_folder_and_reports_written(tmp_path):
     assert none.returncode == 5  # the layer marker was added, so nothing else is selected
 
 
+SMOKE = ".venv/bin/python -m pytest --benchmark-smoke"
+
+
 def test_ci_runs_the_readme_test_command_verbatim():
     lines = [l for l in (ROOT / "README.md").read_text().splitlines()]
     start = lines.index("```bash")
     first, second = lines[start + 1], lines[start + 2]
     assert "rlhf lab" in first and "pytest -m unit" in second
-    assert second in (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert second in ci
+    # and then every benchmark once, untimed (the README says so where it names the CI command)
+    assert any(line.startswith(SMOKE) for line in ci[ci.index(second) + 1 :])
+    assert "pytest --benchmark-smoke" in "\n".join(lines[start : start + 20])
+
+
+@pytest.mark.parametrize("unit_rc,smoke_rc", [(0, 0), (1, 0), (0, 1), (2, 3)])
+def test_ci_runs_both_and_fails_when_either_fails(tmp_path, unit_rc, smoke_rc):
+    """.ci/run with stand-ins for setup.sh and the venv's python: the smoke run follows the unit
+    tier even when that failed, and CI's exit is the first failure's (0 only when both pass)."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    (tmp_path / "setup.sh").write_text("exit 0\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "$*" >> calls.log\n'
+        f'case "$*" in *"-m unit"*) exit {unit_rc};; *--benchmark-smoke*) exit {smoke_rc};; esac\n'
+        "exit 99\n"
+    )
+    python.chmod(0o755)
+    out = subprocess.run(["bash", ".ci/run"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert calls == ["-m pytest -m unit", "-m pytest --benchmark-smoke"], calls
+    assert out.returncode == (unit_rc or smoke_rc), (out.returncode, out.stdout + out.stderr)
 
 
 def test_torch_is_pinned_to_the_local_cpu_wheel():
@@ -198,3 +227,29 @@ def test_pytest_dash_dash_benchmark_runs_the_benchmark_tier(tmp_path):
     assert list(results["tests"]) == ["tests_unit/test_b.py::test_b"]  # -m benchmark: the unit test is not run
     assert "benchmark numbers: reports/benchmark/benchmark.json" in out.stdout
     assert "gw0" not in out.stdout  # no xdist worker
+
+
+def test_pytest_benchmark_smoke_runs_each_benchmark_once_untimed(tmp_path):
+    """`pytest --benchmark-smoke` (CI): the benchmark tier in one process, each benchmark function
+    once (pytest-benchmark's --benchmark-disable: no warm-up, no rounds, no JSON), its reports in
+    reports/benchmark-smoke/, and a measured run's reports/benchmark/ left as it was."""
+    calls = tmp_path / "calls"
+    files = {
+        "tests_unit/test_b.py": "import pytest\n@pytest.mark.benchmark\ndef test_b(benchmark):\n"
+        f"    def f():\n        open({str(calls)!r}, 'a').write('x')\n        return 6 * 7\n"
+        "    assert benchmark.pedantic(f, rounds=5, warmup_rounds=2, iterations=1) == 42\n"
+        "@pytest.mark.unit\ndef test_u():\n    assert 6 * 7 == 42\n"
+    }
+    (tmp_path / "reports" / "benchmark").mkdir(parents=True)
+    (tmp_path / "reports" / "benchmark" / "results.json").write_text("measured")
+    out = run_in_copy(tmp_path, files, "--benchmark-smoke", keep_xdist=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert calls.read_text() == "x"  # once
+    results = json.loads((tmp_path / "reports" / "benchmark-smoke" / "results.json").read_text())
+    assert list(results["tests"]) == ["tests_unit/test_b.py::test_b"]  # the unit test is not run
+    assert not list(tmp_path.glob("reports/**/benchmark.json"))  # nothing timed, nothing written
+    assert (tmp_path / "reports" / "benchmark" / "results.json").read_text() == "measured"
+    assert "every benchmark ran once, untimed" in out.stdout
+    assert "gw0" not in out.stdout  # no xdist worker
+    both = run_in_copy(tmp_path, files, "--benchmark-smoke", "--benchmark")
+    assert both.returncode != 0 and "give one of them" in both.stdout + both.stderr
