@@ -13,7 +13,6 @@ function gets its numbers from the profile (no default argument repeats a profil
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -289,67 +288,3 @@ def override(profile: Profile, changes: dict[tuple[str, str], object]) -> Profil
 def profile_hash(profile: Profile) -> str:
     """SHA-256 of the profile's canonical JSON: the identity of a configuration."""
     return sha256_text(dumps_json(profile.to_dict()))
-
-
-# CUDA's deterministic settings: the GPU tier demands a bit-identical resume, and
-# cuBLAS picks reduction orders by workspace and TF32 rounds FP32 matmul inputs to 10 bits.
-CUBLAS_WORKSPACE = ":4096:8"
-
-
-def configure_determinism(profile: Profile) -> dict:
-    """Make a CUDA profile's arithmetic deterministic; returns what is now in force (recorded in
-    run.json and the evaluation's results.json by the callers).
-
-    For `device = "cuda"`: `torch.use_deterministic_algorithms(True)` (an op without a
-    deterministic kernel raises instead of drifting), `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set
-    before the first cuBLAS call creates its handle, which is why the lab's Context applies it
-    before any role is built), TF32 off for matmuls and cuDNN, cuDNN deterministic and without
-    autotuning. A different CUBLAS_WORKSPACE_CONFIG the user set is replaced and reported.
-    CPU profiles are left alone: their arithmetic is pinned by rlhf.pin, and the golden hashes
-    of the embedded lab were made without these switches.
-    """
-    import torch
-
-    if profile.device != "cuda":
-        return describe_determinism(applied=False)
-    previous = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    overridden = {"CUBLAS_WORKSPACE_CONFIG": previous} if previous not in (None, CUBLAS_WORKSPACE) else {}
-    return describe_determinism(applied=True, overridden=overridden)
-
-
-def describe_determinism(*, applied: bool, overridden: dict | None = None) -> dict:
-    """The deterministic settings as torch and the environment report them now (not as asked)."""
-    import torch
-
-    state = {
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-    }
-    return {
-        "applied": applied,
-        "overridden_user_settings": overridden or {},
-        **state,
-        "complete": applied and is_deterministic(state),
-    }
-
-
-def is_deterministic(state: dict) -> bool:
-    """True when every CUDA determinism switch of `describe_determinism` is in its safe position."""
-    return (
-        state["deterministic_algorithms"]
-        and state["cublas_workspace_config"] == CUBLAS_WORKSPACE
-        and not state["matmul_allow_tf32"]
-        and not state["cudnn_allow_tf32"]
-        and state["cudnn_deterministic"]
-        and not state["cudnn_benchmark"]
-    )

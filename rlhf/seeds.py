@@ -63,10 +63,10 @@ from pathlib import Path
 import torch
 
 from rlhf import lab
-from rlhf.checkpoint import code_sha256
 from rlhf.config import PROFILE_DIR, PROFILES, Profile, load_profile, override, profile_from_dict, profile_hash
 from rlhf.corpus import load_corpus
 from rlhf.evaluate import evaluation_roles
+from rlhf.identities import code_sha256, describe_change
 from rlhf.io import dumps_json, read_json, sha256_text, write_json, write_text
 from rlhf.report.study import write_study_report
 from rlhf.scoring import response_logprobs
@@ -364,12 +364,10 @@ def _check_study_record(out: Path, identity: dict) -> None:
     if not path.is_file():
         write_json(path, {"identity": identity, "derivation": DERIVATION})
         return
-    old = read_json(path)["identity"]
-    changed = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
-    if changed:
-        detail = "; ".join(f"{k} was {old.get(k)!r}, now {identity.get(k)!r}" for k in changed)
+    change = describe_change(read_json(path)["identity"], identity)
+    if change:
         raise StudyError(
-            f"refusing to continue the study in {out}: {detail}. "
+            f"refusing to continue the study in {out}: {change}. "
             f"Nothing was written; use a new --out folder for another study"
         )
 
