@@ -8,11 +8,13 @@ function gets its numbers from the profile (no default argument repeats a profil
     profile = load_profile("embedded")          # or a path to a TOML file
     profile.ppo.kl_coef                         # 0.02
     small = override(profile, {("ppo", "iterations"): 4})   # a checked, frozen copy
+    text = profile_text_with(toml_text, "small", {("ppo", "iterations"): 4})   # the same, in a TOML file's text
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -288,3 +290,33 @@ def override(profile: Profile, changes: dict[tuple[str, str], object]) -> Profil
 def profile_hash(profile: Profile) -> str:
     """SHA-256 of the profile's canonical JSON: the identity of a configuration."""
     return sha256_text(dumps_json(profile.to_dict()))
+
+
+def toml_value(value) -> str:
+    """An integer or a string as a TOML value (the only kinds a profile is written with)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ProfileError(f"only integers and strings are written into a profile, not {value!r}")
+    return str(value) if isinstance(value, int) else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def profile_text_with(text: str, name: str, changes: dict[tuple[str, str], object]) -> str:
+    """The profile TOML `text` with its name and the (table, key) entries of `changes` replaced
+    (an absent key is added at the end of its table); comments elsewhere are kept. The file
+    form of `override`: `load_profile` of the result equals `override(profile, {(None, "name"):
+    name, **changes})`."""
+    text, n = re.subn(r'^name = ".*"$', f"name = {toml_value(name)}", text, count=1, flags=re.M)
+    if n != 1:
+        raise ProfileError('the profile has no top-level `name = "..."` line')
+    for (table, key), value in changes.items():
+        head = text.find(f"\n[{table}]\n")
+        if head < 0:
+            raise ProfileError(f"the profile has no [{table}] table")
+        end = text.find("\n[", head + 1)
+        end = len(text) if end < 0 else end
+        body, n = re.subn(
+            rf"^{re.escape(key)} = .*$", f"{key} = {toml_value(value)}", text[head:end], count=1, flags=re.M
+        )
+        if n == 0:
+            body = body.rstrip("\n") + f"\n{key} = {toml_value(value)}\n"
+        text = text[:head] + body + text[end:]
+    return text

@@ -63,7 +63,16 @@ from pathlib import Path
 import torch
 
 from rlhf import lab
-from rlhf.config import PROFILE_DIR, PROFILES, Profile, load_profile, override, profile_from_dict, profile_hash
+from rlhf.config import (
+    PROFILE_DIR,
+    PROFILES,
+    Profile,
+    load_profile,
+    override,
+    profile_from_dict,
+    profile_hash,
+    profile_text_with,
+)
 from rlhf.corpus import load_corpus
 from rlhf.evaluate import evaluation_roles
 from rlhf.identities import code_sha256, describe_change
@@ -138,33 +147,6 @@ def seed_changes(profile: Profile, study_seed: int, index: int) -> dict[tuple[st
     if study_seed < 0:
         raise StudyError(f"study seed must be >= 0, not {study_seed}")
     return {(t, k): derived_seed(profile_value(profile, t, k), study_seed, index) for t, k in TRAINING_SEEDS}
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise StudyError(f"only integers and strings are written into a profile, not {value!r}")
-    return str(value) if isinstance(value, int) else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def profile_text_with(text: str, name: str, changes: dict[tuple[str, str], object]) -> str:
-    """The profile TOML `text` with its name and the (table, key) entries of `changes` replaced
-    (an absent key is added at the end of its table); comments elsewhere are kept."""
-    text, n = re.subn(r'^name = ".*"$', f"name = {_toml_value(name)}", text, count=1, flags=re.M)
-    if n != 1:
-        raise StudyError('the profile has no top-level `name = "..."` line')
-    for (table, key), value in changes.items():
-        head = text.find(f"\n[{table}]\n")
-        if head < 0:
-            raise StudyError(f"the profile has no [{table}] table")
-        end = text.find("\n[", head + 1)
-        end = len(text) if end < 0 else end
-        body, n = re.subn(
-            rf"^{re.escape(key)} = .*$", f"{key} = {_toml_value(value)}", text[head:end], count=1, flags=re.M
-        )
-        if n == 0:
-            body = body.rstrip("\n") + f"\n{key} = {_toml_value(value)}\n"
-        text = text[:head] + body + text[end:]
-    return text
 
 
 def expected_profile(profile: Profile, name: str, changes: dict) -> Profile:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rlhf import seeds
-from rlhf.config import load_profile
+from rlhf.config import ProfileError, load_profile, profile_text_with
 from rlhf.io import read_json, write_json
 
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("seeds")]  # one worker builds the module's study once
@@ -248,8 +248,8 @@ def test_run_profile_reads_back_as_intended(tmp_path):
     assert got.sft.expected_updates == 42 and got.seeds.evaluation == 349 and got.lora == profile.lora
     with pytest.raises(seeds.StudyError, match="other content"):
         seeds.write_run_profile(tmp_path / "p.toml", text, "embedded-y", changes)
-    with pytest.raises(seeds.StudyError, match="no \\[nowhere\\] table"):
-        seeds.profile_text_with(text, "z", {("nowhere", "seed"): 1})
+    with pytest.raises(ProfileError, match="no \\[nowhere\\] table"):
+        profile_text_with(text, "z", {("nowhere", "seed"): 1})
     with pytest.raises(ValueError, match="unknown SFT budget"):
         seeds.budget_changes(profile, "sft-e11")
 
