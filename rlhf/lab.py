@@ -124,12 +124,7 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     corpus_dir = run / "corpus"
     if not (corpus_dir / "manifest.json").is_file():
         prepare(corpus_dir, revision=revision)
-    corpus = load_corpus(corpus_dir)
-    if corpus.revision != revision:
-        raise ValueError(
-            f"run {run} holds corpus revision {corpus.revision}, not {revision}: "
-            f"one run never mixes revisions; use a new --out folder"
-        )
+    corpus = _run_corpus(run, revision)
     if model_dir is None:
         if profile.model.kind != "embedded":
             raise ValueError(
@@ -141,6 +136,25 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     ctx = Context(run, profile, model_dir, corpus)
     check_run_record(ctx)
     return ctx
+
+
+def read_context(run, profile: Profile, revision: str) -> Context:
+    """A finished run's context, to read it: its corpus and base model hash-checked as they load,
+    nothing prepared, built or written, and run.json not compared (so that a later code version
+    can still read the run's files)."""
+    run = Path(run)
+    return Context(run, profile, run / "base_model", _run_corpus(run, revision))
+
+
+def _run_corpus(run: Path, revision: str):
+    """The run's corpus (hash-checked), refused when it is not of `revision`."""
+    corpus = load_corpus(run / "corpus")
+    if corpus.revision != revision:
+        raise ValueError(
+            f"run {run} holds corpus revision {corpus.revision}, not {revision}: "
+            f"one run never mixes revisions; use a new --out folder"
+        )
+    return corpus
 
 
 # ------------------------------------------------------------------------- run.json

@@ -2,30 +2,10 @@
 
 `rlhf seeds --out DIR [--n 5] [--revision r001|r002] [--workers W] [--sft-budget NAME]`
 
-What varies and what does not
------------------------------
-Each study run i (0 <= i < n) gets its own profile, written to DIR/seed-i/profile.toml, so
-that the run is reproducible from its folder alone:
-
-    rlhf lab --out DIR/seed-i --profile DIR/seed-i/profile.toml --revision REV
-
-Every *training* seed (``TRAINING_SEEDS``: the global torch seed, the actor's and the judge's
-LoRA init, the judge head, the data order of SFT/judge/PPO, PPO sampling) is derived from the
-profile's own value, the study seed S and the run index i by ``derived_seed``:
-
-    seed = profile seed + 100000 * S + 1000 * i
-
-so run 0 of study seed 0 is exactly the profile's single run (the lab run of docs/results.md), two runs of a
-study never share a seed (the profile's seeds differ by less than 1000), and two study seeds
-never share one (n <= 100). The evaluation seed (349, ``FIXED_SEEDS``) and the corpus seed (49,
-the corpus revision's own) are kept: every run sees the same corpus, the same held-out prompts and the same
-bootstrap draws. The embedded base is built from its fixed seed 49 in every run (the
-"pre-trained" model is not a training seed of RLHF). ``seed_changes`` is the one function that
-says which profile entries are set.
-
-`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``rlhf.sft_budget.SFT_BUDGETS``; the
-budget of question (b) is chosen on validation prompts only by `rlhf choose-sft-budget`
-(rlhf.sft_budget).
+Each study run i (0 <= i < n) gets its own profile, DIR/seed-i/profile.toml, whose training
+seeds are derived from the profile's, the study seed and i (rlhf.studies.derivation); the
+across-seed numbers are rlhf.studies.statistics', the changed-answer view
+rlhf.studies.changed_answer's and the page rlhf.report.study's.
 
 Running
 -------
@@ -35,230 +15,41 @@ fresh process per run; each writes its lab output to DIR/seed-i/lab.log, and the
 line whenever a run finishes a stage. A killed study continues on rerun: a finished run (its
 run.json records the report stage) is not reopened, an unfinished one continues as `rlhf lab`
 does (rlhf.lab). A finished study (DIR/seeds.json there) recomputes nothing.
-
-Across seeds
-------------
-``across_seeds(values)``: n, mean, sample SD, a 95% Student-t interval over seeds, the count of
-positive / negative / zero values, and the exact two-sided sign-test p. The t-interval treats the
-n runs as independent draws of training randomness (init, order, sampling) with a roughly normal
-spread of outcomes, for this corpus and these held-out prompts; with n = 5 it has 4 degrees of
-freedom (t = 2.776), so it is wide, and it is only as good as that normality assumption (the
-sign count needs none). It says how much the conclusion depends on the draw of training seeds;
-the single-run bootstrap intervals (rlhf.evaluate) resample prompts within one trained run and
-say nothing about that.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
 import os
 import re
 import time
-import tomllib
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-import torch
-
 from rlhf import lab
-from rlhf.config import (
-    PROFILE_DIR,
-    PROFILES,
-    Profile,
-    load_profile,
-    override,
-    profile_from_dict,
-    profile_hash,
-    profile_text_with,
-)
-from rlhf.corpus import load_corpus
-from rlhf.evaluate import evaluation_roles
+from rlhf.config import load_profile, profile_hash
 from rlhf.identities import code_sha256, describe_change
-from rlhf.io import dumps_json, read_json, sha256_text, write_json, write_text
+from rlhf.io import dumps_json, read_json, sha256_text, write_json
 from rlhf.report.study import write_study_report
-from rlhf.scoring import response_logprobs
-from rlhf.sft_budget import budget_changes, budget_record
-from rlhf.tokens import collate, encode_prompt
+from rlhf.studies import StudyError
+from rlhf.studies.changed_answer import changed_answer_view
+from rlhf.studies.derivation import (
+    DERIVATION,
+    FIXED_SEEDS,
+    MAX_RUNS,
+    TRAINING_SEEDS,
+    profile_source,
+    profile_value,
+    seed_changes,
+    write_run_profile,
+)
+from rlhf.studies.sft_budget import budget_changes, budget_record
+from rlhf.studies.statistics import INTERVAL, across_table
 
 FORMAT = "rlhf-seeds-1"
-# (table, key) of every training seed; all live in the profile's [seeds] table. The corpus seed
-# (49) is the corpus revision's own (rlhf.corpus.REVISIONS), not a profile entry.
-TRAINING_SEEDS = (
-    ("seeds", "torch"),
-    ("seeds", "lora"),
-    ("seeds", "judge_lora"),
-    ("seeds", "judge_head"),
-    ("seeds", "data_order"),
-    ("seeds", "ppo_sampling"),
-)
-FIXED_SEEDS = (("seeds", "evaluation"),)
-RUN_STRIDE = 1000
-STUDY_STRIDE = 100_000
-MAX_RUNS = STUDY_STRIDE // RUN_STRIDE
-DERIVATION = (
-    "training seed of run i = the profile's value + 100000 * study_seed + 1000 * i, for "
-    + ", ".join(f"{t}.{k}" for t, k in TRAINING_SEEDS)
-    + "; kept: "
-    + ", ".join(f"{t}.{k}" for t, k in FIXED_SEEDS)
-    + " and the corpus seed 49"
-)
-
 STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
-INTERVAL = {
-    "name": "95% Student-t interval over seeds",
-    "formula": "mean ± t(0.975, n−1) · SD / √n, SD the sample standard deviation (n − 1)",
-    "assumption": (
-        "the n runs are independent draws of the training randomness (adapter and head init, "
-        "data order, PPO sampling) with a roughly normal spread of outcomes; corpus, base and "
-        "held-out prompts are the same in every run"
-    ),
-    "meaning": (
-        "where the mean over training seeds plausibly lies, for this corpus and these prompts. With "
-        "n = 5 (4 degrees of freedom, t = 2.776) it is wide and leans on normality; the count of "
-        "seeds with a positive difference and the sign-test p need no such assumption. It is not "
-        "the single-run bootstrap interval, which resamples prompts inside one trained run."
-    ),
-}
-
-
-class StudyError(ValueError):
-    """A study folder or its arguments are not what the study needs."""
-
-
-# ------------------------------------------------------------------------------ seeds and profiles
-
-
-def derived_seed(profile_seed: int, study_seed: int, index: int) -> int:
-    """The training seed of run `index` of study `study_seed` (module docstring)."""
-    return profile_seed + STUDY_STRIDE * study_seed + RUN_STRIDE * index
-
-
-def profile_value(profile: Profile, table: str, key: str):
-    return getattr(getattr(profile, table), key)
-
-
-def seed_changes(profile: Profile, study_seed: int, index: int) -> dict[tuple[str, str], int]:
-    """{(table, key): seed} for every training seed of run `index`: the one place that sets them."""
-    if not 0 <= index < MAX_RUNS:
-        raise StudyError(f"run index {index} outside 0..{MAX_RUNS - 1} (seeds would collide)")
-    if study_seed < 0:
-        raise StudyError(f"study seed must be >= 0, not {study_seed}")
-    return {(t, k): derived_seed(profile_value(profile, t, k), study_seed, index) for t, k in TRAINING_SEEDS}
-
-
-def expected_profile(profile: Profile, name: str, changes: dict) -> Profile:
-    """The profile that `profile_text_with` must produce (what the written file is checked against)."""
-    return override(profile, {(None, "name"): name, **changes})
-
-
-def profile_source(profile_name: str) -> Path:
-    path = PROFILE_DIR / f"{profile_name}.toml" if profile_name in PROFILES else Path(profile_name)
-    if not path.is_file():
-        raise StudyError(f"no profile file {path}")
-    return path
-
-
-def write_run_profile(path, base_text: str, name: str, changes: dict) -> Profile:
-    """Write the run's profile TOML (never overwriting a different one) and return it, read back
-    with load_profile and checked to equal the intended profile."""
-
-    want = expected_profile(profile_from_dict(tomllib.loads(base_text)), name, changes)
-    text = profile_text_with(base_text, name, changes)
-    path = Path(path)
-    if path.is_file() and path.read_text() != text:
-        raise StudyError(f"{path} exists with other content: this folder belongs to another study")
-    write_text(path, text, keep_existing=True)
-    got = load_profile(str(path))
-    if got != want:
-        raise StudyError(f"{path}: the written profile does not read back as intended")
-    return got
-
-
-# ------------------------------------------------------------------------------ statistics
-
-# t(0.975, df) for df = 1..30 (standard tables; tests recompute them by integrating the density).
-T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
-
-
-def t975(df: int) -> float:
-    """The 0.975 quantile of Student's t with `df` degrees of freedom (normal 1.960 beyond 30)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, not {df}")
-    return T975[df - 1] if df <= len(T975) else 1.960
-
-
-def sign_test_p(positive: int, negative: int) -> float:
-    """Exact two-sided sign-test p of `positive` vs `negative` (zeros dropped), Binomial(n, 1/2)."""
-    n = positive + negative
-    if n == 0:
-        return 1.0
-    k = min(positive, negative)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
-
-
-def across_seeds(values: list[float]) -> dict:
-    """Mean, sample SD, 95% t-interval over seeds, sign counts and sign-test p of per-seed values."""
-    if not values or any(
-        not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) for v in values
-    ):
-        raise StudyError(f"across-seed statistics need finite numbers, got {values}")
-    n = len(values)
-    mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    half = t975(n - 1) * sd / math.sqrt(n) if n > 1 else None
-    positive, negative = sum(v > 0 for v in values), sum(v < 0 for v in values)
-    return {
-        "n": n,
-        "mean": mean,
-        "sd": sd,
-        "t95": [mean - half, mean + half] if half is not None else None,
-        "positive": positive,
-        "negative": negative,
-        "zero": n - positive - negative,
-        "sign_test_p": sign_test_p(positive, negative),
-        "min": min(values),
-        "max": max(values),
-    }
-
-
-def across_table(rows: list[dict]) -> dict:
-    """{metric: across_seeds(its per-seed values)} over every metric the rows share."""
-    keys = sorted(set.intersection(*(set(r["metrics"]) for r in rows)))
-    return {k: across_seeds([r["metrics"][k] for r in rows]) for k in keys}
 
 
 # ------------------------------------------------------------------------------ one run's row
@@ -537,73 +328,3 @@ def check_invariants(rows: list[dict]) -> None:
     for t, k in TRAINING_SEEDS:
         if len({r["seeds"][f"{t}.{k}"] for r in rows}) != len(rows):
             raise StudyError(f"two runs share the training seed {t}.{k}")
-
-
-# ------------------------------------------------------------------------------ a changed answer
-
-
-def pick_changed_row(sft_rows: list[dict], ppo_rows: list[dict]) -> tuple[dict, dict] | None:
-    """The first test prompt whose greedy PPO answer differs from SFT's, preferring one where PPO
-    turned a rubric failure into a success, then a success into a failure; None if none changed."""
-    ppo_by_id = {r["document_id"]: r for r in ppo_rows}
-    changed = [
-        (s, ppo_by_id[s["document_id"]])
-        for s in sft_rows
-        if s["population"] == "test" and s["response_ids"] != ppo_by_id[s["document_id"]]["response_ids"]
-    ]
-    if not changed:
-        return None
-
-    def rank(pair):
-        s, p = pair[0]["rubric"]["rubric_success"], pair[1]["rubric"]["rubric_success"]
-        return 0 if (p and not s) else 1 if (s and not p) else 2
-
-    return min(changed, key=rank)
-
-
-def changed_answer_view(out: Path, folders: list[Path], revision: str) -> dict:
-    """Per-token view (first run that has one) of a held-out answer PPO changed; computed once and
-    kept in seed-i/changed_answer.json."""
-    for i, folder in enumerate(folders):
-        path = folder / "changed_answer.json"
-        if path.is_file():
-            return read_json(path)
-        ev = read_json(folder / "evaluation" / "results.json")
-        pair = pick_changed_row(ev["policies"]["sft"]["rows"], ev["policies"]["ppo"]["rows"])
-        if pair is None:
-            continue
-        view = {"seed": i, "folder": folder.name, **token_view_of(folder, revision, *pair)}
-        write_json(path, view, keep_existing=True)
-        return read_json(path)
-    return {"seed": None, "note": "PPO changed no greedy answer to a test prompt in any run"}
-
-
-def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> dict:
-    """Teacher-forced log-probs of each token of PPO's answer under the PPO actor and under the SFT
-    policy (PPO's frozen reference), beside SFT's own answer and both rubric verdicts."""
-
-    # Read-only: a finished run's files, hash-checked as they load (corpus, roles); not reopened
-    # through lab.open_context, so that a later code version can still read it.
-    corpus = load_corpus(folder / "corpus")
-    if corpus.revision != revision:
-        raise StudyError(f"{folder} holds corpus {corpus.revision}, not {revision}")
-    ctx = lab.Context(folder, load_profile(str(folder / "profile.toml")), folder / "base_model", corpus)
-    roles = evaluation_roles(ctx)
-    prompt = encode_prompt(ctx.tokenizer, ppo_row["prompt"], ctx.profile.limits, ppo_row["document_id"])
-    batch = collate([prompt], [ppo_row["response_ids"]], ctx.pad_id)
-    with torch.no_grad():
-        logp_ppo = response_logprobs(roles["ppo"].model, batch)[0].tolist()  # [R]
-        logp_sft = response_logprobs(roles["reference"].model, batch)[0].tolist()  # [R]
-    tokens = ctx.tokenizer.convert_ids_to_tokens(ppo_row["response_ids"])
-    return {
-        "document_id": ppo_row["document_id"],
-        "prompt": ppo_row["prompt"],
-        "sft": {k: sft_row[k] for k in ("response", "finish_reason", "learned_reward")}
-        | {"rubric_success": sft_row["rubric"]["rubric_success"], "reason": sft_row["rubric"]["reason"]},
-        "ppo": {k: ppo_row[k] for k in ("response", "finish_reason", "learned_reward")}
-        | {"rubric_success": ppo_row["rubric"]["rubric_success"], "reason": ppo_row["rubric"]["reason"]},
-        "tokens": [
-            {"token": t, "logp_ppo": a, "logp_sft": b, "log_ratio": a - b}
-            for t, a, b in zip(tokens, logp_ppo, logp_sft)
-        ],
-    }

@@ -2,7 +2,7 @@
 
 `rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]`
 
-Rule, fixed before measuring: among the named budgets of rlhf.sft_budget.SFT_BUDGETS (all but
+Rule, fixed before measuring: among the named budgets of SFT_BUDGETS (all but
 `full`: 1 to 10 epochs), the smallest whose greedy *validation* rubric success lies in
 [0.3, 0.8] (the profile's own seeds, i.e. run 0 of study seed 0). Without `--budgets`, every
 candidate is trained and measured, so the file shows the whole curve, not only the chosen point.
