@@ -350,21 +350,9 @@ SMALL_BUDGET = {
 def write_small_profile(path) -> Path:
     """The embedded profile's TOML with SMALL_BUDGET written in (a real file, so that a
     subprocess can be given `--profile PATH`); name `embedded-small`."""
-    import re
+    from rlhf.config import PROFILE_DIR, profile_text_with
 
-    from rlhf.config import PROFILE_DIR
-
-    text = (PROFILE_DIR / "embedded.toml").read_text()
-    text, n = re.subn(r'^name = "embedded"$', 'name = "embedded-small"', text, flags=re.M)
-    assert n == 1
-    for (table, key), value in SMALL_BUDGET.items():
-        head = text.index(f"[{table}]\n")
-        end = text.find("\n[", head + 1)
-        end = len(text) if end < 0 else end
-        body, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text[head:end], flags=re.M)
-        if n == 0:
-            body = body.rstrip("\n") + f"\n{key} = {value}\n"
-        text = text[:head] + body + text[end:]
+    text = profile_text_with((PROFILE_DIR / "embedded.toml").read_text(), "embedded-small", SMALL_BUDGET)
     path = Path(path)
     path.write_text(text)
     return path

@@ -7,8 +7,8 @@ as `torch.save` bytes, gzip level 1, through the one atomic writer, with a sidec
 truncated or bit-flipped state is refused before anything reads it.
 
 Identity: what a state was computed from (profile, corpus, code, base model, the CPU
-arithmetic pin and initial fingerprints). A resume whose current identity differs is refused
-with a message naming each part that changed.
+arithmetic pin and initial fingerprints; rlhf.identities). A resume whose current identity differs
+is refused with a message naming each part that changed.
 
 Stopping on request: Ctrl-C in the `rlhf` command calls `request_stop()`; the training loops
 check `stop_requested()` at their next boundary (an epoch, a PPO iteration), save a checkpoint
@@ -20,17 +20,14 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from rlhf import pin
-from rlhf.io import dumps_json, read_verified, sha256_bytes, sha256_file, write_with_sidecar
-
-CODE_DIR = Path(__file__).parent
+from rlhf.identities import describe_change
+from rlhf.io import read_verified, write_with_sidecar
 
 
 class StateError(ValueError):
@@ -68,42 +65,6 @@ def request_stop() -> None:
 
 def stop_requested() -> bool:
     return _stop["requested"]
-
-
-def code_sha256() -> str:
-    """SHA-256 over the package's source files (subpackages included) and profiles (name + content, sorted)."""
-    parts = []
-    for p in sorted(list(CODE_DIR.rglob("*.py")) + list((CODE_DIR / "profiles").glob("*.toml"))):
-        parts.append(f"{p.relative_to(CODE_DIR)}:{sha256_file(p)}")
-    return sha256_bytes("\n".join(parts).encode())
-
-
-def seed_system_rngs(seed: int) -> None:
-    """Seed the RNGs that `rng_state` saves (torch global, python `random`). Nothing in rlhf
-    draws from python's `random`, but a saved state holds it: seeded, two processes running the
-    same stage write byte-identical state files."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-
-
-def rng_state() -> dict:
-    """The system RNGs (torch global, python `random`)."""
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": list(random.getstate()[1]),
-        "python_version": random.getstate()[0],
-        "python_gauss": random.getstate()[2],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def flatten_state(state) -> dict:
@@ -174,27 +135,9 @@ def load_state(path, identity: dict | None = None) -> dict:
 
 def check_identity(saved: dict, current: dict, what: str = "state") -> None:
     """Raise StateError naming every part of the identity that differs."""
-    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-    if changed:
-        raise StateError(
-            f"refusing to resume {what}: identity changed in {', '.join(changed)} "
-            f"(was {', '.join(str(saved.get(k))[:16] for k in changed)}; "
-            f"now {', '.join(str(current.get(k))[:16] for k in changed)})"
-        )
-
-
-def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, extra: dict | None = None) -> dict:
-    """The identity parts of a learning stage: config, corpus, code, base model, arithmetic
-    (rlhf.pin: pinned or not, on which machine kind and thread count) (+ stage inputs)."""
-    ident = {
-        "config": profile_sha256,
-        "corpus": corpus_sha256,
-        "code": code_sha256(),
-        "base_model": sha256_bytes(dumps_json(base_identity.get("files", base_identity)).encode()),
-        "arithmetic": pin.identity_tag(),
-    }
-    ident.update(extra or {})
-    return ident
+    change = describe_change(saved, current)
+    if change:
+        raise StateError(f"refusing to resume {what}: {change}")
 
 
 def assert_states_equal(a, b, path: str = "state") -> int:

@@ -188,7 +188,7 @@ def cmd_dry_run(args) -> int:
 
 
 def cmd_base_study(args) -> int:
-    from rlhf.base_study import run_base_study, summary_lines
+    from rlhf.studies.base import run_base_study, summary_lines
 
     result = run_base_study(args.out)
     print("\n".join(summary_lines(result)))
@@ -203,7 +203,7 @@ def cmd_base_study(args) -> int:
 
 
 def cmd_seeds(args) -> int:
-    from rlhf.seeds import run_study
+    from rlhf.studies.seeds import run_study
 
     t0 = time.perf_counter()
     result = run_study(
@@ -226,7 +226,7 @@ def cmd_seeds(args) -> int:
 
 
 def cmd_choose_sft_budget(args) -> int:
-    from rlhf.sft_budget import choose_sft_budget
+    from rlhf.studies.sft_budget import choose_sft_budget
 
     budgets = args.budgets.split(",") if args.budgets else None
     record = choose_sft_budget(
@@ -468,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="study folder (refused if it already holds results.json)")
     p.set_defaults(func=cmd_base_study)
 
-    from rlhf.sft_budget import SFT_BUDGETS
+    from rlhf.studies.sft_budget import SFT_BUDGETS
 
     p = _command(
         sub,
@@ -490,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sft-budget",
         default="full",
         choices=list(SFT_BUDGETS),
-        help="named SFT budget (rlhf.sft_budget.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
+        help="named SFT budget (rlhf.studies.sft_budget.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
     )
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)

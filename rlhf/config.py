@@ -8,12 +8,13 @@ function gets its numbers from the profile (no default argument repeats a profil
     profile = load_profile("embedded")          # or a path to a TOML file
     profile.ppo.kl_coef                         # 0.02
     small = override(profile, {("ppo", "iterations"): 4})   # a checked, frozen copy
+    text = profile_text_with(toml_text, "small", {("ppo", "iterations"): 4})   # the same, in a TOML file's text
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -291,65 +292,31 @@ def profile_hash(profile: Profile) -> str:
     return sha256_text(dumps_json(profile.to_dict()))
 
 
-# CUDA's deterministic settings: the GPU tier demands a bit-identical resume, and
-# cuBLAS picks reduction orders by workspace and TF32 rounds FP32 matmul inputs to 10 bits.
-CUBLAS_WORKSPACE = ":4096:8"
+def toml_value(value) -> str:
+    """An integer or a string as a TOML value (the only kinds a profile is written with)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ProfileError(f"only integers and strings are written into a profile, not {value!r}")
+    return str(value) if isinstance(value, int) else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def configure_determinism(profile: Profile) -> dict:
-    """Make a CUDA profile's arithmetic deterministic; returns what is now in force (recorded in
-    run.json and the evaluation's results.json by the callers).
-
-    For `device = "cuda"`: `torch.use_deterministic_algorithms(True)` (an op without a
-    deterministic kernel raises instead of drifting), `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set
-    before the first cuBLAS call creates its handle, which is why the lab's Context applies it
-    before any role is built), TF32 off for matmuls and cuDNN, cuDNN deterministic and without
-    autotuning. A different CUBLAS_WORKSPACE_CONFIG the user set is replaced and reported.
-    CPU profiles are left alone: their arithmetic is pinned by rlhf.pin, and the golden hashes
-    of the embedded lab were made without these switches.
-    """
-    import torch
-
-    if profile.device != "cuda":
-        return describe_determinism(applied=False)
-    previous = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    overridden = {"CUBLAS_WORKSPACE_CONFIG": previous} if previous not in (None, CUBLAS_WORKSPACE) else {}
-    return describe_determinism(applied=True, overridden=overridden)
-
-
-def describe_determinism(*, applied: bool, overridden: dict | None = None) -> dict:
-    """The deterministic settings as torch and the environment report them now (not as asked)."""
-    import torch
-
-    state = {
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-    }
-    return {
-        "applied": applied,
-        "overridden_user_settings": overridden or {},
-        **state,
-        "complete": applied and is_deterministic(state),
-    }
-
-
-def is_deterministic(state: dict) -> bool:
-    """True when every CUDA determinism switch of `describe_determinism` is in its safe position."""
-    return (
-        state["deterministic_algorithms"]
-        and state["cublas_workspace_config"] == CUBLAS_WORKSPACE
-        and not state["matmul_allow_tf32"]
-        and not state["cudnn_allow_tf32"]
-        and state["cudnn_deterministic"]
-        and not state["cudnn_benchmark"]
-    )
+def profile_text_with(text: str, name: str, changes: dict[tuple[str, str], object]) -> str:
+    """The profile TOML `text` with its name and the (table, key) entries of `changes` replaced
+    (an absent key is added at the end of its table); comments elsewhere are kept. The file
+    form of `override`: `load_profile` of the result equals `override(profile, {(None, "name"):
+    name, **changes})`."""
+    text, n = re.subn(r'^name = ".*"$', f"name = {toml_value(name)}", text, count=1, flags=re.M)
+    if n != 1:
+        raise ProfileError('the profile has no top-level `name = "..."` line')
+    for (table, key), value in changes.items():
+        head = text.find(f"\n[{table}]\n")
+        if head < 0:
+            raise ProfileError(f"the profile has no [{table}] table")
+        end = text.find("\n[", head + 1)
+        end = len(text) if end < 0 else end
+        body, n = re.subn(
+            rf"^{re.escape(key)} = .*$", f"{key} = {toml_value(value)}", text[head:end], count=1, flags=re.M
+        )
+        if n == 0:
+            body = body.rstrip("\n") + f"\n{key} = {toml_value(value)}\n"
+        text = text[:head] + body + text[end:]
+    return text

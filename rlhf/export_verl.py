@@ -46,7 +46,8 @@ import torch
 
 from rlhf.config import PROFILES, load_profile, profile_hash
 from rlhf.corpus import PROBE_SPLIT, load_corpus
-from rlhf.io import atomic_folder, dumps_json, read_json, sha256_bytes, sha256_file, write_bytes, write_json, write_text
+from rlhf.identities import base_model_sha256
+from rlhf.io import atomic_folder, read_json, sha256_file, write_bytes, write_json, write_text
 from rlhf.lora import lora_modules
 from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
 from rlhf.roles import load_role, new_role
@@ -133,7 +134,7 @@ def run_model_dir(run: Path, record: dict, profile: dict, model_dir) -> Path:
     path = Path(model_dir) if model_dir else run / "base_model"
     if not (path / "config.json").is_file():
         raise ExportError(f"no base model at {path}; profile {profile.name} needs --model-dir DIR")
-    if sha256_bytes(dumps_json(directory_identity(path)).encode()) != record["identity"]["base_model"]:
+    if base_model_sha256(directory_identity(path)) != record["identity"]["base_model"]:
         raise ExportError(
             f"the base model at {path} is not the one run {run} was trained on "
             f"(file hashes differ from run.json's base_model)"

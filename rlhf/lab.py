@@ -41,39 +41,21 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from rlhf import pin
-from rlhf.checkpoint import (
-    Interrupted,
-    Leg,
-    StateError,
-    assert_states_equal,
-    code_sha256,
-    identity_of,
-    load_state,
-    save_state,
-    seed_system_rngs,
-    sha256_file,
-    stop_requested,
-)
-from rlhf.config import PROFILES, Profile, configure_determinism, load_profile, profile_hash
+from rlhf import identities, pin
+from rlhf.checkpoint import Interrupted, Leg, StateError, assert_states_equal, load_state, save_state, stop_requested
+from rlhf.config import PROFILES, Profile, load_profile, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.evaluate import stage_evaluate
-from rlhf.io import dumps_json, read_json, sha256_bytes, sweep_incomplete, write_json
+from rlhf.io import read_json, sha256_file, sweep_incomplete, write_json
 from rlhf.judge import train_judge
 from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
 from rlhf.ppo import STATE_KEYS, train_ppo
 from rlhf.report import write_reports
 from rlhf.roles import ROLE_KINDS, assert_role_isolation, fingerprint, load_role, new_role, save_role
+from rlhf.runtime import configure_determinism, configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
 from rlhf.shortcut import run_shortcut_audit
-
-
-def configure_torch(profile: Profile) -> None:
-    """Apply the profile's runtime settings (thread count) and the global torch seed."""
-    if profile.runtime.torch_threads:
-        torch.set_num_threads(profile.runtime.torch_threads)
-    torch.manual_seed(profile.seeds.torch)
 
 
 class Context:
@@ -93,7 +75,7 @@ class Context:
         self.determinism = configure_determinism(profile)
 
     def identity(self, **extra) -> dict:
-        return identity_of(
+        return identities.identity_of(
             profile_hash(self.profile),
             sha256_file(self.corpus.root / "manifest.json"),
             self.base_identity,
@@ -142,12 +124,7 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     corpus_dir = run / "corpus"
     if not (corpus_dir / "manifest.json").is_file():
         prepare(corpus_dir, revision=revision)
-    corpus = load_corpus(corpus_dir)
-    if corpus.revision != revision:
-        raise ValueError(
-            f"run {run} holds corpus revision {corpus.revision}, not {revision}: "
-            f"one run never mixes revisions; use a new --out folder"
-        )
+    corpus = _run_corpus(run, revision)
     if model_dir is None:
         if profile.model.kind != "embedded":
             raise ValueError(
@@ -159,6 +136,25 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     ctx = Context(run, profile, model_dir, corpus)
     check_run_record(ctx)
     return ctx
+
+
+def read_context(run, profile: Profile, revision: str) -> Context:
+    """A finished run's context, to read it: its corpus and base model hash-checked as they load,
+    nothing prepared, built or written, and run.json not compared (so that a later code version
+    can still read the run's files)."""
+    run = Path(run)
+    return Context(run, profile, run / "base_model", _run_corpus(run, revision))
+
+
+def _run_corpus(run: Path, revision: str):
+    """The run's corpus (hash-checked), refused when it is not of `revision`."""
+    corpus = load_corpus(run / "corpus")
+    if corpus.revision != revision:
+        raise ValueError(
+            f"run {run} holds corpus revision {corpus.revision}, not {revision}: "
+            f"one run never mixes revisions; use a new --out folder"
+        )
+    return corpus
 
 
 # ------------------------------------------------------------------------- run.json
@@ -193,15 +189,13 @@ def _sweep_run_folder(run: Path) -> None:
 
 def run_identity(ctx: Context) -> dict:
     """What a run is: a rerun in the same folder must match every part."""
-    return {
-        "profile": ctx.profile.name,
-        "config": profile_hash(ctx.profile),
-        "revision": ctx.corpus.revision,
-        "corpus": sha256_file(ctx.corpus.root / "manifest.json"),
-        "code": code_sha256(),
-        "base_model": sha256_bytes(dumps_json(ctx.base_identity["files"]).encode()),
-        "arithmetic": pin.identity_tag(),
-    }
+    return identities.run_identity(
+        ctx.profile.name,
+        profile_hash(ctx.profile),
+        ctx.corpus.revision,
+        sha256_file(ctx.corpus.root / "manifest.json"),
+        ctx.base_identity["files"],
+    )
 
 
 def check_run_record(ctx: Context) -> dict:
@@ -220,14 +214,11 @@ def check_run_record(ctx: Context) -> dict:
         write_json(path, record)
         return record
     record = read_json(path)
-    changed = sorted(k for k in set(record["identity"]) | set(current) if record["identity"].get(k) != current.get(k))
-    if changed:
-        detail = "; ".join(
-            f"{k}: was {str(record['identity'].get(k))[:40]}, now {str(current.get(k))[:40]}" for k in changed
-        )
+    change = identities.describe_change(record["identity"], current)
+    if change:
         profile = current["profile"] if current["profile"] in PROFILES else "PROFILE.toml"
         raise StateError(
-            f"refusing to continue run {ctx.run}: identity changed in {', '.join(changed)} ({detail}). "
+            f"refusing to continue run {ctx.run}: {change}. "
             f"Nothing was written. To start afresh, use a new folder: "
             f"rlhf lab --out NEW_FOLDER --profile {profile} --revision {current['revision']}"
         )

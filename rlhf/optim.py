@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.checkpoint import Leg, rng_state, set_rng_state
+from rlhf.checkpoint import Leg
 from rlhf.config import EpochStage, Profile
 from rlhf.io import crash_point
 from rlhf.ppo_math import learning_rate
+from rlhf.runtime import rng_state, set_rng_state
 
 
 class NonFiniteError(FloatingPointError):

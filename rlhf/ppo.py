@@ -32,13 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from rlhf import ppo_math
-from rlhf.checkpoint import Leg, rng_state, set_rng_state
+from rlhf.checkpoint import Leg
 from rlhf.config import Ppo, Profile
 from rlhf.generate import generate
 from rlhf.io import crash_point
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import critic_values, reward_scores
+from rlhf.runtime import rng_state, set_rng_state
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens
 

@@ -54,6 +54,7 @@ import torch
 
 from rlhf import corpus as C
 from rlhf import pin, rubric
+from rlhf.identities import changed_parts
 from rlhf.io import sha256_file, write_json
 from rlhf.judge import encode_pairs, pair_scores
 from rlhf.roles import fingerprint, load_role
@@ -301,7 +302,7 @@ def audit_hashes(judge, ctx) -> dict[str, str]:
 
 
 def _check_hashes(before: dict, after: dict, ctx) -> None:
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    changed = changed_parts(before, after)
     if changed:
         raise ShortcutAuditError(
             f"the shortcut audit found {changed} changed: it must change no judge "

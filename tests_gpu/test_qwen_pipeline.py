@@ -11,7 +11,7 @@ the script) are unit tests (tests_unit/test_cuda_determinism.py, tests_unit/test
 
 The whole lab runs once per session (`rlhf.lab.run_lab` with the interrupt/resume protocol at
 the real budgets: 63 SFT updates, 210 judge updates, 100 PPO iterations), with CUDA's
-deterministic settings applied by the lab itself (`rlhf.config.configure_determinism`). Then:
+deterministic settings applied by the lab itself (`rlhf.runtime.configure_determinism`). Then:
 
 * every role's parameters, buffers and head, and every tensor of a PPO rollout, sit on CUDA;
 * behaviour log-probs (sampling, KV cache) and teacher-forced log-probs of the same tokens
@@ -33,8 +33,9 @@ import pytest
 import torch
 
 from rlhf.checkpoint import assert_states_equal, load_state
-from rlhf.config import is_deterministic, load_profile, override
+from rlhf.config import load_profile, override
 from rlhf.io import read_json
+from rlhf.runtime import is_deterministic
 
 pytestmark = pytest.mark.gpu
 

@@ -3,7 +3,7 @@ beside a control base of the same size and (zero-step) budget.
 
 The study runs once per module (SFT on r001 and the judge on r002 for both bases, about
 2.5 minutes on 2 cores). The bounds below are the issue's, written out here rather than read
-from rlhf.base_study, so that a change of the module's constants cannot pass silently:
+from rlhf.studies.base, so that a change of the module's constants cannot pass silently:
 
 * embedded base, r001: SFT correct action >= 0.90 greedily, in-grammar (with EOS) >= 0.80 at
   temperature 1, on the 180 held-out test prompts;
@@ -19,8 +19,8 @@ import json
 
 import pytest
 
-from rlhf import base_study as bs
 from rlhf import cli
+from rlhf.studies import base as bs
 
 # One xdist worker runs the whole module, so the study runs once per session.
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread"), pytest.mark.xdist_group("base_study")]

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from rlhf import seeds
-from rlhf.config import load_profile
+from rlhf.config import ProfileError, load_profile, profile_text_with
 from rlhf.io import read_json, write_json
+from rlhf.studies import StudyError, changed_answer, derivation, seeds, sft_budget
+from rlhf.studies import statistics as study_statistics
 
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("seeds")]  # one worker builds the module's study once
 
@@ -96,11 +97,11 @@ def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):
     result, out = small_study["result"], small_study["out"]
     a, b = result["seeds"]
     base = load_profile(small_study["profile"])
-    for t, k in seeds.TRAINING_SEEDS:  # run 0 is the profile's own run; run 1 is 1000 further
-        assert a["seeds"][f"{t}.{k}"] == seeds.profile_value(base, t, k)
-        assert b["seeds"][f"{t}.{k}"] == seeds.profile_value(base, t, k) + 1000
-    for t, k in seeds.FIXED_SEEDS:
-        assert a["seeds"][f"{t}.{k}"] == b["seeds"][f"{t}.{k}"] == seeds.profile_value(base, t, k)
+    for t, k in derivation.TRAINING_SEEDS:  # run 0 is the profile's own run; run 1 is 1000 further
+        assert a["seeds"][f"{t}.{k}"] == derivation.profile_value(base, t, k)
+        assert b["seeds"][f"{t}.{k}"] == derivation.profile_value(base, t, k) + 1000
+    for t, k in derivation.FIXED_SEEDS:
+        assert a["seeds"][f"{t}.{k}"] == b["seeds"][f"{t}.{k}"] == derivation.profile_value(base, t, k)
     for key in (
         "sft_state_sha256",
         "judge_state_sha256",
@@ -131,10 +132,10 @@ def test_check_invariants_catches_runs_that_share_a_state_or_differ_in_corpus(sm
         rows[0],
         {**rows[1], "identity": {**rows[1]["identity"], "ppo_state_sha256": rows[0]["identity"]["ppo_state_sha256"]}},
     ]
-    with pytest.raises(seeds.StudyError, match="ppo_state_sha256"):
+    with pytest.raises(StudyError, match="ppo_state_sha256"):
         seeds.check_invariants(same_state)
     other_prompts = [rows[0], {**rows[1], "identity": {**rows[1]["identity"], "evaluation_prompt_ids_sha256": "x"}}]
-    with pytest.raises(seeds.StudyError, match="evaluation_prompt_ids_sha256"):
+    with pytest.raises(StudyError, match="evaluation_prompt_ids_sha256"):
         seeds.check_invariants(other_prompts)
 
 
@@ -158,7 +159,7 @@ def test_rerun_of_a_finished_study_recomputes_nothing(small_study, monkeypatch):
     assert again == small_study["result"]
     assert _snapshot(out) == before
     assert lines == [f"study already complete in {out} (seeds.json): nothing recomputed"]
-    with pytest.raises(seeds.StudyError, match="n was 2, now 3"):
+    with pytest.raises(StudyError, match="n was 2, now 3"):
         seeds.run_study(out, n=3, revision="r001", workers=1, profile_name=small_study["profile"], say=lines.append)
 
 
@@ -195,7 +196,7 @@ def test_changed_answer_view_recomputes_the_evaluation_log_ratio(small_study):
     out = small_study["out"]
     ev = read_json(out / "seed-1" / "evaluation" / "results.json")
     sft_row, ppo_row = ev["policies"]["sft"]["rows"][0], ev["policies"]["ppo"]["rows"][0]
-    view = seeds.token_view_of(out / "seed-1", "r001", sft_row, ppo_row)
+    view = changed_answer.token_view_of(out / "seed-1", "r001", sft_row, ppo_row)
     tokens = view["tokens"]
     assert len(tokens) == len(ppo_row["response_ids"]) and all(t["logp_ppo"] <= 0 for t in tokens)
     mean_ratio = sum(t["log_ratio"] for t in tokens) / len(tokens)
@@ -206,7 +207,7 @@ def test_changed_answer_view_recomputes_the_evaluation_log_ratio(small_study):
 
 
 def test_changed_row_prefers_a_failure_turned_into_a_success():
-    from rlhf.seeds import pick_changed_row
+    from rlhf.studies.changed_answer import pick_changed_row
 
     def row(i, ids, ok):
         return {"document_id": f"d{i}", "population": "test", "response_ids": ids, "rubric": {"rubric_success": ok}}
@@ -225,16 +226,16 @@ def test_derived_seeds_never_collide_and_run_zero_is_the_profile():
     profile = load_profile("embedded")
     drawn = {}
     for study in (0, 1):
-        for i in range(seeds.MAX_RUNS):
-            for (t, k), v in seeds.seed_changes(profile, study, i).items():
+        for i in range(derivation.MAX_RUNS):
+            for (t, k), v in derivation.seed_changes(profile, study, i).items():
                 drawn.setdefault((t, k), []).append(v)
     for key, values in drawn.items():
         assert len(set(values)) == len(values), key
-    assert seeds.seed_changes(profile, 0, 0) == {
-        (t, k): seeds.profile_value(profile, t, k) for t, k in seeds.TRAINING_SEEDS
+    assert derivation.seed_changes(profile, 0, 0) == {
+        (t, k): derivation.profile_value(profile, t, k) for t, k in derivation.TRAINING_SEEDS
     }
-    with pytest.raises(seeds.StudyError, match="outside"):
-        seeds.seed_changes(profile, 0, seeds.MAX_RUNS)
+    with pytest.raises(StudyError, match="outside"):
+        derivation.seed_changes(profile, 0, derivation.MAX_RUNS)
 
 
 def test_run_profile_reads_back_as_intended(tmp_path):
@@ -242,37 +243,37 @@ def test_run_profile_reads_back_as_intended(tmp_path):
 
     text = (PROFILE_DIR / "embedded.toml").read_text()
     profile = load_profile("embedded")
-    changes = {**seeds.seed_changes(profile, 3, 7), **seeds.budget_changes(profile, "sft-e2")}
-    got = seeds.write_run_profile(tmp_path / "p.toml", text, "embedded-x", changes)
+    changes = {**derivation.seed_changes(profile, 3, 7), **sft_budget.budget_changes(profile, "sft-e2")}
+    got = derivation.write_run_profile(tmp_path / "p.toml", text, "embedded-x", changes)
     assert got.seeds.data_order == 149 + 300000 + 7000 and got.sft.epochs == 2 and got.name == "embedded-x"
     assert got.sft.expected_updates == 42 and got.seeds.evaluation == 349 and got.lora == profile.lora
-    with pytest.raises(seeds.StudyError, match="other content"):
-        seeds.write_run_profile(tmp_path / "p.toml", text, "embedded-y", changes)
-    with pytest.raises(seeds.StudyError, match="no \\[nowhere\\] table"):
-        seeds.profile_text_with(text, "z", {("nowhere", "seed"): 1})
+    with pytest.raises(StudyError, match="other content"):
+        derivation.write_run_profile(tmp_path / "p.toml", text, "embedded-y", changes)
+    with pytest.raises(ProfileError, match="no \\[nowhere\\] table"):
+        profile_text_with(text, "z", {("nowhere", "seed"): 1})
     with pytest.raises(ValueError, match="unknown SFT budget"):
-        seeds.budget_changes(profile, "sft-e11")
+        sft_budget.budget_changes(profile, "sft-e11")
 
 
 def test_t_quantiles_and_sign_test():
     for df in (1, 2, 4, 9, 30):
-        assert seeds.t975(df) == pytest.approx(_t975_by_integration(df), abs=2e-3), df
-    assert seeds.sign_test_p(5, 0) == pytest.approx(2 / 32)
-    assert seeds.sign_test_p(3, 2) == 1.0
-    stats = seeds.across_seeds([0.1, 0.2, 0.3, 0.4, 0.5])
+        assert study_statistics.t975(df) == pytest.approx(_t975_by_integration(df), abs=2e-3), df
+    assert study_statistics.sign_test_p(5, 0) == pytest.approx(2 / 32)
+    assert study_statistics.sign_test_p(3, 2) == 1.0
+    stats = study_statistics.across_seeds([0.1, 0.2, 0.3, 0.4, 0.5])
     assert stats["mean"] == pytest.approx(0.3) and stats["sd"] == pytest.approx(
         statistics.stdev([0.1, 0.2, 0.3, 0.4, 0.5])
     )
     assert stats["t95"][0] == pytest.approx(0.3 - 2.776 * stats["sd"] / math.sqrt(5))
-    with pytest.raises(seeds.StudyError, match="finite"):
-        seeds.across_seeds([0.1, float("nan")])
+    with pytest.raises(StudyError, match="finite"):
+        study_statistics.across_seeds([0.1, float("nan")])
 
 
 # ------------------------------------------------------------------------------ the SFT budget
 
 
 def test_budget_rule_takes_the_smallest_inside_the_band():
-    from rlhf.sft_budget import choose
+    from rlhf.studies.sft_budget import choose
 
     m = lambda name, s: {"budget": name, "validation": {"rubric_success": s}}  # noqa: E731
     assert choose([m("a", 0.1), m("b", 0.3), m("c", 0.5)]) == "b"
@@ -285,7 +286,7 @@ def test_budget_rule_takes_the_smallest_inside_the_band():
 
 def test_previous_candidates_of_another_revision_are_refused(tmp_path):
     from rlhf.config import profile_hash
-    from rlhf.sft_budget import previous_candidates
+    from rlhf.studies.sft_budget import previous_candidates
 
     profile = load_profile("embedded")
     rec = {
@@ -305,7 +306,7 @@ def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkey
     """The choice runs with the corpus's evaluation view and every test read made to fail: only
     the learning view reaches the code that trains and measures."""
     from rlhf import corpus as corpus_mod
-    from rlhf.sft_budget import choose_sft_budget, validation_prompts
+    from rlhf.studies.sft_budget import choose_sft_budget, validation_prompts
 
     def refuse(*a, **k):
         raise AssertionError("the budget choice touched the evaluation view")

@@ -3,7 +3,7 @@ with a message naming the problem, and nothing existing is overwritten."""
 
 import pytest
 
-from rlhf import lab
+from rlhf import identities, lab
 from rlhf.checkpoint import StateError, load_state
 from rlhf.config import load_profile, override
 from rlhf.io import read_json, sha256_file
@@ -48,7 +48,7 @@ def test_rerun_with_another_revision_code_pin_or_profile_is_refused(small_run, p
             lab.open_context(small_run.run, small_profile(), revision="r002")
         return
     if part == "code":
-        monkeypatch.setattr(lab, "code_sha256", lambda: "f" * 64)
+        monkeypatch.setattr(identities, "code_sha256", lambda: "f" * 64)
     elif part == "arithmetic":
         monkeypatch.setattr(pin, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
     profile = override(small_profile(), {(None, "name"): "renamed"}) if part == "profile" else small_profile()

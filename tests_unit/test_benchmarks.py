@@ -23,7 +23,7 @@ What is measured (each in its own test):
     iteration and the ratio, with and without TRL's gc.collect() calls;
   * peak RSS per stage, each stage in its own process, and the qwen2.5-0.5b memory estimate.
 
-The embedded phases run with 1 torch thread (the profile's setting; rlhf.config.configure_torch).
+The embedded phases run with 1 torch thread (the profile's setting; rlhf.runtime.configure_torch).
 Only the matmul peak and the full-shape scoring use 2 threads.
 
 Inputs: the SFT actor and the judge of a finished embedded run, copied to a temporary folder:

@@ -12,7 +12,8 @@ import os
 import pytest
 import torch
 
-from rlhf.config import CUBLAS_WORKSPACE, configure_determinism, load_profile, override
+from rlhf.config import load_profile, override
+from rlhf.runtime import CUBLAS_WORKSPACE, configure_determinism
 
 pytestmark = pytest.mark.unit
 

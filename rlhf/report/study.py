@@ -1,4 +1,4 @@
-"""report.html of a multi-seed study (rlhf.seeds): one page, the same CSS, tables and plot canvas
+"""report.html of a multi-seed study (rlhf.studies.seeds): one page, the same CSS, tables and plot canvas
 as a run's report, written from the content of seeds.json only.
 
 It shows both kinds of uncertainty side by side: each run's single-run bootstrap interval

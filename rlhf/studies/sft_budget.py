@@ -2,7 +2,7 @@
 
 `rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]`
 
-Rule, fixed before measuring: among the named budgets of rlhf.sft_budget.SFT_BUDGETS (all but
+Rule, fixed before measuring: among the named budgets of SFT_BUDGETS (all but
 `full`: 1 to 10 epochs), the smallest whose greedy *validation* rubric success lies in
 [0.3, 0.8] (the profile's own seeds, i.e. run 0 of study seed 0). Without `--budgets`, every
 candidate is trained and measured, so the file shows the whole curve, not only the chosen point.
@@ -27,15 +27,15 @@ from pathlib import Path
 import torch
 
 from rlhf import rubric
-from rlhf.checkpoint import code_sha256, seed_system_rngs
 from rlhf.config import Profile, load_profile, override, profile_hash
 from rlhf.corpus import LearningView, load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.generate import generate
+from rlhf.identities import code_sha256
 from rlhf.io import read_json, write_json
-from rlhf.lab import configure_torch
 from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
 from rlhf.roles import new_role
+from rlhf.runtime import configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
 from rlhf.tokens import decode_response, encode_prompt
 

@@ -1,0 +1,110 @@
+"""What a study run changes in its profile: the training seeds of run i (and the SFT budget).
+
+Each study run i (0 <= i < n) gets its own profile, written to DIR/seed-i/profile.toml, so
+that the run is reproducible from its folder alone:
+
+    rlhf lab --out DIR/seed-i --profile DIR/seed-i/profile.toml --revision REV
+
+Every *training* seed (``TRAINING_SEEDS``: the global torch seed, the actor's and the judge's
+LoRA init, the judge head, the data order of SFT/judge/PPO, PPO sampling) is derived from the
+profile's own value, the study seed S and the run index i by ``derived_seed``:
+
+    seed = profile seed + 100000 * S + 1000 * i
+
+so run 0 of study seed 0 is exactly the profile's single run (the lab run of docs/results.md), two runs of a
+study never share a seed (the profile's seeds differ by less than 1000), and two study seeds
+never share one (n <= 100). The evaluation seed (349, ``FIXED_SEEDS``) and the corpus seed (49,
+the corpus revision's own) are kept: every run sees the same corpus, the same held-out prompts and the same
+bootstrap draws. The embedded base is built from its fixed seed 49 in every run (the
+"pre-trained" model is not a training seed of RLHF). ``seed_changes`` is the one function that
+says which profile entries are set.
+
+`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``rlhf.studies.sft_budget.SFT_BUDGETS``; the
+budget of question (b) is chosen on validation prompts only by `rlhf choose-sft-budget`
+(rlhf.studies.sft_budget).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from rlhf.config import (
+    PROFILE_DIR,
+    PROFILES,
+    Profile,
+    load_profile,
+    override,
+    profile_from_dict,
+    profile_text_with,
+)
+from rlhf.io import write_text
+from rlhf.studies import StudyError
+
+# (table, key) of every training seed; all live in the profile's [seeds] table. The corpus seed
+# (49) is the corpus revision's own (rlhf.corpus.REVISIONS), not a profile entry.
+TRAINING_SEEDS = (
+    ("seeds", "torch"),
+    ("seeds", "lora"),
+    ("seeds", "judge_lora"),
+    ("seeds", "judge_head"),
+    ("seeds", "data_order"),
+    ("seeds", "ppo_sampling"),
+)
+FIXED_SEEDS = (("seeds", "evaluation"),)
+RUN_STRIDE = 1000
+STUDY_STRIDE = 100_000
+MAX_RUNS = STUDY_STRIDE // RUN_STRIDE
+DERIVATION = (
+    "training seed of run i = the profile's value + 100000 * study_seed + 1000 * i, for "
+    + ", ".join(f"{t}.{k}" for t, k in TRAINING_SEEDS)
+    + "; kept: "
+    + ", ".join(f"{t}.{k}" for t, k in FIXED_SEEDS)
+    + " and the corpus seed 49"
+)
+
+
+def derived_seed(profile_seed: int, study_seed: int, index: int) -> int:
+    """The training seed of run `index` of study `study_seed` (module docstring)."""
+    return profile_seed + STUDY_STRIDE * study_seed + RUN_STRIDE * index
+
+
+def profile_value(profile: Profile, table: str, key: str):
+    return getattr(getattr(profile, table), key)
+
+
+def seed_changes(profile: Profile, study_seed: int, index: int) -> dict[tuple[str, str], int]:
+    """{(table, key): seed} for every training seed of run `index`: the one place that sets them."""
+    if not 0 <= index < MAX_RUNS:
+        raise StudyError(f"run index {index} outside 0..{MAX_RUNS - 1} (seeds would collide)")
+    if study_seed < 0:
+        raise StudyError(f"study seed must be >= 0, not {study_seed}")
+    return {(t, k): derived_seed(profile_value(profile, t, k), study_seed, index) for t, k in TRAINING_SEEDS}
+
+
+def expected_profile(profile: Profile, name: str, changes: dict) -> Profile:
+    """The profile that `profile_text_with` must produce (what the written file is checked against)."""
+    return override(profile, {(None, "name"): name, **changes})
+
+
+def profile_source(profile_name: str) -> Path:
+    path = PROFILE_DIR / f"{profile_name}.toml" if profile_name in PROFILES else Path(profile_name)
+    if not path.is_file():
+        raise StudyError(f"no profile file {path}")
+    return path
+
+
+def write_run_profile(path, base_text: str, name: str, changes: dict) -> Profile:
+    """Write the run's profile TOML (never overwriting a different one) and return it, read back
+    with load_profile and checked to equal the intended profile."""
+
+    want = expected_profile(profile_from_dict(tomllib.loads(base_text)), name, changes)
+    text = profile_text_with(base_text, name, changes)
+    path = Path(path)
+    if path.is_file() and path.read_text() != text:
+        raise StudyError(f"{path} exists with other content: this folder belongs to another study")
+    write_text(path, text, keep_existing=True)
+    got = load_profile(str(path))
+    if got != want:
+        raise StudyError(f"{path}: the written profile does not read back as intended")
+    return got
