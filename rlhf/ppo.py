@@ -41,7 +41,7 @@ from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import critic_values, reward_scores
 from rlhf.runtime import rng_state, set_rng_state
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens
+from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens, token_texts
 
 # Where each role's learned tensors sit in a PPO state. The state format keeps the judge under
 # "reward", its earlier name: renaming the key would change every PPO state's bytes, and
@@ -236,11 +236,12 @@ def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
     n = int(mask[b].sum())
     ids = ro.responses[b][:n]
     kl_reward = ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, profile.ppo.kl_coef)[b, :n]
+    texts = token_texts(tokenizer, ids.tolist())
     rows = []
     for j in range(n):
         rows.append(
             {
-                "token": tokenizer.convert_ids_to_tokens(ids[j]) if ids[j] < len(tokenizer) else f"<id {ids[j]}>",
+                "token": texts[j],
                 "logp_old": float(ro.logp_old[b, j]),
                 "logp_ref": float(ro.logp_ref[b, j]),
                 "kl_reward": float(kl_reward[j]),

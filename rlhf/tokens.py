@@ -127,6 +127,13 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int, p
     return Batch(input_ids, attention_mask, position_ids, response_index, response_mask)
 
 
+def token_texts(tokenizer, ids: list[int]) -> list[str]:
+    """Each id's token as the tokenizer writes it; an id outside the tokenizer (the embedding
+    matrix has more rows than the vocabulary, and a policy can learn to sample them) as `<id N>`."""
+    n_vocab = len(tokenizer)
+    return [tokenizer.convert_ids_to_tokens(int(i)) if 0 <= i < n_vocab else f"<id {int(i)}>" for i in ids]
+
+
 def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
     """Text of a generated response and its finish reason: "eos", "length" or "undecodable".
 

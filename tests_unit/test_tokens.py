@@ -23,6 +23,7 @@ from rlhf.tokens import (
     encode_example,
     encode_prompt,
     encode_response,
+    token_texts,
 )
 
 pytestmark = pytest.mark.unit
@@ -221,3 +222,22 @@ def test_decode_invalid_utf8_is_undecodable(tok):
     assert reason == "undecodable" and "\ufffd" in text
     lone = [i for i, piece in zip(ids, pieces) if piece == "\ufffd"][0]
     assert decode_response(tokenizer, [lone], eos_id)[1] == "undecodable"
+
+
+def test_token_texts_name_ids_outside_the_tokenizer_by_number(embedded_base):
+    """The embedded model has more vocabulary rows than its tokenizer has tokens, and a PPO policy
+    can learn to sample them: every per-token view (rollouts, the study's changed answer) must
+    show such an id, not None (the study page failed on one)."""
+    tok = embedded_base.tokenizer
+    n = len(tok)
+    assert embedded_base.model.config.vocab_size > n, "the test needs rows beyond the tokenizer"
+    texts = token_texts(tok, [3, n, embedded_base.model.config.vocab_size - 1])
+    assert texts == [tok.convert_ids_to_tokens(3), f"<id {n}>", f"<id {embedded_base.model.config.vocab_size - 1}>"]
+    from rlhf.report.study import token_table
+
+    view = {
+        "document_id": "OH001-P0",
+        "seed": 0,
+        "tokens": [{"token": t, "logp_ppo": -1.0, "logp_sft": -2.0, "log_ratio": 1.0} for t in texts],
+    }
+    assert f"&lt;id␣{n}&gt;" in token_table(view).html()  # the page shows a space as ␣

@@ -16,7 +16,7 @@ from rlhf.config import load_profile
 from rlhf.evaluate import evaluation_roles
 from rlhf.io import read_json, write_json
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import collate, encode_prompt
+from rlhf.tokens import collate, encode_prompt, token_texts
 
 
 def pick_changed_row(sft_rows: list[dict], ppo_rows: list[dict]) -> tuple[dict, dict] | None:
@@ -67,7 +67,7 @@ def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> 
     with torch.no_grad():
         logp_ppo = response_logprobs(roles["ppo"].model, batch)[0].tolist()  # [R]
         logp_sft = response_logprobs(roles["reference"].model, batch)[0].tolist()  # [R]
-    tokens = ctx.tokenizer.convert_ids_to_tokens(ppo_row["response_ids"])
+    tokens = token_texts(ctx.tokenizer, ppo_row["response_ids"])
     return {
         "document_id": ppo_row["document_id"],
         "prompt": ppo_row["prompt"],
