@@ -236,7 +236,7 @@ def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
     n = int(mask[b].sum())
     ids = ro.responses[b][:n]
     kl_reward = ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, profile.ppo.kl_coef)[b, :n]
-    texts = token_texts(tokenizer, ids.tolist())
+    texts = token_texts(tokenizer, ids)
     rows = []
     for j in range(n):
         rows.append(

@@ -260,6 +260,18 @@ def test_the_sampled_answers_end_both_ways(rolled):
     assert ro.truncated.tolist() == [False, True, False, True]
 
 
+def test_the_token_view_shows_each_active_token_with_its_numbers(rolled, profile, embedded_base):
+    """The report's per-token rollout: one row per active token, the token as the tokenizer writes
+    it, and the rollout's own numbers in each column."""
+    ro, _, _ = rolled
+    for b, n in enumerate(ro.batch.response_mask.sum(-1).tolist()):
+        rows = ppo.token_view(embedded_base.tokenizer, ro, b, profile)
+        assert [r["token"] for r in rows] == embedded_base.tokenizer.convert_ids_to_tokens(ro.responses[b][:n])
+        assert [r["logp_old"] for r in rows] == ro.logp_old[b, :n].tolist()
+        assert [r["advantage"] for r in rows] == ro.advantages[b, :n].tolist()
+        assert [r["return"] for r in rows] == ro.returns[b, :n].tolist()
+
+
 def test_rollout_logp_old_are_the_generators_per_step_logprobs(rolled, prompts, profile, embedded_base):
     """Catches logp_old taken from a teacher-forced rescoring, or shifted by one position,
     instead of the behaviour log-probs the sampler drew with."""
