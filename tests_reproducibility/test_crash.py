@@ -187,6 +187,8 @@ def test_killed_again_and_again_the_lab_finishes_bit_identical(
     done = lab(run, small_profile_file)
     assert done.returncode == 0, done.stderr[-3000:]
     assert all(f"{s}: already complete" in done.stdout for s in (*STAGES, "evaluate", "shortcut_audit"))
+    # and says at start, in one line, whether the golden numbers apply (none for a test profile)
+    assert "golden numbers: none for profile embedded-small" in done.stdout, done.stdout[:2000]
     after = {str(p.relative_to(run)): sha256_file(p) for p in run.rglob("*") if p.is_file()}
     assert after == before
     record_result("crash_chain_seconds", seconds)
