@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.config import PROFILES, load_profile, profile_hash
+from rlhf.config import PROFILES, Profile, load_profile, profile_hash
 from rlhf.corpus import PROBE_SPLIT, load_corpus
 from rlhf.identities import base_model_sha256
 from rlhf.io import atomic_folder, read_json, sha256_file, write_bytes, write_json, write_text
@@ -129,7 +129,7 @@ def run_profile(record: dict, profile_arg: str | None) -> dict:
     return profile
 
 
-def run_model_dir(run: Path, record: dict, profile: dict, model_dir) -> Path:
+def run_model_dir(run: Path, record: dict, profile: Profile, model_dir) -> Path:
 
     path = Path(model_dir) if model_dir else run / "base_model"
     if not (path / "config.json").is_file():
@@ -227,7 +227,7 @@ def merge_lora(model) -> None:
         setattr(parent, child, base)
 
 
-def _merged_role(kind: str, profile: dict, model_dir: Path, state_file: Path, source_kind=None, adapters_only=False):
+def _merged_role(kind: str, profile: Profile, model_dir: Path, state_file: Path, source_kind=None, adapters_only=False):
 
     role = new_role(kind, profile, model_dir)
     load_role(role, state_file, source_kind=source_kind, adapters_only=adapters_only)
@@ -245,7 +245,7 @@ def _hf_config(causal_config, eos_id: int, pad_id: int, architecture: str):
     return config
 
 
-def write_models(out: Path, profile: dict, model_dir: Path, run: Path, tokenizer, eos_id: int, pad_id: int) -> dict:
+def write_models(out: Path, profile: Profile, model_dir: Path, run: Path, tokenizer, eos_id: int, pad_id: int) -> dict:
     """Merged actor, critic initialisation and judge into out/models; returns the judge's head bias."""
     from transformers import GenerationConfig, Qwen2ForSequenceClassification, Qwen2ForTokenClassification
 
@@ -296,7 +296,7 @@ def lcm(a: int, b: int) -> int:
     return a * b // math.gcd(a, b)
 
 
-def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
+def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
     """Every SPEC §5-§6 hyperparameter: lab value, verl override(s), status, consequence.
 
     status: "exact", "approximate" or "not expressible". The one place the profile's numbers
@@ -547,7 +547,7 @@ def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
     return [dict(zip(keys, r)) for r in rows]
 
 
-def overrides(profile: dict, nnodes: int, gpus_per_node: int) -> list[str]:
+def overrides(profile: Profile, nnodes: int, gpus_per_node: int) -> list[str]:
     """The Hydra overrides of launch/overrides.txt ($EXPORT_DIR, $SEED, $DATA_SEED, $SAMPLING_SEED
     are filled in by launch.sh)."""
     mapped = [o for row in hyperparameters(profile, nnodes * gpus_per_node) for o in row["overrides"] if "=" in o]
@@ -599,7 +599,7 @@ done
 """
 
 
-def fill(override: str, export_dir, seed: int, profile: dict) -> str:
+def fill(override: str, export_dir, seed: int, profile: Profile) -> str:
     """One override line with launch.sh's substitutions (the verl checks use this too)."""
     return (
         override.replace("$EXPORT_DIR", str(export_dir))

@@ -95,7 +95,7 @@ def validation_prompts(view: LearningView) -> list[dict]:
 
 @torch.no_grad()
 def validation_rubric_success(
-    actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int, profile: dict, batch_size: int = 32
+    actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int, profile: Profile, batch_size: int = 32
 ) -> dict:
     """Greedy answers of `actor_model` to the validation prompts, checked by the rubric."""
 
@@ -125,7 +125,7 @@ def validation_rubric_success(
     }
 
 
-def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer, eos_id: int, pad_id: int) -> dict:
+def measure_budget(view: LearningView, model_dir: Path, profile: Profile, tokenizer, eos_id: int, pad_id: int) -> dict:
     """Train SFT with `profile`'s budget on the learning view; its greedy validation success."""
 
     t0 = time.perf_counter()
@@ -153,7 +153,7 @@ def choose(measured: list[dict], order: list[str] | None = None) -> str | None:
     return None
 
 
-def previous_candidates(paths, revision: str, profile: dict) -> list[dict]:
+def previous_candidates(paths, revision: str, profile: Profile) -> list[dict]:
     """Candidates measured by earlier records of the same revision and profile (each keeps the
     command and the code hash it was measured with)."""
 
