@@ -311,6 +311,8 @@ def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
         "training them at scale goes through TRL or OpenRLHF on the exported pairs and "
         "demonstrations (docs/scaling-out.md)",
     )
+    # One row per hyperparameter: (name, lab value, verl overrides, status, consequence).
+    # fmt: off
     rows = [
         ("sft.epochs", sft.epochs, [], *not_trained),
         ("sft.examples_per_update", sft.examples_per_update, [], *not_trained),
@@ -320,229 +322,90 @@ def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
         ("judge.pairs_per_update", judge.pairs_per_update, [], *not_trained),
         ("judge.lr", judge.lr, [], *not_trained),
         ("judge.loss", "-mean(logsigmoid(r_chosen - r_rejected))", [], *not_trained),
-        (
-            "limits.prompt_tokens",
-            limits.prompt_tokens,
-            [
-                f"data.max_prompt_length={limits.prompt_tokens}",
-                "data.filter_overlong_prompts=True",
-                "data.truncation=error",
-            ],
-            "exact",
-            "no exported prompt is over the limit (checked: none filtered)",
-        ),
-        (
-            "limits.response_tokens",
-            limits.response_tokens,
-            [f"data.max_response_length={limits.response_tokens}"],
-            "exact",
-            "a response is cut at the same length",
-        ),
-        (
-            "limits.context_tokens",
-            limits.context_tokens,
-            [],
-            "exact",
-            "implied: prompt + response limits sum to the context limit",
-        ),
-        (
-            "ppo.temperature",
-            ppo.temperature,
-            [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1", f"{R}.top_p=1.0"],
-            "exact",
-            "full vocabulary, no top-k/top-p",
-        ),
-        (
-            "ppo.prompts_per_iteration",
-            batch,
-            [
-                f"data.train_batch_size={verl_batch}",
-                f"{R}.n=1",
-                f"{A}.ppo_mini_batch_size={verl_batch}",
-                f"{C}.ppo_mini_batch_size={verl_batch}",
-            ],
-            "exact" if verl_batch == batch else "approximate",
-            "one rollout per prompt, one mini-batch per update"
-            + (
-                ""
-                if verl_batch == batch
-                else f"; {verl_batch} prompts per iteration, because verl needs the "
-                f"batch divisible by the {n_gpus} GPUs"
-            ),
-        ),
-        (
-            "ppo.updates_per_iteration",
-            ppo.updates_per_iteration,
-            [
-                f"{A}.ppo_epochs={ppo.updates_per_iteration}",
-                f"{C}.ppo_epochs={ppo.updates_per_iteration}",
-                f"{A}.shuffle=False",
-            ],
-            "exact",
-            "old log-probs and values fixed across both updates",
-        ),
-        (
-            "ppo.iterations",
-            ppo.iterations,
-            [f"trainer.total_training_steps={ppo.iterations}"],
-            "exact",
-            "one verl training step is one lab iteration",
-        ),
-        (
-            "ppo.kl_coef",
-            ppo.kl_coef,
-            [
-                f"{ALG}.use_kl_in_reward=True",
-                f"{ALG}.kl_penalty=kl",
-                f"{ALG}.kl_ctrl.type=fixed",
-                f"{ALG}.kl_ctrl.kl_coef={ppo.kl_coef}",
-                f"{A}.use_kl_loss=False",
-            ],
-            "exact",
-            "the sampled-token log-ratio penalty in every token's reward (checked against rlhf.ppo_math)",
-        ),
-        (
-            "logp_old",
-            "the sampling actor's log-prob",
-            [],
-            "approximate",
-            "verl's old log-probs are the training engine's teacher-forced recomputation, not the sampler's; "
-            "the lab records that difference before its first update",
-        ),
-        (
-            "ppo.truncation_penalty",
-            ppo.truncation_penalty,
-            ["reward manager (reward/lab_reward.py)"],
-            "exact",
-            "paid with the judge score, once, at the last response token (checked)",
-        ),
-        (
-            "judge score",
-            "once at the last active token",
-            ["reward manager (reward/lab_reward.py)"],
-            "exact",
-            "judge scores equal the lab's on fixed answers, truncated ones included (checked)",
-        ),
-        (
-            "ppo.gamma",
-            ppo.gamma,
-            [f"{ALG}.gamma={ppo.gamma}", f"{ALG}.adv_estimator=gae"],
-            "exact",
-            "GAE returns equal the lab's (checked)",
-        ),
+        ("limits.prompt_tokens", limits.prompt_tokens,
+         [f"data.max_prompt_length={limits.prompt_tokens}", "data.filter_overlong_prompts=True",
+          "data.truncation=error"], "exact", "no exported prompt is over the limit (checked: none filtered)"),
+        ("limits.response_tokens", limits.response_tokens, [f"data.max_response_length={limits.response_tokens}"],
+         "exact", "a response is cut at the same length"),
+        ("limits.context_tokens", limits.context_tokens, [], "exact",
+         "implied: prompt + response limits sum to the context limit"),
+        ("ppo.temperature", ppo.temperature, [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1", f"{R}.top_p=1.0"],
+         "exact", "full vocabulary, no top-k/top-p"),
+        ("ppo.prompts_per_iteration", batch,
+         [f"data.train_batch_size={verl_batch}", f"{R}.n=1", f"{A}.ppo_mini_batch_size={verl_batch}",
+          f"{C}.ppo_mini_batch_size={verl_batch}"],
+         "exact" if verl_batch == batch else "approximate",
+         "one rollout per prompt, one mini-batch per update" + (
+             "" if verl_batch == batch
+             else f"; {verl_batch} prompts per iteration, because verl needs the batch divisible by the "
+                  f"{n_gpus} GPUs")),
+        ("ppo.updates_per_iteration", ppo.updates_per_iteration,
+         [f"{A}.ppo_epochs={ppo.updates_per_iteration}", f"{C}.ppo_epochs={ppo.updates_per_iteration}",
+          f"{A}.shuffle=False"], "exact", "old log-probs and values fixed across both updates"),
+        ("ppo.iterations", ppo.iterations, [f"trainer.total_training_steps={ppo.iterations}"], "exact",
+         "one verl training step is one lab iteration"),
+        ("ppo.kl_coef", ppo.kl_coef,
+         [f"{ALG}.use_kl_in_reward=True", f"{ALG}.kl_penalty=kl", f"{ALG}.kl_ctrl.type=fixed",
+          f"{ALG}.kl_ctrl.kl_coef={ppo.kl_coef}", f"{A}.use_kl_loss=False"], "exact",
+         "the sampled-token log-ratio penalty in every token's reward (checked against rlhf.ppo_math)"),
+        ("logp_old", "the sampling actor's log-prob", [], "approximate",
+         "verl's old log-probs are the training engine's teacher-forced recomputation, not the sampler's; "
+         "the lab records that difference before its first update"),
+        ("ppo.truncation_penalty", ppo.truncation_penalty, ["reward manager (reward/lab_reward.py)"], "exact",
+         "paid with the judge score, once, at the last response token (checked)"),
+        ("judge score", "once at the last active token", ["reward manager (reward/lab_reward.py)"], "exact",
+         "judge scores equal the lab's on fixed answers, truncated ones included (checked)"),
+        ("ppo.gamma", ppo.gamma, [f"{ALG}.gamma={ppo.gamma}", f"{ALG}.adv_estimator=gae"], "exact",
+         "GAE returns equal the lab's (checked)"),
         ("ppo.lam", ppo.lam, [f"{ALG}.lam={ppo.lam}"], "exact", "GAE returns equal the lab's (checked)"),
-        (
-            "advantage whitening",
-            "none",
-            [],
-            "not expressible",
-            "verl 0.9.1 always whitens GAE advantages over the batch: the actor's step sizes and the sign of "
-            "small advantages differ from the lab's (returns and the critic's targets are unchanged; checked)",
-        ),
-        (
-            "ppo.clip",
-            ppo.clip,
-            [
-                f"{A}.clip_ratio={ppo.clip}",
-                f"{A}.clip_ratio_low={ppo.clip}",
-                f"{A}.clip_ratio_high={ppo.clip}",
-                f"{A}.clip_ratio_c=1e9",
-            ],
-            "exact",
-            "dual clip pushed out of reach: the lab has none",
-        ),
-        (
-            "loss averaging",
-            "per response over its tokens, then over responses",
-            [f"{A}.loss_agg_mode=seq-mean-token-mean", f"{C}.loss_agg_mode=seq-mean-token-mean"],
-            "exact",
-            "long answers get no extra weight",
-        ),
-        (
-            "ppo.value_coef",
-            ppo.value_coef,
-            [f"{C}.cliprange_value=1e9"],
-            "exact",
-            "verl's value loss is 0.5 * squared error; value clipping pushed out of reach",
-        ),
+        ("advantage whitening", "none", [], "not expressible",
+         "verl 0.9.1 always whitens GAE advantages over the batch: the actor's step sizes and the sign of "
+         "small advantages differ from the lab's (returns and the critic's targets are unchanged; checked)"),
+        ("ppo.clip", ppo.clip,
+         [f"{A}.clip_ratio={ppo.clip}", f"{A}.clip_ratio_low={ppo.clip}", f"{A}.clip_ratio_high={ppo.clip}",
+          f"{A}.clip_ratio_c=1e9"], "exact", "dual clip pushed out of reach: the lab has none"),
+        ("loss averaging", "per response over its tokens, then over responses",
+         [f"{A}.loss_agg_mode=seq-mean-token-mean", f"{C}.loss_agg_mode=seq-mean-token-mean"], "exact",
+         "long answers get no extra weight"),
+        ("ppo.value_coef", ppo.value_coef, [f"{C}.cliprange_value=1e9"], "exact",
+         "verl's value loss is 0.5 * squared error; value clipping pushed out of reach"),
         ("entropy bonus", 0, [f"{A}.entropy_coeff=0"], "exact", "none"),
         ("ppo.actor_lr", ppo.actor_lr, [f"{A}.optim.lr={ppo.actor_lr}"], "exact", "peak learning rate"),
         ("ppo.critic_lr", ppo.critic_lr, [f"{C}.optim.lr={ppo.critic_lr}"], "exact", "peak learning rate"),
-        (
-            "optim.weight_decay",
-            optim.weight_decay,
-            [f"{A}.optim.weight_decay={optim.weight_decay}", f"{C}.optim.weight_decay={optim.weight_decay}"],
-            "exact",
-            "AdamW, two optimizers",
-        ),
-        (
-            "optim.grad_clip_norm",
-            optim.grad_clip_norm,
-            [f"{A}.grad_clip={optim.grad_clip_norm}", f"{C}.grad_clip={optim.grad_clip_norm}"],
-            "exact",
-            "clipped per optimizer",
-        ),
-        (
-            "optim.warmup_ratio",
-            optim.warmup_ratio,
-            [
-                f"{A}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
-                f"{C}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
-            ],
-            "approximate",
-            "verl's warm-up starts at 0 (its first iteration learns nothing) where the lab's first update runs at "
-            "peak/warm; verl steps its schedule once per iteration, the lab once per update (both updates of an "
-            "iteration share one rate)",
-        ),
-        (
-            "optim.min_lr_ratio (linear decay)",
-            optim.min_lr_ratio,
-            [
-                f"{A}.optim.lr_scheduler_type=cosine",
-                f"{A}.optim.min_lr_ratio={optim.min_lr_ratio}",
-                f"{C}.optim.lr_scheduler_type=cosine",
-                f"{C}.optim.min_lr_ratio={optim.min_lr_ratio}",
-            ],
-            "approximate",
-            "verl 0.9.1 has only constant and cosine: a cosine to 10% of peak, above the lab's linear decay in the "
-            "first half and below it in the second",
-        ),
-        (
-            "lora (actor)",
-            f"r {profile.lora.rank}, alpha {profile.lora.alpha}",
-            [
-                f"actor_rollout_ref.model.lora_rank={profile.lora.rank}",
-                f"actor_rollout_ref.model.lora_alpha={profile.lora.alpha}",
-                "actor_rollout_ref.model.target_modules=[" + ",".join(profile.lora.targets) + "]",
-            ],
-            "approximate",
-            "a fresh adapter over the merged SFT weights: the same function at the start, not the same parameters "
-            "(the lab keeps training the SFT adapter itself)",
-        ),
-        (
-            "lora (critic)",
-            f"r {profile.lora.rank} on the SFT adapter + zero head",
-            [],
-            "not expressible",
-            "verl 0.9.1 cannot put LoRA on the critic: a full-parameter critic, far more trainable parameters at "
-            "the same learning rate, and far more memory",
-        ),
-        (
-            "seeds",
-            f"data_order {profile.seeds.data_order}, ppo_sampling {profile.seeds.ppo_sampling}",
-            ["data.shuffle=True", "data.seed=$DATA_SEED", f"{R}.seed=$SAMPLING_SEED"],
-            "not expressible",
-            "no bit-identical draws: verl's sampler, its rollout engine and its LoRA initialisation use their own "
-            "generators; compare runs by distributions over seeds, not by tokens",
-        ),
-        (
-            "dtype",
-            profile.model.dtype,
-            [f"{R}.dtype=bfloat16"],
-            "approximate",
-            "the engine samples in BF16; the lab's embedded model runs in FP32",
-        ),
+        ("optim.weight_decay", optim.weight_decay,
+         [f"{A}.optim.weight_decay={optim.weight_decay}", f"{C}.optim.weight_decay={optim.weight_decay}"],
+         "exact", "AdamW, two optimizers"),
+        ("optim.grad_clip_norm", optim.grad_clip_norm,
+         [f"{A}.grad_clip={optim.grad_clip_norm}", f"{C}.grad_clip={optim.grad_clip_norm}"], "exact",
+         "clipped per optimizer"),
+        ("optim.warmup_ratio", optim.warmup_ratio,
+         [f"{A}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
+          f"{C}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}"], "approximate",
+         "verl's warm-up starts at 0 (its first iteration learns nothing) where the lab's first update runs at "
+         "peak/warm; verl steps its schedule once per iteration, the lab once per update (both updates of an "
+         "iteration share one rate)"),
+        ("optim.min_lr_ratio (linear decay)", optim.min_lr_ratio,
+         [f"{A}.optim.lr_scheduler_type=cosine", f"{A}.optim.min_lr_ratio={optim.min_lr_ratio}",
+          f"{C}.optim.lr_scheduler_type=cosine", f"{C}.optim.min_lr_ratio={optim.min_lr_ratio}"], "approximate",
+         "verl 0.9.1 has only constant and cosine: a cosine to 10% of peak, above the lab's linear decay in the "
+         "first half and below it in the second"),
+        ("lora (actor)", f"r {profile.lora.rank}, alpha {profile.lora.alpha}",
+         [f"actor_rollout_ref.model.lora_rank={profile.lora.rank}",
+          f"actor_rollout_ref.model.lora_alpha={profile.lora.alpha}",
+          "actor_rollout_ref.model.target_modules=[" + ",".join(profile.lora.targets) + "]"], "approximate",
+         "a fresh adapter over the merged SFT weights: the same function at the start, not the same parameters "
+         "(the lab keeps training the SFT adapter itself)"),
+        ("lora (critic)", f"r {profile.lora.rank} on the SFT adapter + zero head", [], "not expressible",
+         "verl 0.9.1 cannot put LoRA on the critic: a full-parameter critic, far more trainable parameters at "
+         "the same learning rate, and far more memory"),
+        ("seeds", f"data_order {profile.seeds.data_order}, ppo_sampling {profile.seeds.ppo_sampling}",
+         ["data.shuffle=True", "data.seed=$DATA_SEED", f"{R}.seed=$SAMPLING_SEED"], "not expressible",
+         "no bit-identical draws: verl's sampler, its rollout engine and its LoRA initialisation use their own "
+         "generators; compare runs by distributions over seeds, not by tokens"),
+        ("dtype", profile.model.dtype, [f"{R}.dtype=bfloat16"], "approximate",
+         "the engine samples in BF16; the lab's embedded model runs in FP32"),
     ]
+    # fmt: on
     keys = ("hyperparameter", "lab", "overrides", "status", "consequence")
     return [dict(zip(keys, r)) for r in rows]
 
