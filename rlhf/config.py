@@ -70,6 +70,17 @@ class Model:
         default=False,
     )
 
+    def shape(self) -> dict[str, int]:
+        """The keys a base model's config.json must match (rlhf.models.SHAPE_KEYS), in that order."""
+        return {
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+        }
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -71,11 +71,9 @@ def check_config(profile: Profile, config) -> None:
     arch = list(getattr(config, "architectures", None) or [])
     if spec.architecture not in arch:
         raise ModelCheckError(f"architecture {arch} is not {spec.architecture}")
-    for key in SHAPE_KEYS:
-        if getattr(config, key) != getattr(spec, key):
-            raise ModelCheckError(
-                f"{key} is {getattr(config, key)}, profile {profile.name} requires {getattr(spec, key)}"
-            )
+    for key, want in spec.shape().items():
+        if getattr(config, key) != want:  # a transformers config, read by the names of its keys
+            raise ModelCheckError(f"{key} is {getattr(config, key)}, profile {profile.name} requires {want}")
     if not config.tie_word_embeddings:
         raise ModelCheckError("input and output embeddings are not tied (tie_word_embeddings false)")
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
@@ -115,10 +113,9 @@ def check_tokenizer(profile: Profile, tokenizer) -> tuple[int, int]:
     pad_tok = spec.pad_token or "<|endoftext|>"
     eos_id = tokenizer.convert_tokens_to_ids(eos_tok)
     pad_id = tokenizer.convert_tokens_to_ids(pad_tok)
-    for name, got, key in (("EOS", eos_id, "eos_token_id"), ("PAD", pad_id, "pad_token_id")):
+    for name, got, want in (("EOS", eos_id, spec.eos_token_id), ("PAD", pad_id, spec.pad_token_id)):
         if got is None or tokenizer.convert_ids_to_tokens(got) != (eos_tok if name == "EOS" else pad_tok):
             raise ModelCheckError(f"tokenizer has no {name} token")
-        want = getattr(spec, key)
         if want is not None and got != want:
             raise ModelCheckError(f"tokenizer {name} id is {got}, profile requires {want}")
     if eos_id == pad_id:
@@ -240,7 +237,7 @@ def qwen2_config(profile: Profile, **extra):
 
     spec = profile.model
     settings = {"tie_word_embeddings": True, "max_position_embeddings": 32768, "rope_theta": 1000000.0}
-    return Qwen2Config(**{k: getattr(spec, k) for k in SHAPE_KEYS}, **{**settings, "rms_norm_eps": 1e-6, **extra})
+    return Qwen2Config(**spec.shape(), **{**settings, "rms_norm_eps": 1e-6, **extra})
 
 
 def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cpu") -> Base:
