@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import load as st_load
@@ -90,6 +91,31 @@ class Role:
             if id(t) not in learned:
                 yield name, t
         yield from self.model.named_buffers()
+
+
+class PpoRoles(NamedTuple):
+    """The four roles PPO runs on (rlhf.lab.ppo_roles), in ROLE_KINDS order."""
+
+    actor: Role
+    reference: Role
+    judge: Role
+    critic: Role
+
+    def by_kind(self) -> dict[str, Role]:
+        return {"actor": self.actor, "reference": self.reference, "judge": self.judge, "critic": self.critic}
+
+
+class EvaluationRoles(NamedTuple):
+    """The roles the evaluation reads (rlhf.evaluate.evaluation_roles): two policies (the SFT
+    and the PPO actor), the frozen reference and the frozen judge."""
+
+    sft: Role
+    ppo: Role
+    reference: Role
+    judge: Role
+
+    def by_kind(self) -> dict[str, Role]:
+        return {"sft": self.sft, "ppo": self.ppo, "reference": self.reference, "judge": self.judge}
 
 
 def new_head(hidden: int, kind: str, profile: Profile) -> nn.Linear:
@@ -183,7 +209,7 @@ def fingerprint(role: Role, *, frozen: bool = True) -> dict:
 def assert_role_isolation(roles) -> None:
     """Raise RoleIsolationError if two roles share any tensor storage, if a reference or judge
     parameter requires or holds a gradient, or if a role is in training mode."""
-    roles = list(roles.values()) if isinstance(roles, dict) else list(roles)
+    roles = list(roles.values()) if isinstance(roles, dict) else list(roles)  # a dict, or PpoRoles
     owner: dict[int, tuple[int, str, str]] = {}  # storage -> (role position, kind, tensor name)
     for i, role in enumerate(roles):
         tensors = list(role.model.named_parameters(remove_duplicate=False)) + list(role.model.named_buffers())
