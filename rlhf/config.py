@@ -17,8 +17,10 @@ import dataclasses
 import re
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlhf.io import dumps_json, sha256_text
 
@@ -207,7 +209,7 @@ class Profile:
 TABLES = {f.name: f.type for f in dataclasses.fields(Profile)}
 
 
-def _field_types(cls) -> dict[str, object]:
+def _field_types(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -286,7 +288,7 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
     return profile_from_dict(data, path)
 
 
-def override(profile: Profile, changes: dict[tuple[str, str], object]) -> Profile:
+def override(profile: Profile, changes: Mapping[tuple[str | None, str], object]) -> Profile:
     """A copy of `profile` with `{(table, key): value}` changed, each value checked like a file's
     (a new name, budgets, seeds); `(None, "name")` changes a top-level key."""
     data = profile.to_dict()

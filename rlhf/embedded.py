@@ -22,6 +22,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from rlhf.corpus import REVISIONS, build_corpus
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, sha256_file, write_text
@@ -36,7 +37,7 @@ FINAL_NORM_GAIN = 20.0
 BUILD_SEED = 49
 
 # Shape of the embedded base (profile `embedded` repeats these numbers and the loader checks them).
-SHAPE = dict(
+SHAPE: dict[str, Any] = dict(  # keywords of Qwen2Config
     hidden_size=64,
     num_hidden_layers=2,
     num_attention_heads=4,
@@ -355,11 +356,12 @@ def build_embedded(
         **SHAPE,
         tie_word_embeddings=True,
         max_position_embeddings=512,
-        rope_theta=10000.0,
+        # transformers 5 takes rope_theta into rope_parameters; its signature does not list it
+        rope_theta=10000.0,  # type: ignore[call-arg]
         rms_norm_eps=1e-6,
         hidden_act="silu",
         eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),  # type: ignore[arg-type]  # one token, one id
         bos_token_id=None,
         use_cache=True,
     )
@@ -368,7 +370,7 @@ def build_embedded(
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
         with torch.no_grad():
             model.model.norm.weight.fill_(FINAL_NORM_GAIN)
     finally:

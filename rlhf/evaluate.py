@@ -372,7 +372,7 @@ def bootstrap_differences(sft_rows: list[dict], ppo_rows: list[dict], seed: int,
     evaluation seed (349, SPEC §10) in the lab."""
     if sorted(r["document_id"] for r in sft_rows) != sorted(r["document_id"] for r in ppo_rows):
         raise ValueError("SFT and PPO rows must cover the same documents")
-    out = {}
+    out: dict = {}
     for key in ("rubric_success", "learned_reward"):
         out[key] = {}
         for pop in POPULATIONS:
@@ -393,7 +393,7 @@ CELLS = {(True, False): "s_TF", (True, True): "s_TT", (False, False): "s_FF", (F
 def politeness_from_scores(scores: dict[str, dict[str, float]]) -> dict:
     """Per-context deltas and counts from {family: {"s_TF", "s_TT", "s_FF", "s_FT"}}
     (s(correct, polite))."""
-    contexts = []
+    contexts: list[dict] = []
     for family, s in sorted(scores.items()):
         contexts.append(
             {
@@ -547,7 +547,7 @@ def stage_evaluate(ctx) -> dict:
     seconds: dict[str, float] = {}
     roles = _timed(seconds, "load_roles", evaluation_roles, ctx)
     artifacts = evaluation_artifacts(ctx)
-    policies = {}
+    policies: dict[str, dict] = {}
     for name, policy in (("sft", roles.sft), ("ppo", roles.ppo)):
         crash_point("evaluate.policy")
         rows = evaluate_policy(name, policy, roles, ctx, seconds)

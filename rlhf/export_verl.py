@@ -114,7 +114,7 @@ def check_run(run: Path) -> dict:
     return record
 
 
-def run_profile(record: dict, profile_arg: str | None) -> dict:
+def run_profile(record: dict, profile_arg: str | None) -> Profile:
     """The profile the run was made with (by name, or --profile PATH), checked by its hash."""
 
     name = profile_arg or record["identity"]["profile"]
@@ -177,7 +177,8 @@ def data_rows(corpus) -> dict[str, list[dict]]:
     test_labels = {lab["document_id"]: lab["action"] for lab in evaluation.labels("pair", "test")}
     test = [row(r, i, str(test_labels[r["document_id"]]), "pair") for i, r in enumerate(evaluation.prompts("test"))]
     probe_labels = {lab["family"]: lab["action"] for lab in evaluation.labels("probe", PROBE_SPLIT)}
-    seen, probe = set(), []
+    seen: set[str] = set()
+    probe: list[dict] = []
     for r in evaluation.prompts("probe"):  # 80 rows, four per context over one prompt: one row per context
         if r["family"] in seen:
             continue

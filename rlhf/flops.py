@@ -34,7 +34,7 @@ critic), and the activations kept for backward by the largest update (see `activ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlhf.config import Profile
@@ -380,7 +380,7 @@ def stage_costs(
         + fwd(L.probe_candidates, T, 0, 1)
     )
     audit_flops = fwd(2 * L.audit_pairs, T, 0, 1)
-    out = {
+    out: dict[str, Any] = {
         "sft": {"flops": sft_flops, "seconds": sft_flops / rate},
         "judge": {"flops": judge_flops, "seconds": judge_flops / rate},
         "ppo": {

@@ -596,7 +596,7 @@ def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
             f" = continuous {str(check.get('sha256_continuous'))[:12]})"
         )
         _stop_if_requested(ctx)
-    for name, folder, fn in (
+    for name, folder, write_results in (
         ("evaluate", "evaluation", stage_evaluate),
         ("shortcut_audit", "shortcut_audit", run_shortcut_audit),
     ):
@@ -606,7 +606,7 @@ def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
         t = time.perf_counter()
         sweep_incomplete(ctx.run / folder)
         if not (ctx.run / folder / "results.json").exists():  # written whole and last: there means done
-            fn(ctx)
+            write_results(ctx)
         mark_complete(ctx, name)
         _say(f"{name}: {time.perf_counter() - t:.1f} s")
         _stop_if_requested(ctx)

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlhf.config import Profile
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, read_json, sha256_file, write_text
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 FETCH_MARKER = "rlhf-fetch.json"
 SHAPE_KEYS = (
@@ -49,7 +53,7 @@ class ModelCheckError(ValueError):
 
 @dataclass
 class Base:
-    model: torch.nn.Module
+    model: PreTrainedModel  # a Qwen2ForCausalLM
     tokenizer: object
     eos_id: int
     pad_id: int
@@ -219,7 +223,7 @@ def load_base(
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
     dtype = DTYPES[profile.model.dtype]
     model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     check_model(profile, model)
     freeze(model)
     ident = dict(identity) if identity else {"files": directory_identity(model_dir)}
@@ -237,7 +241,8 @@ def qwen2_config(profile: Profile, **extra):
 
     spec = profile.model
     settings = {"tie_word_embeddings": True, "max_position_embeddings": 32768, "rope_theta": 1000000.0}
-    return Qwen2Config(**spec.shape(), **{**settings, "rms_norm_eps": 1e-6, **extra})
+    shape: dict[str, Any] = spec.shape()  # ints, for keywords of many types
+    return Qwen2Config(**shape, **{**settings, "rms_norm_eps": 1e-6, **extra})
 
 
 def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cpu") -> Base:
@@ -256,7 +261,7 @@ def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cp
     )
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(DTYPES[spec.dtype])
+        model = Qwen2ForCausalLM(config).to(DTYPES[spec.dtype])  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     check_config(profile, model.config)
     check_model(profile, model)
     freeze(model)

@@ -64,7 +64,7 @@ class PromptSampler:
         self.epoch = 0
 
     def draw(self, k: int) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < k:
             if self.pointer == self.n:
                 self.permutation = torch.randperm(self.n, generator=self.generator)
@@ -287,7 +287,7 @@ def train_ppo(
     updates = cfg.updates_per_iteration
     total = cfg.iterations * updates
     last = cfg.iterations if leg.stop is None else leg.stop
-    timings = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
+    timings: dict = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
     for it in range(run.start, last):
         crash_point("ppo.iteration")
         t_iter = time.perf_counter()
@@ -329,14 +329,14 @@ def _restore(roles: PpoRoles, profile: Profile, n_prompts: int, state: dict | No
     seeds, or restored (with the roles' learned tensors and the system RNGs) from `state`."""
     cfg, seeds, decay = profile.ppo, profile.seeds, profile.optim.weight_decay
     actor, critic = roles.actor, roles.critic
-    optimizers = {
+    optimizers: dict[str, torch.optim.Optimizer] = {
         "actor": adamw([p for p in actor.learned_parameters() if p.requires_grad], cfg.actor_lr, decay),
         "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad], cfg.critic_lr, decay),
     }
     sampler = PromptSampler(n_prompts, seeds.data_order)
     sample_gen = torch.Generator(device=next(actor.model.parameters()).device).manual_seed(seeds.ppo_sampling)
     if state is None:
-        history = {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None}
+        history: dict = {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None}
         return PpoRun(optimizers, sampler, sample_gen, history, start=0)
     actor.load_learned_state(state["actor"])
     critic.load_learned_state(state["critic"])

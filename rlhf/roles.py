@@ -150,7 +150,7 @@ def new_role(
             f"parameters; [lora] expects {profile.lora.expected_adapters} with "
             f"{profile.lora.expected_parameters:,}"
         )
-    base.model.to(device)
+    base.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     head = new_head(base.model.config.hidden_size, kind, profile).to(device) if kind in HEAD_KINDS else None
     role = Role(kind=kind, model=base.model, head=head, base_identity=base.identity)
     role.model.eval()
@@ -167,6 +167,7 @@ def new_role(
 def reward_scores(role: Role, batch: Batch) -> torch.Tensor:
     """[B] judge score read at the last active response token (EOS included), never at the
     last column of a padded batch."""
+    assert role.head is not None, f"the {role.kind} has no scalar head"
     hidden = backbone_hidden(role.model, batch)
     return role.head(last_token_hidden(hidden, batch).float())[:, 0]
 
@@ -175,6 +176,7 @@ def critic_values(role: Role, batch: Batch, hidden: torch.Tensor | None = None) 
     """[B, R] V_j: the critic's value on the prefix that produces response token j (0 where masked)."""
     if hidden is None:
         hidden = backbone_hidden(role.model, batch)
+    assert role.head is not None, f"the {role.kind} has no scalar head"
     values = role.head(prefix_hidden(hidden, batch).float())[..., 0]
     # Selected away, never multiplied by 0 (rlhf.masks): nan * 0 is nan.
     return torch.where(batch.response_mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
@@ -188,7 +190,8 @@ def tensor_sha256(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy())  # hashed in place: no copy of its bytes
+        # hashed in place, no copy of its bytes (an ndarray is a buffer; numpy's stubs do not say so)
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
 
 
