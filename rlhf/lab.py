@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import torch
 from tqdm import tqdm
@@ -260,6 +260,22 @@ def _say(line: str) -> None:
 # ------------------------------------------------------------------------- a resumable stage
 
 
+class ResumeCheck(TypedDict, total=False):
+    """resume_check.json: what the interrupt/resume protocol compared (the keys after `protocol`
+    only when it ran both legs)."""
+
+    stage: str
+    protocol: bool
+    sha256_continuous: str
+    boundary: int
+    identical: bool
+    tensors_compared: int
+    sha256_resumed: str
+    sha256_boundary: str
+    interrupted_and_resumed_s: float
+    continuous_s: float
+
+
 class ProtocolResult(NamedTuple):
     """What run_protocol (and so a training stage) returns."""
 
@@ -267,7 +283,7 @@ class ProtocolResult(NamedTuple):
     timings: dict  # durations of the leg that produced `state` ({} if its final state was loaded)
     seconds: float  # wall-clock seconds of the whole call
     sha256_final: str | None  # hash of the saved final state; None after --stop-after
-    check: dict | None  # resume_check.json as recorded (its JSON keys); None after --stop-after or --resume
+    check: ResumeCheck | None  # resume_check.json as recorded (its JSON keys); None after --stop-after or --resume
 
 
 def run_protocol(
@@ -338,7 +354,7 @@ def run_protocol(
     state_c, tm_c, seconds["continuous"] = _run_leg(
         ctx, stage, "continuous", lambda: None, None, run_fn, identity, checkpoint_every
     )
-    check = {
+    check: ResumeCheck = {
         "stage": stage,
         "protocol": protocol,
         "sha256_continuous": read_json(folder / "state-continuous.pt.gz.json")["sha256"],
