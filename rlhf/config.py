@@ -73,7 +73,8 @@ class Model:
     )
 
     def shape(self) -> dict[str, int]:
-        """The keys a base model's config.json must match (rlhf.models.SHAPE_KEYS), in that order."""
+        """The six numbers a base model's config.json must match (rlhf.models.check_config), and
+        the shape rlhf.models.qwen2_config builds."""
         return {
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,

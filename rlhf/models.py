@@ -25,14 +25,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 FETCH_MARKER = "rlhf-fetch.json"
-SHAPE_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-    "vocab_size",
-)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 # What `fetch_model` downloads: weights, config and tokenizer files, nothing else.
 FETCH_PATTERNS = [
@@ -233,7 +225,7 @@ def load_base(
 
 
 def qwen2_config(profile: Profile, **extra):
-    """transformers' Qwen2Config of the profile's shape (SHAPE_KEYS), embeddings tied, with
+    """transformers' Qwen2Config of the profile's shape (rlhf.config.Model.shape), embeddings tied, with
     Qwen2.5's position and norm settings (32,768 positions, RoPE theta 1e6, RMSNorm eps 1e-6);
     `extra` adds or replaces keys. The random-weight base and the tests that build a model of a
     profile's shape use this one builder."""
