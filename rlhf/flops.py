@@ -34,10 +34,7 @@ critic), and the activations kept for backward by the largest update (see `activ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from rlhf.config import Profile
+from typing import Any
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TRAIN_FACTOR = 3  # forward + backward = 3 x forward (convention; see the module docstring)
@@ -324,7 +321,7 @@ def decode_step_bytes(shape: Shape, dtype_bytes: int, lora_rank: int) -> int:
 
 
 def stage_costs(
-    profile: Profile,
+    profile,  # an rlhf.config.Profile, read by attribute (this module imports nothing from rlhf)
     lengths: Lengths,
     *,
     utilisation: float,
