@@ -35,6 +35,7 @@ import hashlib
 import platform
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +76,7 @@ class _Inputs:
         return (torch.randn(*shape, generator=_gen(self.seed())) * scale).to(dtype)
 
 
-def _shape() -> dict:
+def _shape() -> dict[str, Any]:
     from rlhf.embedded import SHAPE
 
     return SHAPE
@@ -213,7 +214,8 @@ def model_step() -> list[tuple[str, str]]:
         **_shape(),
         tie_word_embeddings=True,
         max_position_embeddings=32768,
-        rope_theta=1000000.0,
+        # transformers 5 takes rope_theta into rope_parameters; its signature does not list it
+        rope_theta=1000000.0,  # type: ignore[call-arg]
         rms_norm_eps=1e-6,
     )
     torch.manual_seed(49)  # inside measure()'s forked RNG: the caller's generator is untouched
@@ -275,7 +277,11 @@ def probes() -> dict:
 
 def environment() -> dict:
     """Where the fingerprint was measured (never compared)."""
-    info = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()}
+    info: dict[str, object] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+    }
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         lines = cpuinfo.read_text().splitlines()

@@ -98,7 +98,7 @@ def cmd_stage(args) -> int:
         kwargs["use_cache"] = not args.no_kv_cache
     result = fn(ctx, **kwargs)
     where = ctx.run / args.command
-    print(f"{args.command}: done in {result['seconds']:.1f} s -> {where}")
+    print(f"{args.command}: done in {result.seconds:.1f} s -> {where}")
     return 0
 
 

@@ -17,8 +17,10 @@ import dataclasses
 import re
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlhf.io import dumps_json, sha256_text
 
@@ -69,6 +71,18 @@ class Model:
         "stand-in of the full shape); never true for a real run",
         default=False,
     )
+
+    def shape(self) -> dict[str, int]:
+        """The six numbers a base model's config.json must match (rlhf.models.check_config), and
+        the shape rlhf.models.qwen2_config builds."""
+        return {
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+        }
 
 
 @dataclass(frozen=True)
@@ -196,7 +210,7 @@ class Profile:
 TABLES = {f.name: f.type for f in dataclasses.fields(Profile)}
 
 
-def _field_types(cls) -> dict[str, object]:
+def _field_types(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -275,7 +289,7 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
     return profile_from_dict(data, path)
 
 
-def override(profile: Profile, changes: dict[tuple[str, str], object]) -> Profile:
+def override(profile: Profile, changes: Mapping[tuple[str | None, str], object]) -> Profile:
     """A copy of `profile` with `{(table, key): value}` changed, each value checked like a file's
     (a new name, budgets, seeds); `(None, "name")` changes a top-level key."""
     data = profile.to_dict()

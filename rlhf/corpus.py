@@ -272,7 +272,7 @@ REVISIONS: dict[str, Revision] = {
 DEFAULT_REVISION = "r001"
 
 
-def get_revision(revision: str) -> Revision:
+def get_revision(revision: str | None) -> Revision:
     if revision not in REVISIONS:
         raise ValueError(f"unknown corpus revision {revision!r}; implemented: {sorted(REVISIONS)}")
     return REVISIONS[revision]
@@ -379,8 +379,8 @@ def build_corpus(revision: str = DEFAULT_REVISION) -> dict:
     "inputs": {population: {split: [records]}}, "labels": same shape}."""
     rev = get_revision(revision)
     families = assign_splits(rev.seed)
-    inputs = {pop: {} for pop in POPULATIONS}
-    labels = {pop: {} for pop in POPULATIONS}
+    inputs: dict[str, dict] = {pop: {} for pop in POPULATIONS}
+    labels: dict[str, dict] = {pop: {} for pop in POPULATIONS}
     for pop, split in LOCATIONS:
         inputs[pop][split] = []
         labels[pop][split] = []
@@ -562,7 +562,7 @@ def audit(corpus: dict) -> dict:
     expected_families = assign_splits(rev.seed)
     if corpus.get("families") != expected_families:
         _fail(f"family -> split map differs from the SPEC assignment with seed {rev.seed}")
-    fams_by_split = {s: set() for s in SPLITS}
+    fams_by_split: dict[str, set] = {s: set() for s in SPLITS}
     for split in SPLITS:
         for r in _records(corpus, "inputs", "pair", split):
             fams_by_split[split].add(r["family"])

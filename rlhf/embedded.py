@@ -22,6 +22,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from rlhf.corpus import REVISIONS, build_corpus
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, sha256_file, write_text
@@ -36,7 +37,7 @@ FINAL_NORM_GAIN = 20.0
 BUILD_SEED = 49
 
 # Shape of the embedded base (profile `embedded` repeats these numbers and the loader checks them).
-SHAPE = dict(
+SHAPE: dict[str, Any] = dict(  # keywords of Qwen2Config
     hidden_size=64,
     num_hidden_layers=2,
     num_attention_heads=4,
@@ -48,176 +49,35 @@ SHAPE = dict(
 # Generic office vocabulary for the tokenizer. Generated sentences mix these words freely, so
 # the tokenizer learns compact pieces for the lab's domain words without ever seeing the lab's
 # sentences (the audit below proves it).
-_SUBJECTS = [
-    "the printer",
-    "my laptop",
-    "the monitor",
-    "a colleague",
-    "the office",
-    "the team",
-    "the speaker",
-    "the headset",
-    "the network",
-    "the router",
-    "the cable",
-    "the dock",
-    "the document",
-    "the report",
-    "the session",
-    "the account",
-    "the screen",
-    "the queue",
-    "the keyboard",
-    "the mouse",
-    "the meeting room",
-    "the help desk",
-    "the manager",
-    "the wireless adapter",
-    "the audio",
-    "the file",
-    "the browser",
-    "the login page",
-]
+# fmt: off
+_SUBJECTS = ["the printer", "my laptop", "the monitor", "a colleague", "the office", "the team",
+             "the speaker", "the headset", "the network", "the router", "the cable", "the dock",
+             "the document", "the report", "the session", "the account", "the screen", "the queue",
+             "the keyboard", "the mouse", "the meeting room", "the help desk", "the manager",
+             "the wireless adapter", "the audio", "the file", "the browser", "the login page"]
 _VERBS = ["is", "was", "seems", "looks", "stays", "became", "keeps being", "remains"]
-_STATES = [
-    "slow",
-    "quiet",
-    "offline",
-    "unplugged",
-    "muted",
-    "frozen",
-    "stuck",
-    "disconnected",
-    "expired",
-    "unsaved",
-    "paused",
-    "busy",
-    "blank",
-    "locked",
-    "loose",
-    "silent",
-    "connected",
-    "ready",
-    "working",
-    "fine",
-    "restored",
-    "saved",
-    "renewed",
-    "on",
-    "off",
-]
-_TAILS = [
-    "since this morning",
-    "after lunch",
-    "again today",
-    "during the call",
-    "on Monday",
-    "for an hour",
-    "before the meeting",
-    "at the reception",
-    "in room 4",
-    "on the third floor",
-    "right now",
-    "every few minutes",
-    "after the update",
-    "since yesterday",
-]
-_REQUESTS = [
-    "Please",
-    "Could you",
-    "Can someone",
-    "I would like to",
-    "We need to",
-    "Try to",
-    "You might",
-    "Remember to",
-    "It helps to",
-    "Someone should",
-]
-_ACTIONS = [
-    "check the cable",
-    "restart the queue",
-    "turn the volume up",
-    "switch the wireless on",
-    "save your work",
-    "sign in again",
-    "renew the password",
-    "restore the connection",
-    "plug the charger in",
-    "press the power button",
-    "close the window",
-    "open the settings",
-    "clear the print jobs",
-    "test the sound",
-    "reconnect to the network",
-    "log out and back in",
-    "update the driver",
-    "reboot the computer",
-    "store a copy",
-    "refresh the page",
-]
-_OPENERS = [
-    "Hello.",
-    "Hi there.",
-    "Good morning.",
-    "Thanks for the note.",
-    "Thank you.",
-    "Sorry for the wait.",
-    "Kind regards.",
-    "Best wishes.",
-    "Cheers.",
-    "Have a nice day.",
-]
-_HEDGES = [
-    "maybe",
-    "perhaps",
-    "probably",
-    "possibly",
-    "certainly",
-    "definitely",
-    "surely",
-    "it might help",
-    "it could work",
-    "it will work",
-    "no guarantee",
-    "not sure",
-]
-_MISC = [
-    "ticket",
-    "incident",
-    "request",
-    "case",
-    "record",
-    "note",
-    "message",
-    "source",
-    "kind",
-    "step",
-    "next",
-    "relevant",
-    "guaranteed",
-    "fix",
-    "claim",
-    "without",
-    "remote",
-    "support",
-    "context",
-    "previous",
-    "unrelated",
-    "closed",
-    "new",
-    "desk",
-    "help",
-    "give",
-    "one",
-    "situation",
-    "card",
-    "preference",
-    "demonstration",
-    "live",
-    "rollout",
-    "number",
-]
+_STATES = ["slow", "quiet", "offline", "unplugged", "muted", "frozen", "stuck", "disconnected",
+           "expired", "unsaved", "paused", "busy", "blank", "locked", "loose", "silent",
+           "connected", "ready", "working", "fine", "restored", "saved", "renewed", "on", "off"]
+_TAILS = ["since this morning", "after lunch", "again today", "during the call", "on Monday",
+          "for an hour", "before the meeting", "at the reception", "in room 4", "on the third floor",
+          "right now", "every few minutes", "after the update", "since yesterday"]
+_REQUESTS = ["Please", "Could you", "Can someone", "I would like to", "We need to", "Try to",
+             "You might", "Remember to", "It helps to", "Someone should"]
+_ACTIONS = ["check the cable", "restart the queue", "turn the volume up", "switch the wireless on",
+            "save your work", "sign in again", "renew the password", "restore the connection",
+            "plug the charger in", "press the power button", "close the window", "open the settings",
+            "clear the print jobs", "test the sound", "reconnect to the network", "log out and back in",
+            "update the driver", "reboot the computer", "store a copy", "refresh the page"]
+_OPENERS = ["Hello.", "Hi there.", "Good morning.", "Thanks for the note.", "Thank you.",
+            "Sorry for the wait.", "Kind regards.", "Best wishes.", "Cheers.", "Have a nice day."]
+_HEDGES = ["maybe", "perhaps", "probably", "possibly", "certainly", "definitely", "surely",
+           "it might help", "it could work", "it will work", "no guarantee", "not sure"]
+_MISC = ["ticket", "incident", "request", "case", "record", "note", "message", "source", "kind",
+         "step", "next", "relevant", "guaranteed", "fix", "claim", "without", "remote", "support",
+         "context", "previous", "unrelated", "closed", "new", "desk", "help", "give", "one",
+         "situation", "card", "preference", "demonstration", "live", "rollout", "number"]
+# fmt: on
 
 
 TEXTS = ("office", "control")
@@ -355,11 +215,12 @@ def build_embedded(
         **SHAPE,
         tie_word_embeddings=True,
         max_position_embeddings=512,
-        rope_theta=10000.0,
+        # transformers 5 takes rope_theta into rope_parameters; its signature does not list it
+        rope_theta=10000.0,  # type: ignore[call-arg]
         rms_norm_eps=1e-6,
         hidden_act="silu",
         eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),  # type: ignore[arg-type]  # one token, one id
         bos_token_id=None,
         use_cache=True,
     )
@@ -368,7 +229,7 @@ def build_embedded(
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
         with torch.no_grad():
             model.model.norm.weight.fill_(FINAL_NORM_GAIN)
     finally:

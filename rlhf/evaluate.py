@@ -45,7 +45,7 @@ from rlhf.generate import generate
 from rlhf.io import crash_point, sha256_file, write_json
 from rlhf.judge import encode_pairs, evaluate_pairs
 from rlhf.ppo_math import mean_sampled_log_ratio
-from rlhf.roles import assert_role_isolation, fingerprint, load_role, reward_scores
+from rlhf.roles import EvaluationRoles, Role, assert_role_isolation, fingerprint, load_role, reward_scores
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, decode_response, encode_example, encode_prompt, max_new_tokens
 
@@ -372,7 +372,7 @@ def bootstrap_differences(sft_rows: list[dict], ppo_rows: list[dict], seed: int,
     evaluation seed (349, SPEC §10) in the lab."""
     if sorted(r["document_id"] for r in sft_rows) != sorted(r["document_id"] for r in ppo_rows):
         raise ValueError("SFT and PPO rows must cover the same documents")
-    out = {}
+    out: dict = {}
     for key in ("rubric_success", "learned_reward"):
         out[key] = {}
         for pop in POPULATIONS:
@@ -393,7 +393,7 @@ CELLS = {(True, False): "s_TF", (True, True): "s_TT", (False, False): "s_FF", (F
 def politeness_from_scores(scores: dict[str, dict[str, float]]) -> dict:
     """Per-context deltas and counts from {family: {"s_TF", "s_TT", "s_FF", "s_FT"}}
     (s(correct, polite))."""
-    contexts = []
+    contexts: list[dict] = []
     for family, s in sorted(scores.items()):
         contexts.append(
             {
@@ -474,21 +474,18 @@ def politeness_exercise(judge_role, ctx, artifacts: list[Path]) -> dict:
 # ------------------------------------------------------------------------------ 7. the stage
 
 
-def evaluation_roles(ctx) -> dict:
+def evaluation_roles(ctx) -> EvaluationRoles:
     """SFT actor, PPO actor, frozen reference (SFT adapters) and frozen judge, each on its own base."""
     sft_file = ctx.run / "sft" / "actor.safetensors"
-    roles = {
-        "sft": ctx.role("actor"),
-        "ppo": ctx.role("actor"),
-        "reference": ctx.role("reference"),
-        "judge": ctx.role("judge"),
-    }
-    load_role(roles["sft"], sft_file)
-    load_role(roles["ppo"], ctx.run / "ppo" / "actor.safetensors")
-    load_role(roles["reference"], sft_file, source_kind="actor")
-    roles["reference"].freeze()
-    load_role(roles["judge"], ctx.run / "judge" / "judge.safetensors")
-    roles["judge"].freeze()
+    roles = EvaluationRoles(
+        sft=ctx.role("actor"), ppo=ctx.role("actor"), reference=ctx.role("reference"), judge=ctx.role("judge")
+    )
+    load_role(roles.sft, sft_file)
+    load_role(roles.ppo, ctx.run / "ppo" / "actor.safetensors")
+    load_role(roles.reference, sft_file, source_kind="actor")
+    roles.reference.freeze()
+    load_role(roles.judge, ctx.run / "judge" / "judge.safetensors")
+    roles.judge.freeze()
     assert_role_isolation(roles)
     return roles
 
@@ -514,11 +511,11 @@ def _timed(seconds: dict, name: str, fn, *args):
     return out
 
 
-def evaluate_policy(name: str, actor_role, roles: dict, ctx, seconds: dict) -> list[dict]:
+def evaluate_policy(name: str, actor_role: Role, roles: EvaluationRoles, ctx, seconds: dict) -> list[dict]:
     """Greedy generations of one policy, scored and checked by the rubric."""
     rows = _timed(seconds, f"{name}_generation", generate_heldout, actor_role.model, ctx)
     rows = _timed(
-        seconds, f"{name}_scoring", score_rows, rows, ctx, actor_role.model, roles["reference"].model, roles["judge"]
+        seconds, f"{name}_scoring", score_rows, rows, ctx, actor_role.model, roles.reference.model, roles.judge
     )
     return _timed(seconds, f"{name}_rubric", rubric_rows, rows, ctx)
 
@@ -550,12 +547,12 @@ def stage_evaluate(ctx) -> dict:
     seconds: dict[str, float] = {}
     roles = _timed(seconds, "load_roles", evaluation_roles, ctx)
     artifacts = evaluation_artifacts(ctx)
-    policies = {}
-    for name in ("sft", "ppo"):
+    policies: dict[str, dict] = {}
+    for name, policy in (("sft", roles.sft), ("ppo", roles.ppo)):
         crash_point("evaluate.policy")
-        rows = evaluate_policy(name, roles[name], roles, ctx, seconds)
+        rows = evaluate_policy(name, policy, roles, ctx, seconds)
         policies[name] = {"rows": rows, "metrics": summarise_populations(rows)}
-    judge_test = _timed(seconds, "judge_test_accuracy", judge_test_accuracy, roles["judge"], ctx)
+    judge_test = _timed(seconds, "judge_test_accuracy", judge_test_accuracy, roles.judge, ctx)
     differences = _timed(
         seconds,
         "bootstrap",
@@ -564,7 +561,7 @@ def stage_evaluate(ctx) -> dict:
         policies["ppo"]["rows"],
         ctx.profile.seeds.evaluation,
     )
-    politeness = _timed(seconds, "politeness", politeness_exercise, roles["judge"], ctx, artifacts)
+    politeness = _timed(seconds, "politeness", politeness_exercise, roles.judge, ctx, artifacts)
     attach_policy_outputs(politeness["contexts"], policies)
     assert_role_isolation(roles)
     seconds["total"] = time.perf_counter() - t0

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.config import PROFILES, load_profile, profile_hash
+from rlhf.config import PROFILES, Profile, load_profile, profile_hash
 from rlhf.corpus import PROBE_SPLIT, load_corpus
 from rlhf.identities import base_model_sha256
 from rlhf.io import atomic_folder, read_json, sha256_file, write_bytes, write_json, write_text
@@ -114,7 +114,7 @@ def check_run(run: Path) -> dict:
     return record
 
 
-def run_profile(record: dict, profile_arg: str | None) -> dict:
+def run_profile(record: dict, profile_arg: str | None) -> Profile:
     """The profile the run was made with (by name, or --profile PATH), checked by its hash."""
 
     name = profile_arg or record["identity"]["profile"]
@@ -129,7 +129,7 @@ def run_profile(record: dict, profile_arg: str | None) -> dict:
     return profile
 
 
-def run_model_dir(run: Path, record: dict, profile: dict, model_dir) -> Path:
+def run_model_dir(run: Path, record: dict, profile: Profile, model_dir) -> Path:
 
     path = Path(model_dir) if model_dir else run / "base_model"
     if not (path / "config.json").is_file():
@@ -177,7 +177,8 @@ def data_rows(corpus) -> dict[str, list[dict]]:
     test_labels = {lab["document_id"]: lab["action"] for lab in evaluation.labels("pair", "test")}
     test = [row(r, i, str(test_labels[r["document_id"]]), "pair") for i, r in enumerate(evaluation.prompts("test"))]
     probe_labels = {lab["family"]: lab["action"] for lab in evaluation.labels("probe", PROBE_SPLIT)}
-    seen, probe = set(), []
+    seen: set[str] = set()
+    probe: list[dict] = []
     for r in evaluation.prompts("probe"):  # 80 rows, four per context over one prompt: one row per context
         if r["family"] in seen:
             continue
@@ -227,7 +228,7 @@ def merge_lora(model) -> None:
         setattr(parent, child, base)
 
 
-def _merged_role(kind: str, profile: dict, model_dir: Path, state_file: Path, source_kind=None, adapters_only=False):
+def _merged_role(kind: str, profile: Profile, model_dir: Path, state_file: Path, source_kind=None, adapters_only=False):
 
     role = new_role(kind, profile, model_dir)
     load_role(role, state_file, source_kind=source_kind, adapters_only=adapters_only)
@@ -245,7 +246,7 @@ def _hf_config(causal_config, eos_id: int, pad_id: int, architecture: str):
     return config
 
 
-def write_models(out: Path, profile: dict, model_dir: Path, run: Path, tokenizer, eos_id: int, pad_id: int) -> dict:
+def write_models(out: Path, profile: Profile, model_dir: Path, run: Path, tokenizer, eos_id: int, pad_id: int) -> dict:
     """Merged actor, critic initialisation and judge into out/models; returns the judge's head bias."""
     from transformers import GenerationConfig, Qwen2ForSequenceClassification, Qwen2ForTokenClassification
 
@@ -296,7 +297,7 @@ def lcm(a: int, b: int) -> int:
     return a * b // math.gcd(a, b)
 
 
-def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
+def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
     """Every SPEC §5-§6 hyperparameter: lab value, verl override(s), status, consequence.
 
     status: "exact", "approximate" or "not expressible". The one place the profile's numbers
@@ -311,6 +312,8 @@ def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
         "training them at scale goes through TRL or OpenRLHF on the exported pairs and "
         "demonstrations (docs/scaling-out.md)",
     )
+    # One row per hyperparameter: (name, lab value, verl overrides, status, consequence).
+    # fmt: off
     rows = [
         ("sft.epochs", sft.epochs, [], *not_trained),
         ("sft.examples_per_update", sft.examples_per_update, [], *not_trained),
@@ -320,234 +323,95 @@ def hyperparameters(profile: dict, n_gpus: int) -> list[dict]:
         ("judge.pairs_per_update", judge.pairs_per_update, [], *not_trained),
         ("judge.lr", judge.lr, [], *not_trained),
         ("judge.loss", "-mean(logsigmoid(r_chosen - r_rejected))", [], *not_trained),
-        (
-            "limits.prompt_tokens",
-            limits.prompt_tokens,
-            [
-                f"data.max_prompt_length={limits.prompt_tokens}",
-                "data.filter_overlong_prompts=True",
-                "data.truncation=error",
-            ],
-            "exact",
-            "no exported prompt is over the limit (checked: none filtered)",
-        ),
-        (
-            "limits.response_tokens",
-            limits.response_tokens,
-            [f"data.max_response_length={limits.response_tokens}"],
-            "exact",
-            "a response is cut at the same length",
-        ),
-        (
-            "limits.context_tokens",
-            limits.context_tokens,
-            [],
-            "exact",
-            "implied: prompt + response limits sum to the context limit",
-        ),
-        (
-            "ppo.temperature",
-            ppo.temperature,
-            [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1", f"{R}.top_p=1.0"],
-            "exact",
-            "full vocabulary, no top-k/top-p",
-        ),
-        (
-            "ppo.prompts_per_iteration",
-            batch,
-            [
-                f"data.train_batch_size={verl_batch}",
-                f"{R}.n=1",
-                f"{A}.ppo_mini_batch_size={verl_batch}",
-                f"{C}.ppo_mini_batch_size={verl_batch}",
-            ],
-            "exact" if verl_batch == batch else "approximate",
-            "one rollout per prompt, one mini-batch per update"
-            + (
-                ""
-                if verl_batch == batch
-                else f"; {verl_batch} prompts per iteration, because verl needs the "
-                f"batch divisible by the {n_gpus} GPUs"
-            ),
-        ),
-        (
-            "ppo.updates_per_iteration",
-            ppo.updates_per_iteration,
-            [
-                f"{A}.ppo_epochs={ppo.updates_per_iteration}",
-                f"{C}.ppo_epochs={ppo.updates_per_iteration}",
-                f"{A}.shuffle=False",
-            ],
-            "exact",
-            "old log-probs and values fixed across both updates",
-        ),
-        (
-            "ppo.iterations",
-            ppo.iterations,
-            [f"trainer.total_training_steps={ppo.iterations}"],
-            "exact",
-            "one verl training step is one lab iteration",
-        ),
-        (
-            "ppo.kl_coef",
-            ppo.kl_coef,
-            [
-                f"{ALG}.use_kl_in_reward=True",
-                f"{ALG}.kl_penalty=kl",
-                f"{ALG}.kl_ctrl.type=fixed",
-                f"{ALG}.kl_ctrl.kl_coef={ppo.kl_coef}",
-                f"{A}.use_kl_loss=False",
-            ],
-            "exact",
-            "the sampled-token log-ratio penalty in every token's reward (checked against rlhf.ppo_math)",
-        ),
-        (
-            "logp_old",
-            "the sampling actor's log-prob",
-            [],
-            "approximate",
-            "verl's old log-probs are the training engine's teacher-forced recomputation, not the sampler's; "
-            "the lab records that difference before its first update",
-        ),
-        (
-            "ppo.truncation_penalty",
-            ppo.truncation_penalty,
-            ["reward manager (reward/lab_reward.py)"],
-            "exact",
-            "paid with the judge score, once, at the last response token (checked)",
-        ),
-        (
-            "judge score",
-            "once at the last active token",
-            ["reward manager (reward/lab_reward.py)"],
-            "exact",
-            "judge scores equal the lab's on fixed answers, truncated ones included (checked)",
-        ),
-        (
-            "ppo.gamma",
-            ppo.gamma,
-            [f"{ALG}.gamma={ppo.gamma}", f"{ALG}.adv_estimator=gae"],
-            "exact",
-            "GAE returns equal the lab's (checked)",
-        ),
+        ("limits.prompt_tokens", limits.prompt_tokens,
+         [f"data.max_prompt_length={limits.prompt_tokens}", "data.filter_overlong_prompts=True",
+          "data.truncation=error"], "exact", "no exported prompt is over the limit (checked: none filtered)"),
+        ("limits.response_tokens", limits.response_tokens, [f"data.max_response_length={limits.response_tokens}"],
+         "exact", "a response is cut at the same length"),
+        ("limits.context_tokens", limits.context_tokens, [], "exact",
+         "implied: prompt + response limits sum to the context limit"),
+        ("ppo.temperature", ppo.temperature, [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1", f"{R}.top_p=1.0"],
+         "exact", "full vocabulary, no top-k/top-p"),
+        ("ppo.prompts_per_iteration", batch,
+         [f"data.train_batch_size={verl_batch}", f"{R}.n=1", f"{A}.ppo_mini_batch_size={verl_batch}",
+          f"{C}.ppo_mini_batch_size={verl_batch}"],
+         "exact" if verl_batch == batch else "approximate",
+         "one rollout per prompt, one mini-batch per update" + (
+             "" if verl_batch == batch
+             else f"; {verl_batch} prompts per iteration, because verl needs the batch divisible by the "
+                  f"{n_gpus} GPUs")),
+        ("ppo.updates_per_iteration", ppo.updates_per_iteration,
+         [f"{A}.ppo_epochs={ppo.updates_per_iteration}", f"{C}.ppo_epochs={ppo.updates_per_iteration}",
+          f"{A}.shuffle=False"], "exact", "old log-probs and values fixed across both updates"),
+        ("ppo.iterations", ppo.iterations, [f"trainer.total_training_steps={ppo.iterations}"], "exact",
+         "one verl training step is one lab iteration"),
+        ("ppo.kl_coef", ppo.kl_coef,
+         [f"{ALG}.use_kl_in_reward=True", f"{ALG}.kl_penalty=kl", f"{ALG}.kl_ctrl.type=fixed",
+          f"{ALG}.kl_ctrl.kl_coef={ppo.kl_coef}", f"{A}.use_kl_loss=False"], "exact",
+         "the sampled-token log-ratio penalty in every token's reward (checked against rlhf.ppo_math)"),
+        ("logp_old", "the sampling actor's log-prob", [], "approximate",
+         "verl's old log-probs are the training engine's teacher-forced recomputation, not the sampler's; "
+         "the lab records that difference before its first update"),
+        ("ppo.truncation_penalty", ppo.truncation_penalty, ["reward manager (reward/lab_reward.py)"], "exact",
+         "paid with the judge score, once, at the last response token (checked)"),
+        ("judge score", "once at the last active token", ["reward manager (reward/lab_reward.py)"], "exact",
+         "judge scores equal the lab's on fixed answers, truncated ones included (checked)"),
+        ("ppo.gamma", ppo.gamma, [f"{ALG}.gamma={ppo.gamma}", f"{ALG}.adv_estimator=gae"], "exact",
+         "GAE returns equal the lab's (checked)"),
         ("ppo.lam", ppo.lam, [f"{ALG}.lam={ppo.lam}"], "exact", "GAE returns equal the lab's (checked)"),
-        (
-            "advantage whitening",
-            "none",
-            [],
-            "not expressible",
-            "verl 0.9.1 always whitens GAE advantages over the batch: the actor's step sizes and the sign of "
-            "small advantages differ from the lab's (returns and the critic's targets are unchanged; checked)",
-        ),
-        (
-            "ppo.clip",
-            ppo.clip,
-            [
-                f"{A}.clip_ratio={ppo.clip}",
-                f"{A}.clip_ratio_low={ppo.clip}",
-                f"{A}.clip_ratio_high={ppo.clip}",
-                f"{A}.clip_ratio_c=1e9",
-            ],
-            "exact",
-            "dual clip pushed out of reach: the lab has none",
-        ),
-        (
-            "loss averaging",
-            "per response over its tokens, then over responses",
-            [f"{A}.loss_agg_mode=seq-mean-token-mean", f"{C}.loss_agg_mode=seq-mean-token-mean"],
-            "exact",
-            "long answers get no extra weight",
-        ),
-        (
-            "ppo.value_coef",
-            ppo.value_coef,
-            [f"{C}.cliprange_value=1e9"],
-            "exact",
-            "verl's value loss is 0.5 * squared error; value clipping pushed out of reach",
-        ),
+        ("advantage whitening", "none", [], "not expressible",
+         "verl 0.9.1 always whitens GAE advantages over the batch: the actor's step sizes and the sign of "
+         "small advantages differ from the lab's (returns and the critic's targets are unchanged; checked)"),
+        ("ppo.clip", ppo.clip,
+         [f"{A}.clip_ratio={ppo.clip}", f"{A}.clip_ratio_low={ppo.clip}", f"{A}.clip_ratio_high={ppo.clip}",
+          f"{A}.clip_ratio_c=1e9"], "exact", "dual clip pushed out of reach: the lab has none"),
+        ("loss averaging", "per response over its tokens, then over responses",
+         [f"{A}.loss_agg_mode=seq-mean-token-mean", f"{C}.loss_agg_mode=seq-mean-token-mean"], "exact",
+         "long answers get no extra weight"),
+        ("ppo.value_coef", ppo.value_coef, [f"{C}.cliprange_value=1e9"], "exact",
+         "verl's value loss is 0.5 * squared error; value clipping pushed out of reach"),
         ("entropy bonus", 0, [f"{A}.entropy_coeff=0"], "exact", "none"),
         ("ppo.actor_lr", ppo.actor_lr, [f"{A}.optim.lr={ppo.actor_lr}"], "exact", "peak learning rate"),
         ("ppo.critic_lr", ppo.critic_lr, [f"{C}.optim.lr={ppo.critic_lr}"], "exact", "peak learning rate"),
-        (
-            "optim.weight_decay",
-            optim.weight_decay,
-            [f"{A}.optim.weight_decay={optim.weight_decay}", f"{C}.optim.weight_decay={optim.weight_decay}"],
-            "exact",
-            "AdamW, two optimizers",
-        ),
-        (
-            "optim.grad_clip_norm",
-            optim.grad_clip_norm,
-            [f"{A}.grad_clip={optim.grad_clip_norm}", f"{C}.grad_clip={optim.grad_clip_norm}"],
-            "exact",
-            "clipped per optimizer",
-        ),
-        (
-            "optim.warmup_ratio",
-            optim.warmup_ratio,
-            [
-                f"{A}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
-                f"{C}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
-            ],
-            "approximate",
-            "verl's warm-up starts at 0 (its first iteration learns nothing) where the lab's first update runs at "
-            "peak/warm; verl steps its schedule once per iteration, the lab once per update (both updates of an "
-            "iteration share one rate)",
-        ),
-        (
-            "optim.min_lr_ratio (linear decay)",
-            optim.min_lr_ratio,
-            [
-                f"{A}.optim.lr_scheduler_type=cosine",
-                f"{A}.optim.min_lr_ratio={optim.min_lr_ratio}",
-                f"{C}.optim.lr_scheduler_type=cosine",
-                f"{C}.optim.min_lr_ratio={optim.min_lr_ratio}",
-            ],
-            "approximate",
-            "verl 0.9.1 has only constant and cosine: a cosine to 10% of peak, above the lab's linear decay in the "
-            "first half and below it in the second",
-        ),
-        (
-            "lora (actor)",
-            f"r {profile.lora.rank}, alpha {profile.lora.alpha}",
-            [
-                f"actor_rollout_ref.model.lora_rank={profile.lora.rank}",
-                f"actor_rollout_ref.model.lora_alpha={profile.lora.alpha}",
-                "actor_rollout_ref.model.target_modules=[" + ",".join(profile.lora.targets) + "]",
-            ],
-            "approximate",
-            "a fresh adapter over the merged SFT weights: the same function at the start, not the same parameters "
-            "(the lab keeps training the SFT adapter itself)",
-        ),
-        (
-            "lora (critic)",
-            f"r {profile.lora.rank} on the SFT adapter + zero head",
-            [],
-            "not expressible",
-            "verl 0.9.1 cannot put LoRA on the critic: a full-parameter critic, far more trainable parameters at "
-            "the same learning rate, and far more memory",
-        ),
-        (
-            "seeds",
-            f"data_order {profile.seeds.data_order}, ppo_sampling {profile.seeds.ppo_sampling}",
-            ["data.shuffle=True", "data.seed=$DATA_SEED", f"{R}.seed=$SAMPLING_SEED"],
-            "not expressible",
-            "no bit-identical draws: verl's sampler, its rollout engine and its LoRA initialisation use their own "
-            "generators; compare runs by distributions over seeds, not by tokens",
-        ),
-        (
-            "dtype",
-            profile.model.dtype,
-            [f"{R}.dtype=bfloat16"],
-            "approximate",
-            "the engine samples in BF16; the lab's embedded model runs in FP32",
-        ),
+        ("optim.weight_decay", optim.weight_decay,
+         [f"{A}.optim.weight_decay={optim.weight_decay}", f"{C}.optim.weight_decay={optim.weight_decay}"],
+         "exact", "AdamW, two optimizers"),
+        ("optim.grad_clip_norm", optim.grad_clip_norm,
+         [f"{A}.grad_clip={optim.grad_clip_norm}", f"{C}.grad_clip={optim.grad_clip_norm}"], "exact",
+         "clipped per optimizer"),
+        ("optim.warmup_ratio", optim.warmup_ratio,
+         [f"{A}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
+          f"{C}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}"], "approximate",
+         "verl's warm-up starts at 0 (its first iteration learns nothing) where the lab's first update runs at "
+         "peak/warm; verl steps its schedule once per iteration, the lab once per update (both updates of an "
+         "iteration share one rate)"),
+        ("optim.min_lr_ratio (linear decay)", optim.min_lr_ratio,
+         [f"{A}.optim.lr_scheduler_type=cosine", f"{A}.optim.min_lr_ratio={optim.min_lr_ratio}",
+          f"{C}.optim.lr_scheduler_type=cosine", f"{C}.optim.min_lr_ratio={optim.min_lr_ratio}"], "approximate",
+         "verl 0.9.1 has only constant and cosine: a cosine to 10% of peak, above the lab's linear decay in the "
+         "first half and below it in the second"),
+        ("lora (actor)", f"r {profile.lora.rank}, alpha {profile.lora.alpha}",
+         [f"actor_rollout_ref.model.lora_rank={profile.lora.rank}",
+          f"actor_rollout_ref.model.lora_alpha={profile.lora.alpha}",
+          "actor_rollout_ref.model.target_modules=[" + ",".join(profile.lora.targets) + "]"], "approximate",
+         "a fresh adapter over the merged SFT weights: the same function at the start, not the same parameters "
+         "(the lab keeps training the SFT adapter itself)"),
+        ("lora (critic)", f"r {profile.lora.rank} on the SFT adapter + zero head", [], "not expressible",
+         "verl 0.9.1 cannot put LoRA on the critic: a full-parameter critic, far more trainable parameters at "
+         "the same learning rate, and far more memory"),
+        ("seeds", f"data_order {profile.seeds.data_order}, ppo_sampling {profile.seeds.ppo_sampling}",
+         ["data.shuffle=True", "data.seed=$DATA_SEED", f"{R}.seed=$SAMPLING_SEED"], "not expressible",
+         "no bit-identical draws: verl's sampler, its rollout engine and its LoRA initialisation use their own "
+         "generators; compare runs by distributions over seeds, not by tokens"),
+        ("dtype", profile.model.dtype, [f"{R}.dtype=bfloat16"], "approximate",
+         "the engine samples in BF16; the lab's embedded model runs in FP32"),
     ]
+    # fmt: on
     keys = ("hyperparameter", "lab", "overrides", "status", "consequence")
     return [dict(zip(keys, r)) for r in rows]
 
 
-def overrides(profile: dict, nnodes: int, gpus_per_node: int) -> list[str]:
+def overrides(profile: Profile, nnodes: int, gpus_per_node: int) -> list[str]:
     """The Hydra overrides of launch/overrides.txt ($EXPORT_DIR, $SEED, $DATA_SEED, $SAMPLING_SEED
     are filled in by launch.sh)."""
     mapped = [o for row in hyperparameters(profile, nnodes * gpus_per_node) for o in row["overrides"] if "=" in o]
@@ -599,7 +463,7 @@ done
 """
 
 
-def fill(override: str, export_dir, seed: int, profile: dict) -> str:
+def fill(override: str, export_dir, seed: int, profile: Profile) -> str:
     """One override line with launch.sh's substitutions (the verl checks use this too)."""
     return (
         override.replace("$EXPORT_DIR", str(export_dir))

@@ -34,6 +34,7 @@ critic), and the activations kept for backward by the largest update (see `activ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TRAIN_FACTOR = 3  # forward + backward = 3 x forward (convention; see the module docstring)
@@ -320,7 +321,7 @@ def decode_step_bytes(shape: Shape, dtype_bytes: int, lora_rank: int) -> int:
 
 
 def stage_costs(
-    profile: dict,
+    profile,  # an rlhf.config.Profile, read by attribute (this module imports nothing from rlhf)
     lengths: Lengths,
     *,
     utilisation: float,
@@ -376,7 +377,7 @@ def stage_costs(
         + fwd(L.probe_candidates, T, 0, 1)
     )
     audit_flops = fwd(2 * L.audit_pairs, T, 0, 1)
-    out = {
+    out: dict[str, Any] = {
         "sft": {"flops": sft_flops, "seconds": sft_flops / rate},
         "judge": {"flops": judge_flops, "seconds": judge_flops / rate},
         "ppo": {

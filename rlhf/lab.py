@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple, TypedDict
 
 import torch
 from tqdm import tqdm
@@ -52,7 +53,7 @@ from rlhf.judge import train_judge
 from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
 from rlhf.ppo import STATE_KEYS, train_ppo
 from rlhf.report import write_reports
-from rlhf.roles import ROLE_KINDS, assert_role_isolation, fingerprint, load_role, new_role, save_role
+from rlhf.roles import ROLE_KINDS, PpoRoles, Role, assert_role_isolation, fingerprint, load_role, new_role, save_role
 from rlhf.runtime import configure_determinism, configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
 from rlhf.shortcut import run_shortcut_audit
@@ -259,6 +260,32 @@ def _say(line: str) -> None:
 # ------------------------------------------------------------------------- a resumable stage
 
 
+class ResumeCheck(TypedDict, total=False):
+    """resume_check.json: what the interrupt/resume protocol compared (the keys after `protocol`
+    only when it ran both legs)."""
+
+    stage: str
+    protocol: bool
+    sha256_continuous: str
+    boundary: int
+    identical: bool
+    tensors_compared: int
+    sha256_resumed: str
+    sha256_boundary: str
+    interrupted_and_resumed_s: float
+    continuous_s: float
+
+
+class ProtocolResult(NamedTuple):
+    """What run_protocol (and so a training stage) returns."""
+
+    state: dict  # the training state at the end of the last leg run (what a stage saves and resumes)
+    timings: dict  # durations of the leg that produced `state` ({} if its final state was loaded)
+    seconds: float  # wall-clock seconds of the whole call
+    sha256_final: str | None  # hash of the saved final state; None after --stop-after
+    check: ResumeCheck | None  # resume_check.json as recorded (its JSON keys); None after --stop-after or --resume
+
+
 def run_protocol(
     ctx: Context,
     stage: str,
@@ -270,7 +297,7 @@ def run_protocol(
     stop_after: int | None = None,
     protocol: bool = True,
     checkpoint_every: int = 1,
-) -> dict:
+) -> ProtocolResult:
     """Run `stage` with the interrupt/resume protocol (or only its continuous leg), crash-safe.
 
     run_fn(leg) -> (state, timings) runs one leg (rlhf.checkpoint.Leg): from `leg.state` (None:
@@ -290,7 +317,7 @@ def run_protocol(
         t = time.perf_counter()
         state, tm = run_fn(Leg(stop=stop_after))
         save_state(folder / f"state-stop{stop_after:03d}.pt.gz", state, identity)
-        return {"state": state, "timings": tm, "seconds": time.perf_counter() - t}
+        return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=None, check=None)
     if resume:
         stops = sorted(folder.glob("state-stop*.pt.gz"))
         if not stops:
@@ -298,7 +325,7 @@ def run_protocol(
         t = time.perf_counter()
         state, tm = run_fn(Leg(state=load_state(stops[-1], identity)))
         manifest = save_state(folder / "state-resumed.pt.gz", state, identity)
-        return {"state": state, "timings": tm, "seconds": time.perf_counter() - t, "sha256_final": manifest["sha256"]}
+        return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=manifest["sha256"], check=None)
     if stage_complete(ctx, stage):
         raise FileExistsError(
             f"stage {stage} already ran in {ctx.run} and is complete (run.json); "
@@ -327,7 +354,7 @@ def run_protocol(
     state_c, tm_c, seconds["continuous"] = _run_leg(
         ctx, stage, "continuous", lambda: None, None, run_fn, identity, checkpoint_every
     )
-    check = {
+    check: ResumeCheck = {
         "stage": stage,
         "protocol": protocol,
         "sha256_continuous": read_json(folder / "state-continuous.pt.gz.json")["sha256"],
@@ -347,13 +374,7 @@ def run_protocol(
     check["continuous_s"] = seconds["continuous"]
     write_json(folder / "resume_check.json", check, keep_existing=True)
     check = read_json(folder / "resume_check.json")  # a rerun keeps the first complete record
-    return {
-        "state": state_c,
-        "timings": tm_c,
-        "check": check,
-        "seconds": time.perf_counter() - t,
-        "sha256_final": check["sha256_continuous"],
-    }
+    return ProtocolResult(state_c, tm_c, time.perf_counter() - t, sha256_final=check["sha256_continuous"], check=check)
 
 
 def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity: dict, every: int):
@@ -417,7 +438,9 @@ def train_role(ctx: Context, kind: str, train_fn, leg: Leg = Leg()) -> dict:
     return train_fn(role, ctx.corpus.learning_view(), ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, leg)
 
 
-def _epoch_stage(ctx: Context, stage: str, kind: str, train_fn, epoch_line, resume, stop_after, protocol) -> dict:
+def _epoch_stage(
+    ctx: Context, stage: str, kind: str, train_fn, epoch_line, resume, stop_after, protocol
+) -> ProtocolResult:
     """SFT and the judge: the same resumable epoch stage over a different role and loss; the
     trained role is saved as `stage/kind.safetensors`, and `epoch_line(epoch record)` is printed
     per epoch."""
@@ -434,22 +457,20 @@ def _epoch_stage(ctx: Context, stage: str, kind: str, train_fn, epoch_line, resu
 
     result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol)
     bar.close()
-    history = result["state"]["history"]
+    history = result.state["history"]
     for e in history["epochs"]:
         _say(epoch_line(e))
     if stop_after is None:
         role = ctx.role(kind)
-        role.load_learned_state(result["state"][kind])
+        role.load_learned_state(result.state[kind])
         if kind == "judge":
             role.freeze()  # the judge is frozen from here on
         folder = ctx.run / stage
         if not (folder / f"{kind}.safetensors.json").is_file():  # a rerun keeps a complete artifact
             save_role(role, folder / f"{kind}.safetensors", identity)
         write_json(folder / "history.json", history, keep_existing=True)
-        write_json(
-            folder / "timings.json", {"seconds": result["seconds"], **result.get("check", {})}, keep_existing=True
-        )
-        mark_complete(ctx, stage, sha256_final=result["sha256_final"])
+        write_json(folder / "timings.json", {"seconds": result.seconds, **(result.check or {})}, keep_existing=True)
+        mark_complete(ctx, stage, sha256_final=result.sha256_final)
     return result
 
 
@@ -464,35 +485,37 @@ def _judge_epoch_line(e: dict) -> str:
     )
 
 
-def stage_sft(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
+def stage_sft(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> ProtocolResult:
     return _epoch_stage(ctx, "sft", "actor", train_sft, _sft_epoch_line, resume, stop_after, protocol)
 
 
-def stage_judge(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> dict:
+def stage_judge(ctx: Context, *, resume=False, stop_after=None, protocol=True) -> ProtocolResult:
     return _epoch_stage(ctx, "judge", "judge", train_judge, _judge_epoch_line, resume, stop_after, protocol)
 
 
-def ppo_roles(ctx: Context) -> dict:
+def ppo_roles(ctx: Context) -> PpoRoles:
     """Actor, reference and critic from the SFT adapters; the judge from its trained state."""
-    roles = {k: ctx.role(k) for k in ROLE_KINDS}
+    roles = PpoRoles(
+        actor=ctx.role("actor"), reference=ctx.role("reference"), judge=ctx.role("judge"), critic=ctx.role("critic")
+    )
     sft_file = ctx.run / "sft" / "actor.safetensors"
-    load_role(roles["actor"], sft_file)
-    load_role(roles["reference"], sft_file, source_kind="actor")
-    load_role(roles["critic"], sft_file, source_kind="actor", adapters_only=True)
-    load_role(roles["judge"], ctx.run / "judge" / "judge.safetensors")
-    roles["judge"].freeze()
-    roles["reference"].freeze()
+    load_role(roles.actor, sft_file)
+    load_role(roles.reference, sft_file, source_kind="actor")
+    load_role(roles.critic, sft_file, source_kind="actor", adapters_only=True)
+    load_role(roles.judge, ctx.run / "judge" / "judge.safetensors")
+    roles.judge.freeze()
+    roles.reference.freeze()
     return roles
 
 
-def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> dict:
+def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> ProtocolResult:
     view = ctx.corpus.learning_view()
     initial_roles = ppo_roles(ctx)
     identity = ctx.identity(
         stage="ppo",
         sft=sha256_file(ctx.run / "sft" / "actor.safetensors"),
         judge=sha256_file(ctx.run / "judge" / "judge.safetensors"),
-        initial=_initial_fingerprints(initial_roles),
+        initial=_initial_fingerprints(initial_roles.by_kind()),
     )
     cfg = ctx.profile.ppo
     bar, tick = _progress("PPO", cfg.iterations)
@@ -500,7 +523,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     def run_fn(leg: Leg):
         roles = ppo_roles(ctx)
         assert_role_isolation(roles)
-        before = {k: fingerprint(r) for k, r in roles.items()}
+        before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
         seed_system_rngs(ctx.profile.seeds.torch)
 
         def progress(it, total, rec):
@@ -527,7 +550,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
             use_cache=use_cache,
         )
         assert_role_isolation(roles)
-        after = {k: fingerprint(r) for k, r in roles.items()}
+        after = {k: fingerprint(r) for k, r in roles.by_kind().items()}
         check_fingerprints(before, after, moved=out["iterations_done"] > (leg.state or {}).get("iterations_done", 0))
         return out, tm
 
@@ -547,24 +570,24 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         folder = ctx.run / "ppo"
         final = ppo_roles(ctx)
         for kind, key in STATE_KEYS.items():
-            final[kind].load_learned_state(result["state"][key])
+            final.by_kind()[kind].load_learned_state(result.state[key])
         # From the initial roles and the final state, so that a rerun after a crash writes the same.
         fingerprints = {
-            "before": _short({k: fingerprint(r) for k, r in initial_roles.items()}),
-            "after": _short({k: fingerprint(r) for k, r in final.items()}),
+            "before": _short({k: fingerprint(r) for k, r in initial_roles.by_kind().items()}),
+            "after": _short({k: fingerprint(r) for k, r in final.by_kind().items()}),
         }
         check_fingerprints(fingerprints["before"], fingerprints["after"])
-        for kind in ("actor", "critic"):
-            if not (folder / f"{kind}.safetensors.json").is_file():
-                save_role(final[kind], folder / f"{kind}.safetensors", identity)
-        write_json(folder / "history.json", result["state"]["history"], keep_existing=True)
+        for role in (final.actor, final.critic):
+            if not (folder / f"{role.kind}.safetensors.json").is_file():
+                save_role(role, folder / f"{role.kind}.safetensors", identity)
+        write_json(folder / "history.json", result.state["history"], keep_existing=True)
         write_json(
             folder / "timings.json",
-            {"seconds": result["seconds"], **result["timings"], **result.get("check", {})},
+            {"seconds": result.seconds, **result.timings, **(result.check or {})},
             keep_existing=True,
         )
         write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)
-        mark_complete(ctx, "ppo", sha256_final=result["sha256_final"])
+        mark_complete(ctx, "ppo", sha256_final=result.sha256_final)
     return result
 
 
@@ -582,14 +605,14 @@ def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
             _say(f"{name}: already complete in {ctx.run} (skipped)")
             continue
         result = fn(ctx, protocol=protocol)
-        check = result["check"]
+        check = result.check or {}  # a full run always records its check
         _say(
-            f"{name}: {result['seconds']:.1f} s; interrupt/resume identical: {check.get('identical')} "
+            f"{name}: {result.seconds:.1f} s; interrupt/resume identical: {check.get('identical')} "
             f"({check.get('tensors_compared')} tensors; state sha256 resumed {str(check.get('sha256_resumed'))[:12]}"
             f" = continuous {str(check.get('sha256_continuous'))[:12]})"
         )
         _stop_if_requested(ctx)
-    for name, folder, fn in (
+    for name, folder, write_results in (
         ("evaluate", "evaluation", stage_evaluate),
         ("shortcut_audit", "shortcut_audit", run_shortcut_audit),
     ):
@@ -599,7 +622,7 @@ def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
         t = time.perf_counter()
         sweep_incomplete(ctx.run / folder)
         if not (ctx.run / folder / "results.json").exists():  # written whole and last: there means done
-            fn(ctx)
+            write_results(ctx)
         mark_complete(ctx, name)
         _say(f"{name}: {time.perf_counter() - t:.1f} s")
         _stop_if_requested(ctx)
@@ -616,7 +639,7 @@ def _stop_if_requested(ctx: Context) -> None:
         raise Interrupted(f"stopped on request between stages; run the same command again to continue in {ctx.run}")
 
 
-def _initial_fingerprints(roles: dict) -> dict:
+def _initial_fingerprints(roles: dict[str, Role]) -> dict:
     """{role: [learned_sha256, frozen_sha256]} of freshly built roles (part of a stage's identity)."""
     return {k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in ((k, fingerprint(r)) for k, r in roles.items())}
 

@@ -195,7 +195,7 @@ def inject_lora(model: nn.Module, *, rank: int, alpha: float, seed: int, targets
             qual = f"model.layers.{i}.{_PARENT[t]}.{t}"
             parent = getattr(layer, _PARENT[t], None)
             module = None if parent is None else getattr(parent, t, None)
-            if module is None:
+            if parent is None or module is None:
                 raise ValueError(f"decoder layer {i} has no target {qual}")
             if not isinstance(module, nn.Linear):
                 raise ValueError(f"{qual} is a {type(module).__name__}, not an nn.Linear; LoRA only wraps nn.Linear")

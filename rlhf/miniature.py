@@ -73,8 +73,11 @@ def miniature_profile(
         if not 1 <= layers <= full:
             raise ValueError(f"a miniature keeps 1 to {full} layers, not {layers}")
         changes[("model", "num_hidden_layers")] = layers
-        for key in ("expected_adapters", "expected_parameters"):
-            value = getattr(profile.lora, key)
+        lora = profile.lora
+        for key, value in (
+            ("expected_adapters", lora.expected_adapters),
+            ("expected_parameters", lora.expected_parameters),
+        ):
             if value % full:
                 raise ValueError(f"lora.{key} = {value} is not a multiple of {full} layers")
             changes[("lora", key)] = value // full * layers

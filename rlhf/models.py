@@ -14,21 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlhf.config import Profile
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, read_json, sha256_file, write_text
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 FETCH_MARKER = "rlhf-fetch.json"
-SHAPE_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-    "vocab_size",
-)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 # What `fetch_model` downloads: weights, config and tokenizer files, nothing else.
 FETCH_PATTERNS = [
@@ -49,7 +45,7 @@ class ModelCheckError(ValueError):
 
 @dataclass
 class Base:
-    model: torch.nn.Module
+    model: PreTrainedModel  # a Qwen2ForCausalLM
     tokenizer: object
     eos_id: int
     pad_id: int
@@ -71,11 +67,9 @@ def check_config(profile: Profile, config) -> None:
     arch = list(getattr(config, "architectures", None) or [])
     if spec.architecture not in arch:
         raise ModelCheckError(f"architecture {arch} is not {spec.architecture}")
-    for key in SHAPE_KEYS:
-        if getattr(config, key) != getattr(spec, key):
-            raise ModelCheckError(
-                f"{key} is {getattr(config, key)}, profile {profile.name} requires {getattr(spec, key)}"
-            )
+    for key, want in spec.shape().items():
+        if getattr(config, key) != want:  # a transformers config, read by the names of its keys
+            raise ModelCheckError(f"{key} is {getattr(config, key)}, profile {profile.name} requires {want}")
     if not config.tie_word_embeddings:
         raise ModelCheckError("input and output embeddings are not tied (tie_word_embeddings false)")
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
@@ -115,10 +109,9 @@ def check_tokenizer(profile: Profile, tokenizer) -> tuple[int, int]:
     pad_tok = spec.pad_token or "<|endoftext|>"
     eos_id = tokenizer.convert_tokens_to_ids(eos_tok)
     pad_id = tokenizer.convert_tokens_to_ids(pad_tok)
-    for name, got, key in (("EOS", eos_id, "eos_token_id"), ("PAD", pad_id, "pad_token_id")):
+    for name, got, want in (("EOS", eos_id, spec.eos_token_id), ("PAD", pad_id, spec.pad_token_id)):
         if got is None or tokenizer.convert_ids_to_tokens(got) != (eos_tok if name == "EOS" else pad_tok):
             raise ModelCheckError(f"tokenizer has no {name} token")
-        want = getattr(spec, key)
         if want is not None and got != want:
             raise ModelCheckError(f"tokenizer {name} id is {got}, profile requires {want}")
     if eos_id == pad_id:
@@ -222,7 +215,7 @@ def load_base(
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
     dtype = DTYPES[profile.model.dtype]
     model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     check_model(profile, model)
     freeze(model)
     ident = dict(identity) if identity else {"files": directory_identity(model_dir)}
@@ -232,7 +225,7 @@ def load_base(
 
 
 def qwen2_config(profile: Profile, **extra):
-    """transformers' Qwen2Config of the profile's shape (SHAPE_KEYS), embeddings tied, with
+    """transformers' Qwen2Config of the profile's shape (rlhf.config.Model.shape), embeddings tied, with
     Qwen2.5's position and norm settings (32,768 positions, RoPE theta 1e6, RMSNorm eps 1e-6);
     `extra` adds or replaces keys. The random-weight base and the tests that build a model of a
     profile's shape use this one builder."""
@@ -240,7 +233,8 @@ def qwen2_config(profile: Profile, **extra):
 
     spec = profile.model
     settings = {"tie_word_embeddings": True, "max_position_embeddings": 32768, "rope_theta": 1000000.0}
-    return Qwen2Config(**{k: getattr(spec, k) for k in SHAPE_KEYS}, **{**settings, "rms_norm_eps": 1e-6, **extra})
+    shape: dict[str, Any] = spec.shape()  # ints, for keywords of many types
+    return Qwen2Config(**shape, **{**settings, "rms_norm_eps": 1e-6, **extra})
 
 
 def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cpu") -> Base:
@@ -259,7 +253,7 @@ def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cp
     )
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(DTYPES[spec.dtype])
+        model = Qwen2ForCausalLM(config).to(DTYPES[spec.dtype])  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     check_config(profile, model.config)
     check_model(profile, model)
     freeze(model)

@@ -78,7 +78,8 @@ def train_epochs(
     Returns the state to save or resume from (keys: stage, epochs_done, step, the role's kind
     (its learned tensors), optimizer, order_generator, rng, history).
     """
-    cfg, opt_cfg, key = getattr(profile, stage), profile.optim, role.kind
+    cfg: EpochStage = {"sft": profile.sft, "judge": profile.judge}[stage]
+    opt_cfg, key = profile.optim, role.kind
     label = f"{'SFT' if stage == 'sft' else stage} stage, {key} role"  # names where a non-finite loss arose
     per_epoch, total = epoch_budget(len(train), per_update, cfg)
     params = [p for p in role.learned_parameters() if p.requires_grad]

@@ -79,9 +79,9 @@ def apply() -> str:
     if _applied["status"] is not None:
         return _applied["status"]
     if not requested():
-        _applied["status"] = "off"
+        status = "off"
     elif "torch" in sys.modules:
-        _applied["status"] = "late"
+        status = "late"
     else:
         for key, value in PIN.items():
             old = os.environ.get(key)
@@ -89,8 +89,9 @@ def apply() -> str:
             if old is not None and old != value:
                 _applied["overridden"][key] = old
             os.environ[key] = value
-        _applied["status"] = "pinned"
-    return _applied["status"]
+        status = "pinned"
+    _applied["status"] = status
+    return status
 
 
 def release(reason: str) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -38,7 +39,7 @@ from rlhf.generate import generate
 from rlhf.io import crash_point
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw, optimizer_step
-from rlhf.roles import critic_values, reward_scores
+from rlhf.roles import PpoRoles, critic_values, reward_scores
 from rlhf.runtime import rng_state, set_rng_state
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens, token_texts
@@ -63,7 +64,7 @@ class PromptSampler:
         self.epoch = 0
 
     def draw(self, k: int) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < k:
             if self.pointer == self.n:
                 self.permutation = torch.randperm(self.n, generator=self.generator)
@@ -119,7 +120,7 @@ class Rollout:
 
 @torch.no_grad()
 def rollout(
-    roles: dict,
+    roles: PpoRoles,
     prompt_ids: list[list[int]],
     eos_id: int,
     pad_id: int,
@@ -130,10 +131,10 @@ def rollout(
 ) -> Rollout:
     """Sample, then score the visited prefixes with reference, judge and critic (all detached)."""
     cfg = profile.ppo
-    device = next(roles["actor"].model.parameters()).device
+    device = next(roles.actor.model.parameters()).device
     t = time.perf_counter()
     gen = generate(
-        roles["actor"].model,
+        roles.actor.model,
         prompt_ids,
         eos_id=eos_id,
         pad_id=pad_id,
@@ -151,15 +152,15 @@ def rollout(
     for b, lp in enumerate(gen.logps):
         logp_old[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32, device=device)
     t = time.perf_counter()
-    logp_ref = response_logprobs(roles["reference"].model, batch)  # [B, R]
+    logp_ref = response_logprobs(roles.reference.model, batch)  # [B, R]
     _sync()
     timings["reference"] = time.perf_counter() - t
     t = time.perf_counter()
-    score = reward_scores(roles["judge"], batch)  # [B]
+    score = reward_scores(roles.judge, batch)  # [B]
     _sync()
     timings["judge"] = time.perf_counter() - t
     t = time.perf_counter()
-    values = critic_values(roles["critic"], batch)  # [B, R]
+    values = critic_values(roles.critic, batch)  # [B, R]
     _sync()
     timings["critic_values"] = time.perf_counter() - t
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
@@ -190,7 +191,11 @@ def _descend(
     """One optimizer step of the actor or the critic at its scheduled rate: (lr, pre-clip grad norm)."""
     opt_cfg = profile.optim
     lr = ppo_math.learning_rate(
-        step, total, getattr(profile.ppo, f"{kind}_lr"), opt_cfg.warmup_ratio, opt_cfg.min_lr_ratio
+        step,
+        total,
+        profile.ppo.actor_lr if kind == "actor" else profile.ppo.critic_lr,
+        opt_cfg.warmup_ratio,
+        opt_cfg.min_lr_ratio,
     )
     params = [p for p in role.learned_parameters() if p.requires_grad]
     grad_norm = optimizer_step(
@@ -201,20 +206,27 @@ def _descend(
 
 
 def ppo_update(
-    roles, optimizers, ro: Rollout, profile: Profile, step: int, total: int, where: str, timings: dict
+    roles: PpoRoles,
+    optimizers: dict[str, torch.optim.Optimizer],
+    ro: Rollout,
+    profile: Profile,
+    step: int,
+    total: int,
+    where: str,
+    timings: dict,
 ) -> dict:
     """One update of the actor, then one of the critic, on a fixed rollout."""
     cfg = profile.ppo
     batch, mask = ro.batch, ro.batch.response_mask
     t = time.perf_counter()
-    logp_cur = response_logprobs(roles["actor"].model, batch)
+    logp_cur = response_logprobs(roles.actor.model, batch)
     policy_loss = ppo_math.clipped_policy_loss(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg.clip)
-    lr_a, gn_a = _descend(roles["actor"], optimizers["actor"], policy_loss, "actor", step, total, profile, where)
+    lr_a, gn_a = _descend(roles.actor, optimizers["actor"], policy_loss, "actor", step, total, profile, where)
     timings["actor_update"] = timings.get("actor_update", 0.0) + time.perf_counter() - t
     t = time.perf_counter()
-    v_cur = critic_values(roles["critic"], batch)
+    v_cur = critic_values(roles.critic, batch)
     v_loss = ppo_math.value_loss(v_cur, ro.returns, mask, coef=cfg.value_coef)
-    lr_c, gn_c = _descend(roles["critic"], optimizers["critic"], v_loss, "critic", step, total, profile, where)
+    lr_c, gn_c = _descend(roles.critic, optimizers["critic"], v_loss, "critic", step, total, profile, where)
     timings["critic_update"] = timings.get("critic_update", 0.0) + time.perf_counter() - t
     with torch.no_grad():
         clip_frac = ppo_math.clip_fraction(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg.clip)
@@ -258,7 +270,7 @@ def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
 
 
 def train_ppo(
-    roles: dict, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, leg: Leg = Leg(), *, use_cache=True
+    roles: PpoRoles, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, leg: Leg = Leg(), *, use_cache=True
 ) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
 
@@ -276,21 +288,21 @@ def train_ppo(
     updates = cfg.updates_per_iteration
     total = cfg.iterations * updates
     last = cfg.iterations if leg.stop is None else leg.stop
-    timings = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
-    for it in range(run["start"], last):
+    timings: dict = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
+    for it in range(run.start, last):
         crash_point("ppo.iteration")
         t_iter = time.perf_counter()
         tm: dict = {}
-        idx = run["sampler"].draw(cfg.prompts_per_iteration)
-        ro = rollout(roles, [encoded[i] for i in idx], eos_id, pad_id, profile, run["sample_gen"], use_cache, tm)
-        if run["history"]["scoring_check"] is None:
-            run["history"]["scoring_check"] = _scoring_check(roles["actor"], ro, it, use_cache)
+        idx = run.sampler.draw(cfg.prompts_per_iteration)
+        ro = rollout(roles, [encoded[i] for i in idx], eos_id, pad_id, profile, run.sample_gen, use_cache, tm)
+        if run.history["scoring_check"] is None:
+            run.history["scoring_check"] = _scoring_check(roles.actor, ro, it, use_cache)
         stats = [
-            ppo_update(roles, run["optimizers"], ro, profile, it * updates + u, total, f"iteration {it}", tm)
+            ppo_update(roles, run.optimizers, ro, profile, it * updates + u, total, f"iteration {it}", tm)
             for u in range(updates)
         ]
         record = _record(it, [prompts[i]["document_id"] for i in idx], ro, stats, cfg)
-        _append_history(run["history"], record, ro, tokenizer, profile)
+        _append_history(run.history, record, ro, tokenizer, profile)
         tm["iteration"] = time.perf_counter() - t_iter
         timings["per_iteration"].append(tm)
         for k in PHASES:
@@ -303,31 +315,38 @@ def train_ppo(
     return _ppo_state(roles, run, last), timings
 
 
-def _restore(roles: dict, profile: Profile, n_prompts: int, state: dict | None) -> dict:
+class PpoRun(NamedTuple):
+    """What a PPO run carries from iteration to iteration besides the roles (saved by _ppo_state)."""
+
+    optimizers: dict[str, torch.optim.Optimizer]  # "actor", "critic": AdamW over each one's learned tensors
+    sampler: PromptSampler  # which rollout prompts each iteration draws
+    sample_gen: torch.Generator  # the token sampler's generator
+    history: dict  # iterations, consumed prompts, token views, scoring check (history.json)
+    start: int  # the first iteration to run
+
+
+def _restore(roles: PpoRoles, profile: Profile, n_prompts: int, state: dict | None) -> PpoRun:
     """Optimizers, prompt sampler, sampling generator and history: fresh from the profile's
     seeds, or restored (with the roles' learned tensors and the system RNGs) from `state`."""
     cfg, seeds, decay = profile.ppo, profile.seeds, profile.optim.weight_decay
-    actor, critic = roles["actor"], roles["critic"]
-    run = {
-        "optimizers": {
-            "actor": adamw([p for p in actor.learned_parameters() if p.requires_grad], cfg.actor_lr, decay),
-            "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad], cfg.critic_lr, decay),
-        },
-        "sampler": PromptSampler(n_prompts, seeds.data_order),
-        "sample_gen": torch.Generator(device=next(actor.model.parameters()).device).manual_seed(seeds.ppo_sampling),
-        "history": {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None},
-        "start": 0,
+    actor, critic = roles.actor, roles.critic
+    optimizers: dict[str, torch.optim.Optimizer] = {
+        "actor": adamw([p for p in actor.learned_parameters() if p.requires_grad], cfg.actor_lr, decay),
+        "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad], cfg.critic_lr, decay),
     }
-    if state is not None:
-        actor.load_learned_state(state["actor"])
-        critic.load_learned_state(state["critic"])
-        run["optimizers"]["actor"].load_state_dict(state["optimizers"]["actor"])
-        run["optimizers"]["critic"].load_state_dict(state["optimizers"]["critic"])
-        run["sampler"].load(state["sampler"])
-        run["sample_gen"].set_state(state["sampling_generator"])
-        set_rng_state(state["rng"])
-        run["history"], run["start"] = state["history"], state["iterations_done"]
-    return run
+    sampler = PromptSampler(n_prompts, seeds.data_order)
+    sample_gen = torch.Generator(device=next(actor.model.parameters()).device).manual_seed(seeds.ppo_sampling)
+    if state is None:
+        history: dict = {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None}
+        return PpoRun(optimizers, sampler, sample_gen, history, start=0)
+    actor.load_learned_state(state["actor"])
+    critic.load_learned_state(state["critic"])
+    optimizers["actor"].load_state_dict(state["optimizers"]["actor"])
+    optimizers["critic"].load_state_dict(state["optimizers"]["critic"])
+    sampler.load(state["sampler"])
+    sample_gen.set_state(state["sampling_generator"])
+    set_rng_state(state["rng"])
+    return PpoRun(optimizers, sampler, sample_gen, state["history"], start=state["iterations_done"])
 
 
 @torch.no_grad()
@@ -394,15 +413,16 @@ def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile
         )
 
 
-def _ppo_state(roles: dict, run: dict, done: int) -> dict:
+def _ppo_state(roles: PpoRoles, run: PpoRun, done: int) -> dict:
     """Everything a resume needs after `done` iterations (no rollout pending)."""
+    by_kind = roles.by_kind()
     return {
         "stage": "ppo",
         "iterations_done": done,
-        **{STATE_KEYS[kind]: roles[kind].learned_state() for kind in STATE_KEYS},
-        "optimizers": {k: o.state_dict() for k, o in run["optimizers"].items()},
-        "sampler": run["sampler"].state(),
-        "sampling_generator": run["sample_gen"].get_state(),
+        **{STATE_KEYS[kind]: by_kind[kind].learned_state() for kind in STATE_KEYS},
+        "optimizers": {k: o.state_dict() for k, o in run.optimizers.items()},
+        "sampler": run.sampler.state(),
+        "sampling_generator": run.sample_gen.get_state(),
         "rng": rng_state(),
-        "history": run["history"],
+        "history": run.history,
     }

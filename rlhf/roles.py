@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import load as st_load
@@ -92,6 +93,31 @@ class Role:
         yield from self.model.named_buffers()
 
 
+class PpoRoles(NamedTuple):
+    """The four roles PPO runs on (rlhf.lab.ppo_roles), in ROLE_KINDS order."""
+
+    actor: Role
+    reference: Role
+    judge: Role
+    critic: Role
+
+    def by_kind(self) -> dict[str, Role]:
+        return {"actor": self.actor, "reference": self.reference, "judge": self.judge, "critic": self.critic}
+
+
+class EvaluationRoles(NamedTuple):
+    """The roles the evaluation reads (rlhf.evaluate.evaluation_roles): two policies (the SFT
+    and the PPO actor), the frozen reference and the frozen judge."""
+
+    sft: Role
+    ppo: Role
+    reference: Role
+    judge: Role
+
+    def by_kind(self) -> dict[str, Role]:
+        return {"sft": self.sft, "ppo": self.ppo, "reference": self.reference, "judge": self.judge}
+
+
 def new_head(hidden: int, kind: str, profile: Profile) -> nn.Linear:
     """Scalar head (hidden + 1 parameters, FP32): judge N(0, std) from seed 50, bias 0; critic zeros."""
     head = nn.Linear(hidden, 1, dtype=torch.float32)
@@ -124,7 +150,7 @@ def new_role(
             f"parameters; [lora] expects {profile.lora.expected_adapters} with "
             f"{profile.lora.expected_parameters:,}"
         )
-    base.model.to(device)
+    base.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     head = new_head(base.model.config.hidden_size, kind, profile).to(device) if kind in HEAD_KINDS else None
     role = Role(kind=kind, model=base.model, head=head, base_identity=base.identity)
     role.model.eval()
@@ -141,6 +167,7 @@ def new_role(
 def reward_scores(role: Role, batch: Batch) -> torch.Tensor:
     """[B] judge score read at the last active response token (EOS included), never at the
     last column of a padded batch."""
+    assert role.head is not None, f"the {role.kind} has no scalar head"
     hidden = backbone_hidden(role.model, batch)
     return role.head(last_token_hidden(hidden, batch).float())[:, 0]
 
@@ -149,6 +176,7 @@ def critic_values(role: Role, batch: Batch, hidden: torch.Tensor | None = None) 
     """[B, R] V_j: the critic's value on the prefix that produces response token j (0 where masked)."""
     if hidden is None:
         hidden = backbone_hidden(role.model, batch)
+    assert role.head is not None, f"the {role.kind} has no scalar head"
     values = role.head(prefix_hidden(hidden, batch).float())[..., 0]
     # Selected away, never multiplied by 0 (rlhf.masks): nan * 0 is nan.
     return torch.where(batch.response_mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
@@ -162,7 +190,8 @@ def tensor_sha256(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy())  # hashed in place: no copy of its bytes
+        # hashed in place, no copy of its bytes (an ndarray is a buffer; numpy's stubs do not say so)
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
 
 
@@ -183,7 +212,7 @@ def fingerprint(role: Role, *, frozen: bool = True) -> dict:
 def assert_role_isolation(roles) -> None:
     """Raise RoleIsolationError if two roles share any tensor storage, if a reference or judge
     parameter requires or holds a gradient, or if a role is in training mode."""
-    roles = list(roles.values()) if isinstance(roles, dict) else list(roles)
+    roles = list(roles.values()) if isinstance(roles, dict) else list(roles)  # a dict, or PpoRoles
     owner: dict[int, tuple[int, str, str]] = {}  # storage -> (role position, kind, tensor name)
     for i, role in enumerate(roles):
         tensors = list(role.model.named_parameters(remove_duplicate=False)) + list(role.model.named_buffers())

@@ -41,7 +41,7 @@ def max_new_tokens(profile, stage: str) -> int:
     limit (64), or the smaller `<stage>.max_new_tokens` of a miniature budget (rlhf.miniature;
     absent from the lab's profiles). A cut row ends like any row at the limit: truncated."""
     limit = profile.limits.response_tokens
-    cut = getattr(profile, stage).max_new_tokens
+    cut = {"ppo": profile.ppo, "evaluation": profile.evaluation}[stage].max_new_tokens
     if cut is not None and not 1 <= cut <= limit:
         raise ValueError(f"{stage}.max_new_tokens must be between 1 and {limit}, not {cut}")
     return cut or limit

@@ -110,7 +110,12 @@ def test_every_role_and_rollout_tensor_is_on_cuda(qwen_ctx, record_result):
 
     assert qwen_ctx.device == "cuda" and read_json(qwen_ctx.run / "run.json")["device"] == "cuda"
     roles = lab.ppo_roles(qwen_ctx)
-    off = [f"{kind}:{name}" for kind, role in roles.items() for name, t in all_tensors(role) if t.device.type != "cuda"]
+    off = [
+        f"{kind}:{name}"
+        for kind, role in roles.by_kind().items()
+        for name, t in all_tensors(role)
+        if t.device.type != "cuda"
+    ]
     assert off == []
     from rlhf.tokens import encode_prompt
 

@@ -147,7 +147,7 @@ def test_second_greedy_generation_reproduces_the_ids(evaluation, roles, lab_run,
     same = 0
     for r in picked:
         ids = encode_prompt(lab_run.tokenizer, r["prompt"], limits, r["document_id"])
-        again = ev.greedy_responses(roles[policy].model, [ids], lab_run)[0]
+        again = ev.greedy_responses(roles.by_kind()[policy].model, [ids], lab_run)[0]
         assert again == r["response_ids"], f"{policy} {r['document_id']}: greedy ids differ on regeneration"
         same += 1
     record_result(f"{policy}.greedy_regenerated_identical", same)
@@ -161,7 +161,7 @@ def test_generation_never_reads_labels(evaluation, roles, lab_run, monkeypatch):
 
     monkeypatch.setattr(EvaluationView, "labels", refuse)
     monkeypatch.setattr(EvaluationView, "label", refuse)
-    rows = ev.generate_heldout(roles["ppo"].model, lab_run)
+    rows = ev.generate_heldout(roles.ppo.model, lab_run)
     written = evaluation["file"]["policies"]["ppo"]["rows"]
     assert [r["response_ids"] for r in rows] == [r["response_ids"] for r in written]
     assert all("expected_action" not in r and "rubric" not in r for r in rows)
@@ -273,4 +273,4 @@ def test_politeness_hash_check_catches_a_change(roles, lab_run, tmp_path, monkey
 
     monkeypatch.setattr(ev, "probe_candidate_scores", scores_and_tamper)
     with pytest.raises(ev.ArtifactChangedError, match="labels.jsonl"):
-        ev.politeness_exercise(roles["judge"], lab_run, [artifact])
+        ev.politeness_exercise(roles.judge, lab_run, [artifact])

@@ -211,7 +211,7 @@ def check_judge_accuracy(results: dict, ctx) -> dict:
         assert rubric.evaluate(pair["chosen"], "eos", action)["rubric_success"], doc_id
         assert not rubric.evaluate(pair["rejected"], "eos", action)["rubric_success"], doc_id
     # ... and the stored chosen_score is the judge's score of that chosen answer, not of the rejected.
-    judge = ev.evaluation_roles(ctx)["judge"]
+    judge = ev.evaluation_roles(ctx).judge
     separated = 0
     for r in rows:
         pair = pairs[r["document_id"]]
@@ -314,7 +314,7 @@ def check_greedy(results: dict, ctx) -> dict:
     roles = ev.evaluation_roles(ctx)
     counts = {}
     for policy in POLICIES:
-        model = roles[policy].model
+        model = roles.by_kind()[policy].model
         tokens = near_ties = 0
         for r in results["policies"][policy]["rows"]:
             prompt = encode_prompt(ctx.tokenizer, r["prompt"], ctx.profile.limits, r["document_id"])

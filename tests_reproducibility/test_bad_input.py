@@ -101,7 +101,7 @@ def test_damaged_state_is_refused_and_nothing_is_overwritten(small_run, tmp_path
 
 def test_resume_continues_to_the_end(small_run):
     result = lab.stage_sft(small_run, resume=True)
-    assert result["state"]["epochs_done"] == 2
+    assert result.state["epochs_done"] == 2
     with pytest.raises(FileExistsError):
         lab.stage_sft(small_run, resume=True)  # the resumed state exists: never overwritten
 

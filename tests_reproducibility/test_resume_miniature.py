@@ -114,18 +114,19 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
         """Raised by the spy to stop stage_ppo once it has handed over its roles."""
 
     def spy(roles, *args, **kwargs):
-        captured.update(roles)
+        captured["roles"] = roles
         raise Captured
 
     monkeypatch.setattr(lab, "train_ppo", spy)  # lab binds train_ppo at import
     with pytest.raises(Captured):
         lab.stage_ppo(mini_lab, stop_after=1)  # nothing is saved: train_ppo never returns
-    roles = captured
-    assert set(roles) == set(ROLE_KINDS)
-    assert len({id(r.model) for r in roles.values()}) == 4
+    roles = captured["roles"]
+    by_kind = roles.by_kind()
+    assert set(by_kind) == set(ROLE_KINDS)
+    assert len({id(r.model) for r in roles}) == 4
 
     storages = {}
-    for kind, role in roles.items():
+    for kind, role in by_kind.items():
         tensors = list(role.model.parameters()) + list(role.model.buffers())
         tensors += list(role.head.parameters()) if role.head is not None else []
         storages[kind] = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
@@ -134,25 +135,26 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
             if a < b:
                 assert not storages[a] & storages[b], f"roles {a} and {b} share tensor storage"
     for kind in FROZEN_KINDS:
-        assert not any(p.requires_grad for p in roles[kind].all_parameters()), f"{kind} can learn"
-    assert all(p.requires_grad for p in roles["actor"].learned_parameters())
+        assert not any(p.requires_grad for p in by_kind[kind].all_parameters()), f"{kind} can learn"
+    assert all(p.requires_grad for p in roles.actor.learned_parameters())
 
     # Reference and actor start from the same SFT adapters, as values, not as shared tensors.
-    actor, reference = roles["actor"].learned_state(), roles["reference"].learned_state()
+    actor, reference = roles.actor.learned_state(), roles.reference.learned_state()
     assert actor.keys() == reference.keys() and all(torch.equal(actor[k], reference[k]) for k in actor)
-    others = {k: roles[k].learned_state() for k in ("reference", "critic", "judge")}
-    base_name, base = next((n, p) for n, p in roles["actor"].model.named_parameters() if not p.requires_grad)
+    others = {k: by_kind[k].learned_state() for k in ("reference", "critic", "judge")}
+    base_name, base = next((n, p) for n, p in roles.actor.model.named_parameters() if not p.requires_grad)
     others_base = {
-        k: dict(roles[k].model.named_parameters())[base_name].detach().clone() for k in ("reference", "critic", "judge")
+        k: dict(by_kind[k].model.named_parameters())[base_name].detach().clone()
+        for k in ("reference", "critic", "judge")
     }
     with torch.no_grad():
-        for p in roles["actor"].learned_parameters():
+        for p in roles.actor.learned_parameters():
             p.add_(1.0)
         base.add_(1.0)
     for k, before in others.items():
-        after = roles[k].learned_state()
+        after = by_kind[k].learned_state()
         assert all(torch.equal(before[n], after[n]) for n in before), f"changing the actor changed {k}"
-        assert torch.equal(dict(roles[k].model.named_parameters())[base_name], others_base[k]), (
+        assert torch.equal(dict(by_kind[k].model.named_parameters())[base_name], others_base[k]), (
             f"changing the actor's base changed {k}'s base"
         )
     assert_role_isolation(roles)
@@ -161,6 +163,6 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
 def test_role_isolation_check_refuses_a_reference_sharing_the_actor(mini_lab):
     """The library's own check (run by stage_ppo before and after training) can fail."""
     roles = lab.ppo_roles(mini_lab)
-    roles["reference"] = Role(kind="reference", model=roles["actor"].model, head=None)
+    roles = roles._replace(reference=Role(kind="reference", model=roles.actor.model, head=None))
     with pytest.raises(RoleIsolationError, match="share tensor storage"):
         assert_role_isolation(roles)

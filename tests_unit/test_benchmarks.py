@@ -176,7 +176,7 @@ def full_generation(bench_ctx, roles, prompts):
     from rlhf.generate import generate
 
     return generate(
-        roles["actor"].model,
+        roles.actor.model,
         prompts[:4],
         eos_id=-1,
         pad_id=bench_ctx.pad_id,
@@ -492,7 +492,7 @@ def test_generation_tokens_per_second(
     from rlhf.generate import generate
 
     ps = prompts[:batch]
-    model = roles["actor"].model
+    model = roles.actor.model
     log: list = []
 
     def once():
@@ -599,7 +599,7 @@ def test_generation_before_after(
     """Generation with the KV cache, 64 tokens, commit PREVIOUS vs the working tree in one process,
     rounds interleaved (previous, current, previous, ...); every round's draws must be identical."""
     ps = prompts[:batch]
-    model = roles["actor"].model
+    model = roles.actor.model
     logs: dict = {"previous": [], "current": []}
 
     def draw(generate):
@@ -691,7 +691,9 @@ def _ppo_optimizers(roles, prof) -> dict:
 
     lr = {"actor": prof.ppo.actor_lr, "critic": prof.ppo.critic_lr}
     return {
-        k: adamw([p for p in roles[k].learned_parameters() if p.requires_grad], lr[k], prof.optim.weight_decay)
+        k: adamw(
+            [p for p in roles.by_kind()[k].learned_parameters() if p.requires_grad], lr[k], prof.optim.weight_decay
+        )
         for k in lr
     }
 
@@ -814,7 +816,7 @@ def test_teacher_forced_scoring(benchmark, record_result, roles, full_batch, ful
     """Reference log-probs of 4 x (prompt + 64) tokens, one forward (no gradient)."""
     from rlhf.scoring import response_logprobs
 
-    model = roles["reference"].model
+    model = roles.reference.model
     log: list = []
     with torch.no_grad():
         benchmark.pedantic(
@@ -960,18 +962,18 @@ def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fix
     prof = bench_ctx.profile
     optimizers = _ppo_optimizers(roles, prof)
     _check_rollout("fixed rollout", fixed_rollout)
-    start = {k: roles[k].learned_state() for k in ("actor", "critic")}
+    start = {k: roles.by_kind()[k].learned_state() for k in ("actor", "critic")}
     mask = fixed_rollout.batch.response_mask
     with torch.no_grad():  # untimed: the first update's losses by the unit path, on the same parameters
         expected_policy = ppo_math.clipped_policy_loss(
-            response_logprobs(roles["actor"].model, fixed_rollout.batch),
+            response_logprobs(roles.actor.model, fixed_rollout.batch),
             fixed_rollout.logp_old,
             fixed_rollout.advantages,
             mask,
             clip=prof.ppo.clip,
         )
         expected_value = ppo_math.value_loss(
-            critic_values(roles["critic"], fixed_rollout.batch), fixed_rollout.returns, mask, coef=prof.ppo.value_coef
+            critic_values(roles.critic, fixed_rollout.batch), fixed_rollout.returns, mask, coef=prof.ppo.value_coef
         )
     tm: dict = {}
     log: list = []
@@ -994,7 +996,7 @@ def test_ppo_actor_critic_update(benchmark, record_result, bench_ctx, roles, fix
         float(expected_value),
     )
     for k in ("actor", "critic"):
-        _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
+        _check_moved(f"PPO {k}", start[k], roles.by_kind()[k].learned_state())
     _check_seconds("actor/critic update phases", [tm["actor_update"], tm["critic_update"]])
     batch = fixed_rollout.batch
     B, T, R = flops.batch_dims(batch)
@@ -1047,8 +1049,8 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
     phases: list[dict] = []
     lengths: list[float] = []
     done: list = []  # (rollout, [ppo_update results]) per round, checked after timing
-    start = {k: roles[k].learned_state() for k in ("actor", "critic")}
-    first = _first_draws(bench_ctx, prompts, roles["actor"])  # untimed: the unit path's draws of round 0
+    start = {k: roles.by_kind()[k].learned_state() for k in ("actor", "critic")}
+    first = _first_draws(bench_ctx, prompts, roles.actor)  # untimed: the unit path's draws of round 0
 
     def once():
         tm: dict = {}
@@ -1085,7 +1087,7 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
         "the first timed iteration's behaviour log-probs are not the unit path's"
     )
     for k in ("actor", "critic"):
-        _check_moved(f"PPO {k}", start[k], roles[k].learned_state())
+        _check_moved(f"PPO {k}", start[k], roles.by_kind()[k].learned_state())
     timed_phases = phases[1:] or phases
     seconds = {
         k: statistics.fmean(p.get(k, 0.0) for p in timed_phases)
@@ -1334,8 +1336,8 @@ def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
         weight_decay=prof.optim.weight_decay,
     )
     # Two learning rates as in ours (actor 1e-4, critic 1e-3), one AdamW (TRL steps one optimizer).
-    actor_params = [p for p in roles["actor"].learned_parameters() if p.requires_grad]
-    critic_params = [p for p in roles["critic"].learned_parameters() if p.requires_grad]
+    actor_params = [p for p in roles.actor.learned_parameters() if p.requires_grad]
+    critic_params = [p for p in roles.critic.learned_parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         [{"params": actor_params, "lr": cfg.actor_lr}, {"params": critic_params, "lr": cfg.critic_lr}],
         weight_decay=prof.optim.weight_decay,
@@ -1346,10 +1348,10 @@ def _trl_trainer(bench_ctx, roles, prompts, out_dir, episodes: int):
     trainer = PPOTrainer(
         args=args,
         processing_class=tok,
-        model=roles["actor"].model,
-        ref_model=roles["reference"].model,
-        reward_model=_ScoreModel(roles["judge"]),
-        value_model=_ScoreModel(roles["critic"]),
+        model=roles.actor.model,
+        ref_model=roles.reference.model,
+        reward_model=_ScoreModel(roles.judge),
+        value_model=_ScoreModel(roles.critic),
         train_dataset=data,
         eval_dataset=data.select(range(4)),
         optimizers=(opt, sched),
@@ -1431,7 +1433,7 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
         clock = Clock()
         trainer.add_callback(clock)
         gen_lengths: list = []
-        policy = roles["actor"].model
+        policy = roles.actor.model
         original = policy.generate
 
         def generate(*a, **k):  # record what TRL's sampling produced (steps, EOS-truncated lengths, time)
@@ -1525,7 +1527,7 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
             )
         assert all(0 < g["steps"] <= RESPONSE for g in gens), (k, gens)
         for kind in ("actor", "critic"):
-            _check_moved(f"{k} {kind}", start[kind], trl_roles[kind].learned_state())
+            _check_moved(f"{k} {kind}", start[kind], trl_roles.by_kind()[kind].learned_state())
     ratio = results["ours"]["mean_s"] / results["trl"]["mean_s"]
     ratio_no_gc = results["ours"]["mean_s"] / results["trl_without_gc_collect"]["mean_s"]
     # The published goal: ours <= half of TRL's time per PPO iteration. Recorded, met or not.

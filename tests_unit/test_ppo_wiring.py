@@ -26,7 +26,7 @@ from rlhf.config import override
 from rlhf.generate import generate
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw
-from rlhf.roles import critic_values, new_role, reward_scores
+from rlhf.roles import PpoRoles, critic_values, new_role, reward_scores
 from rlhf.scoring import response_logprobs
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
@@ -54,8 +54,8 @@ def make_roles(embedded_dir, embedded_base, move_adapters):
     eos_id = embedded_base.eos_id
 
     def make(profile):
-        roles = {kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
-        for i, role in enumerate(roles.values()):
+        made = {kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
+        for i, role in enumerate(made.values()):
             g = move_adapters(role.model, 100 + i)
             if role.head is not None:
                 with torch.no_grad():
@@ -67,7 +67,8 @@ def make_roles(embedded_dir, embedded_base, move_adapters):
             bias[eos_id] = EOS_BIAS
             return logits + bias
 
-        roles["actor"].model.lm_head.register_forward_hook(more_eos)
+        roles = PpoRoles(**made)
+        roles.actor.model.lm_head.register_forward_hook(more_eos)
         return roles
 
     return make
@@ -80,12 +81,8 @@ def run_rollout(roles, prompts, profile, base):
 
 def optimizers_of(roles, profile):
     return {
-        kind: adamw(
-            [p for p in roles[kind].learned_parameters() if p.requires_grad],
-            getattr(profile.ppo, f"{kind}_lr"),
-            profile.optim.weight_decay,
-        )
-        for kind in ("actor", "critic")
+        role.kind: adamw([p for p in role.learned_parameters() if p.requires_grad], lr, profile.optim.weight_decay)
+        for role, lr in ((roles.actor, profile.ppo.actor_lr), (roles.critic, profile.ppo.critic_lr))
     }
 
 
@@ -172,7 +169,7 @@ def test_ratios_far_outside_the_clip_range_give_the_by_hand_loss_and_clip_fracti
     mask = ro.batch.response_mask
     lengths = mask.sum(-1).tolist()
     with torch.no_grad():
-        logp_cur = response_logprobs(roles["actor"].model, ro.batch)
+        logp_cur = response_logprobs(roles.actor.model, ro.batch)
     advantage = [[PATTERN[j % 4][0] if j < n else 0.0 for j in range(mask.shape[1])] for n in lengths]
     delta = [[PATTERN[j % 4][1] if j < n else 0.0 for j in range(mask.shape[1])] for n in lengths]
     ro = dataclasses.replace(ro, logp_old=logp_cur + torch.tensor(delta), advantages=torch.tensor(advantage))
@@ -197,7 +194,7 @@ def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(make_ro
     ro = run_rollout(roles, prompts, p, embedded_base)
     mask = ro.batch.response_mask
     with torch.no_grad():
-        before = response_logprobs(roles["actor"].model, ro.batch)
+        before = response_logprobs(roles.actor.model, ro.batch)
     # Responses 0 and 2 were good, 1 and 3 bad; ratio 1 everywhere, so nothing is clipped.
     sign = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None].expand_as(mask)
     advantages = torch.where(mask, sign, torch.zeros(()))
@@ -206,7 +203,7 @@ def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(make_ro
     stats = ppo.ppo_update(roles, optimizers_of(roles, p), ro, p, 0, 2, "test", {})
 
     with torch.no_grad():
-        after = response_logprobs(roles["actor"].model, ro.batch)
+        after = response_logprobs(roles.actor.model, ro.batch)
     change = after - before
     assert stats["clip_fraction"] == 0.0
     assert float(change[mask].abs().min()) > 0.1  # a clear effect, not rounding noise
@@ -277,7 +274,7 @@ def test_rollout_logp_old_are_the_generators_per_step_logprobs(rolled, prompts, 
     instead of the behaviour log-probs the sampler drew with."""
     ro, _, roles = rolled
     gen = generate(
-        roles["actor"].model,
+        roles.actor.model,
         prompts,
         eos_id=embedded_base.eos_id,
         pad_id=embedded_base.pad_id,
@@ -292,7 +289,7 @@ def test_rollout_logp_old_are_the_generators_per_step_logprobs(rolled, prompts, 
         want[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     assert torch.equal(ro.logp_old, want)
     with torch.no_grad():
-        teacher_forced = response_logprobs(roles["actor"].model, ro.batch)
+        teacher_forced = response_logprobs(roles.actor.model, ro.batch)
     assert not torch.equal(ro.logp_old, teacher_forced)  # so the check above can tell them apart
 
 
@@ -301,8 +298,8 @@ def test_rollout_logp_ref_are_the_references_teacher_forced_logprobs(rolled):
     ro, _, roles = rolled
     mask = ro.batch.response_mask
     with torch.no_grad():
-        want = response_logprobs(roles["reference"].model, ro.batch)
-        actor = response_logprobs(roles["actor"].model, ro.batch)
+        want = response_logprobs(roles.reference.model, ro.batch)
+        actor = response_logprobs(roles.actor.model, ro.batch)
     assert torch.equal(ro.logp_ref, want)
     assert float((actor - want).abs()[mask].max()) > 0.1  # actor and reference really differ
 
@@ -311,8 +308,8 @@ def test_rollout_values_and_score_come_from_the_critic_and_the_judge(rolled):
     """Catches values or scores read from the wrong role (the judge and the critic swapped)."""
     ro, _, roles = rolled
     with torch.no_grad():
-        assert torch.equal(ro.values, critic_values(roles["critic"], ro.batch))
-        assert torch.equal(ro.score, reward_scores(roles["judge"], ro.batch))
+        assert torch.equal(ro.values, critic_values(roles.critic, ro.batch))
+        assert torch.equal(ro.score, reward_scores(roles.judge, ro.batch))
     assert float(ro.values[ro.batch.response_mask].abs().min()) > 0  # a drawn head, not zeros
 
 

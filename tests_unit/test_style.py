@@ -1,6 +1,8 @@
 """Style cannot regress: `ruff check` (lint: pyflakes, pycodestyle, import order) and
 `ruff format --check` over the package, the tests and conftest.py, with the configuration in
-pyproject.toml ([tool.ruff]). ruff is a pinned test extra, so `bash setup.sh` installs it."""
+pyproject.toml ([tool.ruff]); and `mypy` over the package (basic mode, [tool.mypy]), so that a
+hint which no longer matches its code fails here. ruff and mypy are pinned test extras, so
+`bash setup.sh` installs them."""
 
 from __future__ import annotations
 
@@ -49,3 +51,28 @@ def test_the_style_checks_can_fail(tmp_path):
     assert lint.returncode == 1 and "F401" in lint.stdout and "I001" in lint.stdout, lint.stdout
     fmt = ruff("format", "--check", "--no-cache", "--config", config, str(bad), cwd=tmp_path)
     assert fmt.returncode == 1 and "bad.py" in fmt.stdout + fmt.stderr, fmt.stdout + fmt.stderr
+
+
+def mypy(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    # The cache makes a rerun take seconds; the first run over rlhf/ takes a minute or two.
+    cache = str(ROOT / ".mypy_cache")
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", cache, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_mypy_type_check_is_clean():
+    out = mypy("rlhf")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_type_check_can_fail(tmp_path):
+    """The same configuration on a file that passes a string where an int is declared."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('def double(n: int) -> int:\n    return 2 * n\n\n\ndouble("2")\n')
+    out = mypy("--config-file", str(ROOT / "pyproject.toml"), str(bad), cwd=tmp_path)
+    assert out.returncode == 1 and "[arg-type]" in out.stdout, out.stdout + out.stderr

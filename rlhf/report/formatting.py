@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+from typing import TypeGuard
 
 
 def mean(xs):
@@ -40,7 +41,7 @@ def fmt_signed(v, digits: int = 3) -> str:
     return fmt(v, digits)
 
 
-def is_num(v) -> bool:
+def is_num(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 

@@ -57,7 +57,7 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
 def glance_section(res: dict) -> tuple[str, str, list]:
     ev = res["evaluation"]
     sp = res["ppo"]["summary"]
-    glance = []
+    glance: list[tuple] = []
     if ev["status"] == "run":
         glance.append(("table", key_results_table(ev)))
         rt = res["judge_test"]
@@ -107,7 +107,7 @@ def _n_rows(ev: dict, population: str):
 
 
 def comparison_section(ev: dict, quote) -> tuple[str, str, list]:
-    blocks = [
+    blocks: list[tuple] = [
         (
             "p",
             f"Both policies generate greedily on the {fmt(_n_rows(ev, 'test'))} test prompts and the "
@@ -167,7 +167,7 @@ def shortcut_audit_section(sa: dict) -> tuple[str, str, list]:
 
 def politeness_section(ev: dict) -> tuple[str, str, list]:
     pol = ev.get("politeness") or {}
-    blocks = [
+    blocks: list[tuple] = [
         (
             "p",
             "correct politeness delta = s(T,T) − s(T,F); incorrect politeness delta = "
@@ -260,7 +260,7 @@ def summaries_section(res: dict) -> tuple[str, str, list]:
 
 def tokens_section(res: dict, quote) -> tuple[str, str, list]:
     tv = res["ppo"]["token_views"]
-    blocks = [
+    blocks: list[tuple] = [
         (
             "p",
             "Each row is one sampled response token, with the data stored at sampling time: the old "
@@ -293,7 +293,7 @@ def tokens_section(res: dict, quote) -> tuple[str, str, list]:
 
 
 def timings_section(res: dict) -> tuple[str, str, list]:
-    blocks = [("table", stage_time_table(res))]
+    blocks: list[tuple] = [("table", stage_time_table(res))]
     t = timings_table(res)
     if t:
         blocks = [("group", [blocks[0], ("table", t)]), ("img", "timings", "PPO time per phase")]
@@ -306,7 +306,7 @@ def timings_section(res: dict) -> tuple[str, str, list]:
 
 def resume_section(res: dict) -> tuple[str, str, list]:
     if res["resume_checks"]:
-        blocks = [("table", t) for t in resume_tables(res)]
+        blocks: list[tuple] = [("table", t) for t in resume_tables(res)]
     else:
         blocks = [("note", "No resume checks recorded.")]
     ft = fingerprint_table(res)

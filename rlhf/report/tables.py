@@ -90,7 +90,7 @@ def comparison_table(ev: dict) -> Table:
     diffs = ev.get("differences") or {}
     ms, mp = policy_metrics(ev, "sft"), policy_metrics(ev, "ppo")
     pops = [p for p in POPULATIONS if p in ms or p in mp] + sorted((set(ms) | set(mp)) - set(POPULATIONS))
-    rows = []
+    rows: list[list] = []
     for pop in pops:
         a, b = ms.get(pop, {}), mp.get(pop, {})
         n = a.get("n_rows", b.get("n_rows"))
@@ -179,7 +179,7 @@ def politeness_table(pol: dict) -> Table:
 
 
 def probe_outputs_table(ev: dict, quote) -> Table | None:
-    by = {}
+    by: dict = {}
     for pol in ("sft", "ppo"):
         for r in policy_rows(ev, pol):
             if r.get("population") == "probe":

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from rlhf import rubric
-from rlhf.config import Profile, load_profile, profile_hash
+from rlhf.config import EpochStage, Profile, load_profile, profile_hash
 from rlhf.embedded import EXPECTED_BUILD, build_embedded
 from rlhf.evaluate import expected_actions, heldout_prompts, judge_test_accuracy, policy_responses
 from rlhf.io import read_json, write_json
@@ -188,6 +188,11 @@ def build_base(out: Path, name: str) -> tuple[Path, dict]:
     return model_dir, manifest
 
 
+def _budget(stage: EpochStage) -> dict:
+    """The training budget fixed before measuring (results keys as written)."""
+    return {"epochs": stage.epochs, "lr": stage.lr, "expected_updates": stage.expected_updates}
+
+
 def measure_base(out: Path, name: str, profile: Profile) -> dict:
     model_dir, manifest = build_base(out, name)
     sft = measure_sft(open_context(out / name / "r001", profile, model_dir=model_dir, revision="r001"))
@@ -222,8 +227,8 @@ def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> d
         "profile": profile.name,
         "profile_sha256": profile_hash(profile),
         "budgets": {
-            "sft": {k: getattr(profile.sft, k) for k in ("epochs", "lr", "expected_updates")},
-            "judge": {k: getattr(profile.judge, k) for k in ("epochs", "lr", "expected_updates")},
+            "sft": _budget(profile.sft),
+            "judge": _budget(profile.judge),
             "fixed_before_measuring": True,
         },
         "chosen": "embedded",

@@ -65,8 +65,8 @@ def token_view_of(folder: Path, revision: str, sft_row: dict, ppo_row: dict) -> 
     prompt = encode_prompt(ctx.tokenizer, ppo_row["prompt"], ctx.profile.limits, ppo_row["document_id"])
     batch = collate([prompt], [ppo_row["response_ids"]], ctx.pad_id)
     with torch.no_grad():
-        logp_ppo = response_logprobs(roles["ppo"].model, batch)[0].tolist()  # [R]
-        logp_sft = response_logprobs(roles["reference"].model, batch)[0].tolist()  # [R]
+        logp_ppo = response_logprobs(roles.ppo.model, batch)[0].tolist()  # [R]
+        logp_sft = response_logprobs(roles.reference.model, batch)[0].tolist()  # [R]
     tokens = token_texts(ctx.tokenizer, ppo_row["response_ids"])
     return {
         "document_id": ppo_row["document_id"],

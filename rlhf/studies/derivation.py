@@ -70,7 +70,8 @@ def derived_seed(profile_seed: int, study_seed: int, index: int) -> int:
 
 
 def profile_value(profile: Profile, table: str, key: str):
-    return getattr(getattr(profile, table), key)
+    """The profile's `[table] key`, addressed as rlhf.config.override addresses it."""
+    return profile.to_dict()[table][key]
 
 
 def seed_changes(profile: Profile, study_seed: int, index: int) -> dict[tuple[str, str], int]:

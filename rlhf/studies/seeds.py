@@ -179,7 +179,7 @@ def stages_done(folder: Path) -> list[str]:
     return [s for s in STAGES if s in stages]
 
 
-def run_seed(folder: str, revision: str, protocol: bool, log: bool = True) -> str:
+def run_seed(folder: str | Path, revision: str, protocol: bool, log: bool = True) -> str:
     """One run of the study: `rlhf lab` on the folder's own profile (in a worker process, its
     output goes to folder/lab.log)."""
 

@@ -42,10 +42,11 @@ from rlhf.tokens import decode_response, encode_prompt
 LOW, HIGH = 0.3, 0.8
 # Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
 # updates). `full` keeps the profile's. The budget of question (b) is chosen among the others.
-SFT_BUDGETS = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
+SFT_BUDGETS: dict[str, int | None] = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
+EPOCH_BUDGETS = {k: v for k, v in SFT_BUDGETS.items() if v is not None}  # the named budgets, 'full' excluded
 
 
-def budget_changes(profile: Profile, budget: str) -> dict[tuple[str, str], int]:
+def budget_changes(profile: Profile, budget: str) -> dict[tuple[str | None, str], object]:
     """{(table, key): value} of the named SFT budget (`full`: nothing changes)."""
     if budget not in SFT_BUDGETS:
         raise ValueError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_BUDGETS)}")
@@ -63,7 +64,7 @@ RULE = (
 
 
 def candidate_budgets() -> list[str]:
-    return sorted((k for k, v in SFT_BUDGETS.items() if v is not None), key=lambda k: SFT_BUDGETS[k])
+    return sorted(EPOCH_BUDGETS, key=lambda k: EPOCH_BUDGETS[k])
 
 
 def budget_record(name: str) -> dict:
@@ -95,7 +96,7 @@ def validation_prompts(view: LearningView) -> list[dict]:
 
 @torch.no_grad()
 def validation_rubric_success(
-    actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int, profile: dict, batch_size: int = 32
+    actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int, profile: Profile, batch_size: int = 32
 ) -> dict:
     """Greedy answers of `actor_model` to the validation prompts, checked by the rubric."""
 
@@ -125,7 +126,7 @@ def validation_rubric_success(
     }
 
 
-def measure_budget(view: LearningView, model_dir: Path, profile: dict, tokenizer, eos_id: int, pad_id: int) -> dict:
+def measure_budget(view: LearningView, model_dir: Path, profile: Profile, tokenizer, eos_id: int, pad_id: int) -> dict:
     """Train SFT with `profile`'s budget on the learning view; its greedy validation success."""
 
     t0 = time.perf_counter()
@@ -153,7 +154,7 @@ def choose(measured: list[dict], order: list[str] | None = None) -> str | None:
     return None
 
 
-def previous_candidates(paths, revision: str, profile: dict) -> list[dict]:
+def previous_candidates(paths, revision: str, profile: Profile) -> list[dict]:
     """Candidates measured by earlier records of the same revision and profile (each keeps the
     command and the code hash it was measured with)."""
 
@@ -218,7 +219,7 @@ def choose_sft_budget(
             f"{m['validation']['rubric_success']:.3f} ({m['train_seconds']:.0f} s)"
         )
         measured.append(m)
-    measured.sort(key=lambda m: SFT_BUDGETS[m["budget"]])
+    measured.sort(key=lambda m: EPOCH_BUDGETS[m["budget"]])
     chosen = choose(measured, candidate_budgets())
     record = {
         "revision": revision,

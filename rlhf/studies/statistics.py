@@ -92,8 +92,11 @@ def across_seeds(values: list[float]) -> dict:
         raise StudyError(f"across-seed statistics need finite numbers, got {values}")
     n = len(values)
     mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    half = t975(n - 1) * sd / math.sqrt(n) if n > 1 else None
+    sd: float | None = None
+    half: float | None = None
+    if n > 1:
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+        half = t975(n - 1) * sd / math.sqrt(n)
     positive, negative = sum(v > 0 for v in values), sum(v < 0 for v in values)
     return {
         "n": n,

@@ -106,7 +106,7 @@ class JudgeScorer:
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = Qwen2ForSequenceClassification.from_pretrained(str(judge_dir), dtype=torch.float32)
-        self.model.to(self.device).eval()
+        self.model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model
         self.bias = bias
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> float:
