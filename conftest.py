@@ -195,6 +195,25 @@ def provenance(config) -> dict:
     return _PROVENANCE
 
 
+# The `e2e` layer: a test that uses one of these fixtures (directly or through another fixture)
+# trains a lab, runs a lab or a training stage in a subprocess, or builds .venv-verl.
+# A module whose tests start fresh processes without such a fixture (whole pytest sessions,
+# `rlhf` commands, the emulated CPU) says so once, in its `pytestmark`.
+# `pytest -m "unit and not e2e"` leaves them out (the inner loop); `pytest -m unit` runs them.
+E2E_FIXTURES = frozenset(
+    {
+        "lab_run",  # the whole embedded lab on r001, with the interrupt/resume protocol
+        "lab_run_r002",  # the whole embedded lab on r002
+        "small_run",  # the small-budget lab (SMALL_BUDGET), every stage
+        "small_profile_file",  # asked for only by tests that train on the small budget
+        "small_study",  # the 2-seed study on the small budget (tests_heldout/test_seeds.py)
+        "base_study",  # the base-model study (tests_heldout/test_base_study.py)
+        "full_width",  # qwen2.5-0.5b at full width, random weights, in a subprocess
+        "stopped_run",  # SFT stopped after an epoch, then resumed (tests_reproducibility/test_bad_input.py)
+    }
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
     bad = []
@@ -207,6 +226,8 @@ def pytest_collection_modifyitems(config, items):
         if layer:
             item.add_marker(getattr(pytest.mark, layer))
         names = getattr(item, "fixturenames", ())
+        if E2E_FIXTURES.intersection(names) or item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.e2e)
         if "lab_run" in names:
             item.add_marker(pytest.mark.xdist_group("lab"))  # one worker runs the lab once
         elif "lab_run_r002" in names:
