@@ -195,6 +195,25 @@ def provenance(config) -> dict:
     return _PROVENANCE
 
 
+# The `e2e` layer: a test that uses one of these fixtures (directly or through another fixture)
+# trains a lab, runs a lab or a training stage in a subprocess, or builds .venv-verl.
+# A module whose tests start fresh processes without such a fixture (whole pytest sessions,
+# `rlhf` commands, the emulated CPU) says so once, in its `pytestmark`.
+# `pytest -m "unit and not e2e"` leaves them out (the inner loop); `pytest -m unit` runs them.
+E2E_FIXTURES = frozenset(
+    {
+        "lab_run",  # the whole embedded lab on r001, with the interrupt/resume protocol
+        "lab_run_r002",  # the whole embedded lab on r002
+        "small_run",  # the small-budget lab (SMALL_BUDGET), every stage
+        "small_profile_file",  # asked for only by tests that train on the small budget
+        "small_study",  # the 2-seed study on the small budget (tests_heldout/test_seeds.py)
+        "base_study",  # the base-model study (tests_heldout/test_base_study.py)
+        "full_width",  # qwen2.5-0.5b at full width, random weights, in a subprocess
+        "stopped_run",  # SFT stopped after an epoch, then resumed (tests_reproducibility/test_bad_input.py)
+    }
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
     bad = []
@@ -207,6 +226,8 @@ def pytest_collection_modifyitems(config, items):
         if layer:
             item.add_marker(getattr(pytest.mark, layer))
         names = getattr(item, "fixturenames", ())
+        if E2E_FIXTURES.intersection(names) or item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.e2e)
         if "lab_run" in names:
             item.add_marker(pytest.mark.xdist_group("lab"))  # one worker runs the lab once
         elif "lab_run_r002" in names:
@@ -315,13 +336,13 @@ def lab_run_r002(tmp_path_factory):
     return _run_whole_lab(tmp_path_factory.mktemp("lab_r002") / "run", "r002", protocol=False)
 
 
-def _run_whole_lab(run, revision: str, protocol: bool):
+def _run_whole_lab(run, revision: str, protocol: bool, profile="embedded"):
     import time as _time
 
     from rlhf import lab
 
     t0 = _time.perf_counter()
-    ctx = lab.open_context(run, "embedded", revision=revision)
+    ctx = lab.open_context(run, profile, revision=revision)
     lab.run_lab(ctx, protocol=protocol)
     ctx.stage_seconds = {
         "total": _time.perf_counter() - t0,
@@ -334,7 +355,8 @@ def read_timing(path) -> float:
     return round(json.loads(Path(path).read_text())["seconds"], 1)
 
 
-# The miniature budget of the crash and seed tests: every stage and every leg of the protocol,
+# The small budget (not rlhf.miniature's MINIATURE_BUDGET, the qwen dry run's): every stage
+# and every leg of the protocol,
 # in about a minute. Only budgets change (epochs, updates per epoch, iterations, boundaries).
 SMALL_BUDGET = {
     ("sft", "epochs"): 2,
@@ -360,7 +382,61 @@ def write_small_profile(path) -> Path:
 
 @pytest.fixture(scope="session")
 def small_profile_file(tmp_path_factory):
-    return write_small_profile(tmp_path_factory.mktemp("profiles") / "embedded-small.toml")
+    """One file for the whole test run, shared by the xdist workers: the path is part of what a
+    run records (the politeness exercise hashes the profile file by path), so the crash test's
+    runs and the shared `small_run` name the same file."""
+    from filelock import FileLock
+
+    folder = shared_root(tmp_path_factory) / "shared-profiles"
+    folder.mkdir(exist_ok=True)
+    path = folder / "embedded-small.toml"
+    with FileLock(str(folder / "write.lock")):
+        if not path.is_file():
+            write_small_profile(path)
+    return path
+
+
+def shared_root(tmp_path_factory) -> Path:
+    """The test run's temporary root, shared by its xdist workers (pytest-xdist's recipe: each
+    worker's basetemp lies in it); without xdist, the session's own basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base if os.environ.get("PYTEST_XDIST_WORKER") is None else base.parent
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, small_profile_file):
+    """The small-budget lab on r001, as `rlhf lab --profile <small profile>` runs it: every stage,
+    the interrupt/resume protocol's legs included. Built once per test run, across xdist workers
+    (`shared_lab`); `ctx.stage_seconds` holds its timings. Read it; a test that writes into a run
+    folder copies it first (shutil.copytree to its tmp_path).
+
+    Used by the crash test (the uninterrupted reference), the verl export, the resume, non-finite
+    and held-out recomputation modules."""
+    from rlhf.config import load_profile
+
+    return shared_lab(tmp_path_factory, "small_run", load_profile(str(small_profile_file)), "r001", protocol=True)
+
+
+def shared_lab(tmp_path_factory, name: str, profile, revision: str, protocol: bool):
+    """The whole lab (`_run_whole_lab`) run once per test run, whatever the number of xdist
+    workers (pytest-xdist's recipe: the first worker runs it under a file lock in the workers'
+    shared temporary root; the others wait, then open the finished run). Returns the run's
+    Context with `stage_seconds`."""
+    from filelock import FileLock
+
+    from rlhf import lab
+
+    folder = shared_root(tmp_path_factory) / f"shared-{name}"
+    folder.mkdir(exist_ok=True)
+    run, seconds = folder / "run", folder / "stage_seconds.json"
+    with FileLock(str(folder / "build.lock")):
+        if not seconds.is_file():
+            ctx = _run_whole_lab(run, revision, protocol, profile)
+            seconds.write_text(json.dumps(ctx.stage_seconds))
+            return ctx
+    ctx = lab.open_context(run, profile, revision=revision)
+    ctx.stage_seconds = json.loads(seconds.read_text())
+    return ctx
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread"), pytest.ma
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def base_study(tmp_path_factory):
     out = tmp_path_factory.mktemp("base_study") / "study"
     return {"out": out, "result": bs.run_base_study(out)}
 
@@ -43,8 +43,8 @@ def _headline(m: dict) -> dict:
     }
 
 
-def test_embedded_base_meets_the_issue_bounds(study, embedded_profile, record_result):
-    m = study["result"]["bases"]["embedded"]
+def test_embedded_base_meets_the_issue_bounds(base_study, embedded_profile, record_result):
+    m = base_study["result"]["bases"]["embedded"]
     headline = _headline(m)
     record_result("embedded_base", headline)
     # the budgets are the profile's, fixed before measuring: one run each, nothing picked
@@ -57,11 +57,11 @@ def test_embedded_base_meets_the_issue_bounds(study, embedded_profile, record_re
     assert headline["judge_r002_test_accuracy"] >= 0.90
     assert headline["judge_r002_variants_1_2_4"] >= 0.85
     assert 0.0 <= headline["judge_r002_conflict"] <= 1.0 and m["judge"]["conflict"]["pairs"] == 108
-    assert all(c["holds"] for c in study["result"]["verdict"]["embedded"].values())
+    assert all(c["holds"] for c in base_study["result"]["verdict"]["embedded"].values())
 
 
-def test_control_base_is_measured_beside_it(study, record_result):
-    res = study["result"]
+def test_control_base_is_measured_beside_it(base_study, record_result):
+    res = base_study["result"]
     emb, ctl = res["bases"]["embedded"], res["bases"]["control"]
     record_result("control_base", _headline(ctl))
     assert (emb["build"]["text"], ctl["build"]["text"]) == ("office", "control")
@@ -75,8 +75,8 @@ def test_control_base_is_measured_beside_it(study, record_result):
     assert set(res["verdict"]["control"]) == set(bs.CRITERIA)  # evaluated and published, not asserted
 
 
-def test_judge_numbers_are_the_audits_and_the_files_are_kept(study):
-    out, res = study["out"], study["result"]
+def test_judge_numbers_are_the_audits_and_the_files_are_kept(base_study):
+    out, res = base_study["out"], base_study["result"]
     for name in ("embedded", "control"):
         audit = json.loads((out / name / "r002" / "shortcut_audit" / "results.json").read_text())
         judge = res["bases"][name]["judge"]
@@ -88,24 +88,24 @@ def test_judge_numbers_are_the_audits_and_the_files_are_kept(study):
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(res))
 
 
-def test_the_study_never_overwrites_its_results(study):
-    before = (study["out"] / "results.json").read_bytes()
+def test_the_study_never_overwrites_its_results(base_study):
+    before = (base_study["out"] / "results.json").read_bytes()
     with pytest.raises(FileExistsError, match="already ran"):
-        bs.run_base_study(study["out"])
-    assert (study["out"] / "results.json").read_bytes() == before
+        bs.run_base_study(base_study["out"])
+    assert (base_study["out"] / "results.json").read_bytes() == before
 
 
-def test_the_command_prints_the_table(study, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(bs, "run_base_study", lambda out: study["result"])
+def test_the_command_prints_the_table(base_study, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(bs, "run_base_study", lambda out: base_study["result"])
     assert cli.main(["base-study", "--out", str(tmp_path / "x")]) == 0
     out = capsys.readouterr().out
     assert "conflict (1d)" in out and "control" in out
-    emb = study["result"]["bases"]["embedded"]
+    emb = base_study["result"]["bases"]["embedded"]
     assert f"{emb['judge']['variants_1_2_4']:.3f}" in out
 
 
-def test_verdict_reports_a_failed_bound(study):
-    broken = copy.deepcopy(study["result"]["bases"]["embedded"])
+def test_verdict_reports_a_failed_bound(base_study):
+    broken = copy.deepcopy(base_study["result"]["bases"]["embedded"])
     broken["judge"]["variants_1_2_4"] = 0.84
     v = bs.verdict(broken)
     assert v["judge_r002_variants_1_2_4"] == {"value": 0.84, "at_least": 0.85, "holds": False}

@@ -13,8 +13,8 @@ call the code that computed it:
   with python's `random` (must agree within Monte Carlo error);
 * greedy decoding: every evaluation token is the argmax of the model's logits on its prefix.
 
-Each check runs twice: on a miniature lab (the embedded profile with the small budget of
-conftest.SMALL_BUDGET; about 40 s, once per module) and on the session's full `lab_run`.
+Each check runs twice: on the session's small-budget lab (conftest `small_run`: the embedded
+profile with conftest.SMALL_BUDGET) and on the session's full `lab_run`.
 """
 
 from __future__ import annotations
@@ -43,16 +43,10 @@ RESAMPLES = 2000
 
 
 @pytest.fixture(scope="module")
-def mini_run(tmp_path_factory, small_profile_file, one_thread):
-    """SFT, judge and PPO on the small budget (continuous legs only), then the evaluation."""
-    from rlhf import lab
-    from rlhf.config import load_profile
-
-    ctx = lab.open_context(tmp_path_factory.mktemp("heldout_mini") / "run", load_profile(str(small_profile_file)))
-    for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
-        stage(ctx, protocol=False)
-    ev.stage_evaluate(ctx)
-    return ctx
+def small_lab(small_run, one_thread):
+    """The session's small-budget lab (conftest `small_run`): SFT, judge and PPO, then the
+    evaluation; read only."""
+    return small_run
 
 
 def results_of(ctx) -> dict:
@@ -60,8 +54,8 @@ def results_of(ctx) -> dict:
 
 
 @pytest.fixture(scope="module")
-def mini_results(mini_run):
-    return results_of(mini_run)
+def small_results(small_lab):
+    return results_of(small_lab)
 
 
 @pytest.fixture(scope="module")
@@ -337,80 +331,80 @@ def check_greedy(results: dict, ctx) -> dict:
     return counts
 
 
-# ------------------------------------------------------------------------------ miniature run
+# ---------------------------------------------------------------------------------- small run
 
 
-def test_every_metric_is_recomputed_from_rows_by_the_rubric_miniature(mini_results, mini_run):
+def test_every_metric_is_recomputed_from_rows_by_the_rubric_small(small_results, small_lab):
     """Catches a published rate that does not follow from its rows (a wrong denominator, a
     stale rubric result, a metric added without a recount)."""
-    assert check_metrics_recomputed(mini_results, mini_run) > 0
+    assert check_metrics_recomputed(small_results, small_lab) > 0
 
 
-def test_metric_recount_agrees_with_the_library_on_grammar_answers(mini_results, mini_run):
-    """The miniature policies emit no grammar text (every rate is 0), so the recount is also
+def test_metric_recount_agrees_with_the_library_on_grammar_answers(small_results, small_lab):
+    """The small run's policies emit no grammar text (every rate is 0), so the recount is also
     run on rows whose texts were replaced by rubric answers of every kind: catches a wrong
     certainty denominator or relevance count that all-zero rows would hide."""
-    rows = copy.deepcopy(mini_results["policies"]["ppo"]["rows"])
-    expected = expected_action_by_id(mini_run)
+    rows = copy.deepcopy(small_results["policies"]["ppo"]["rows"])
+    expected = expected_action_by_id(small_lab)
     for i, r in enumerate(rows):
         action = expected[r["document_id"]]
         kind = i % 5
         if kind == 4:
             continue  # keep the model's own (UNCERTIFIED) text
         text = rubric.render(action if kind != 2 else (action + 1) % 6, caution=kind % 3, polite=kind == 1)
-        ids = mini_run.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = small_lab.tokenizer(text, add_special_tokens=False)["input_ids"]
         r.update(
-            response=mini_run.tokenizer.decode(ids),
-            response_ids=ids + [mini_run.eos_id],
+            response=small_lab.tokenizer.decode(ids),
+            response_ids=ids + [small_lab.eos_id],
             finish_reason="eos",
             ended_with_eos=True,
             length=len(ids) + 1,
         )
     for r in rows:
         del r["rubric"], r["expected_action"]
-    library = ev.summarise_populations(ev.rubric_rows(rows, mini_run))
-    rows = ev.rubric_rows(rows, mini_run)
-    judged = rerun_rubric(rows, mini_run)
+    library = ev.summarise_populations(ev.rubric_rows(rows, small_lab))
+    rows = ev.rubric_rows(rows, small_lab)
+    judged = rerun_rubric(rows, small_lab)
     for pop in POPULATIONS:
-        again = recount_metrics(rows_of_population(rows, pop), judged, mini_run.eos_id)
+        again = recount_metrics(rows_of_population(rows, pop), judged, small_lab.eos_id)
         assert again["rubric_success"] > 0 and again["unsupported_certainty"] > 0
         assert library[pop] == pytest.approx(again, rel=1e-12), pop
 
 
-def test_metric_recount_fails_on_a_changed_metric(mini_results, mini_run):
+def test_metric_recount_fails_on_a_changed_metric(small_results, small_lab):
     """The recount can fail: one published number off by one row is caught."""
-    doctored = copy.deepcopy(mini_results)
+    doctored = copy.deepcopy(small_results)
     doctored["policies"]["sft"]["metrics"]["probe_rows"]["without_eos"] -= 1
     with pytest.raises(AssertionError, match="sft.probe_rows.without_eos"):
-        check_metrics_recomputed(doctored, mini_run)
+        check_metrics_recomputed(doctored, small_lab)
 
 
-def test_judge_accuracy_is_recomputed_from_stored_scores_miniature(mini_results, mini_run, record_result):
+def test_judge_accuracy_is_recomputed_from_stored_scores_small(small_results, small_lab, record_result):
     """Catches an accuracy that is not the share of chosen > rejected in the stored scores, a
     tie counted as a hit, and chosen and rejected swapped anywhere between corpus and score."""
-    record_result("miniature.judge", check_judge_accuracy(mini_results, mini_run))
+    record_result("small.judge", check_judge_accuracy(small_results, small_lab))
 
 
-def test_judge_check_fails_when_chosen_and_rejected_are_swapped(mini_results, mini_run):
-    doctored = copy.deepcopy(mini_results)
+def test_judge_check_fails_when_chosen_and_rejected_are_swapped(small_results, small_lab):
+    doctored = copy.deepcopy(small_results)
     rows = doctored["judge_test"]["rows"]
     i = max(range(len(rows)), key=lambda k: abs(rows[k]["chosen_score"] - rows[k]["rejected_score"]))
     rows[i]["chosen_score"], rows[i]["rejected_score"] = rows[i]["rejected_score"], rows[i]["chosen_score"]
     with pytest.raises(AssertionError):
-        check_judge_accuracy(doctored, mini_run)
+        check_judge_accuracy(doctored, small_lab)
 
 
-def test_bootstrap_intervals_match_a_plain_python_resampling_miniature(mini_results, mini_run, record_result):
+def test_bootstrap_intervals_match_a_plain_python_resampling_small(small_results, small_lab, record_result):
     """Catches an interval over rows instead of families/contexts, another seed, another
     stratification or another percentile rule."""
-    widths = check_bootstrap(mini_results, mini_run)
-    assert widths["learned_reward.probe_rows"] > 0, "the miniature run must give one non-degenerate interval"
-    record_result("miniature.ci95_widths", widths)
+    widths = check_bootstrap(small_results, small_lab)
+    assert widths["learned_reward.probe_rows"] > 0, "the small run must give one non-degenerate interval"
+    record_result("small.ci95_widths", widths)
 
 
-def test_every_evaluation_token_is_the_greedy_argmax_miniature(mini_results, mini_run, record_result):
+def test_every_evaluation_token_is_the_greedy_argmax_small(small_results, small_lab, record_result):
     """Catches an evaluation that sampled (or decoded anything but the argmax)."""
-    record_result("miniature.greedy", check_greedy(mini_results, mini_run))
+    record_result("small.greedy", check_greedy(small_results, small_lab))
 
 
 # ------------------------------------------------------------------------------ the session's lab run

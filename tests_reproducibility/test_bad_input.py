@@ -11,7 +11,7 @@ from rlhf.io import read_json, sha256_file
 pytestmark = pytest.mark.unit
 
 
-def small_profile():
+def bad_input_profile():
     return override(
         load_profile("embedded"),
         {("sft", "epochs"): 2, ("judge", "epochs"): 2, ("ppo", "iterations"): 3, ("ppo", "resume_stop_iteration"): 1},
@@ -19,71 +19,71 @@ def small_profile():
 
 
 @pytest.fixture(scope="module")
-def small_run(tmp_path_factory):
+def stopped_run(tmp_path_factory):
     """A small run: SFT stopped after epoch 1 (state saved), then full SFT, judge and PPO."""
     run = tmp_path_factory.mktemp("bad") / "run"
-    ctx = lab.open_context(run, small_profile())
+    ctx = lab.open_context(run, bad_input_profile())
     lab.stage_sft(ctx, stop_after=1)
     return ctx
 
 
-def test_resume_with_changed_config_is_refused(small_run):
-    before = sha256_file(small_run.run / "run.json")
+def test_resume_with_changed_config_is_refused(stopped_run):
+    before = sha256_file(stopped_run.run / "run.json")
     with pytest.raises(
         StateError, match=r"identity changed in config .*Nothing was written.*rlhf lab --out NEW_FOLDER"
     ):
-        lab.open_context(small_run.run, override(small_profile(), {("sft", "lr"): 1e-3}))
-    assert not (small_run.run / "sft" / "state-resumed.pt.gz").exists()
-    assert sha256_file(small_run.run / "run.json") == before
+        lab.open_context(stopped_run.run, override(bad_input_profile(), {("sft", "lr"): 1e-3}))
+    assert not (stopped_run.run / "sft" / "state-resumed.pt.gz").exists()
+    assert sha256_file(stopped_run.run / "run.json") == before
 
 
 @pytest.mark.parametrize("part", ["revision", "code", "arithmetic", "profile"])
-def test_rerun_with_another_revision_code_pin_or_profile_is_refused(small_run, part, monkeypatch):
+def test_rerun_with_another_revision_code_pin_or_profile_is_refused(stopped_run, part, monkeypatch):
     """run.json: a rerun whose revision, code version, CPU pin or profile differs is refused,
     naming what changed and the command that starts afresh."""
     from rlhf import pin
 
     if part == "revision":
         with pytest.raises(ValueError, match="holds corpus revision r001, not r002"):
-            lab.open_context(small_run.run, small_profile(), revision="r002")
+            lab.open_context(stopped_run.run, bad_input_profile(), revision="r002")
         return
     if part == "code":
         monkeypatch.setattr(identities, "code_sha256", lambda: "f" * 64)
     elif part == "arithmetic":
         monkeypatch.setattr(pin, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
-    profile = override(small_profile(), {(None, "name"): "renamed"}) if part == "profile" else small_profile()
+    profile = override(bad_input_profile(), {(None, "name"): "renamed"}) if part == "profile" else bad_input_profile()
     with pytest.raises(StateError, match=rf"identity changed in [a-z, ]*{part}.*start afresh"):
-        lab.open_context(small_run.run, profile)
+        lab.open_context(stopped_run.run, profile)
 
 
 @pytest.mark.parametrize("part", ["corpus", "code", "base_model"])
-def test_resume_with_changed_corpus_code_or_base_is_refused(small_run, part):
-    path = small_run.run / "sft" / "state-stop001.pt.gz"
-    identity = small_run.identity(stage="sft", initial=read_json(str(path) + ".json")["identity"]["initial"])
+def test_resume_with_changed_corpus_code_or_base_is_refused(stopped_run, part):
+    path = stopped_run.run / "sft" / "state-stop001.pt.gz"
+    identity = stopped_run.identity(stage="sft", initial=read_json(str(path) + ".json")["identity"]["initial"])
     load_state(path, identity)  # the run's own identity loads
     with pytest.raises(StateError, match=f"identity changed in {part}"):
         load_state(path, {**identity, part: "0" * 64})
 
 
-def test_resume_with_a_different_base_model_is_refused(small_run, tmp_path):
+def test_resume_with_a_different_base_model_is_refused(stopped_run, tmp_path):
     from rlhf.embedded import build_embedded
 
     other = tmp_path / "other_base"
     build_embedded(other, seed=50, audit=False)
     with pytest.raises(StateError, match="identity changed in base_model"):
-        lab.open_context(small_run.run, small_profile(), model_dir=other)
+        lab.open_context(stopped_run.run, bad_input_profile(), model_dir=other)
     # and the state itself refuses it too (a second line of defence, e.g. a copied state file)
-    path = small_run.run / "sft" / "state-stop001.pt.gz"
+    path = stopped_run.run / "sft" / "state-stop001.pt.gz"
     saved = read_json(str(path) + ".json")["identity"]
     with pytest.raises(StateError, match="base_model"):
         load_state(path, {**saved, "base_model": "0" * 64})
 
 
 @pytest.mark.parametrize("damage", ["truncate", "bitflip"])
-def test_damaged_state_is_refused_and_nothing_is_overwritten(small_run, tmp_path, damage):
+def test_damaged_state_is_refused_and_nothing_is_overwritten(stopped_run, tmp_path, damage):
     import shutil
 
-    src = small_run.run / "sft" / "state-stop001.pt.gz"
+    src = stopped_run.run / "sft" / "state-stop001.pt.gz"
     before = sha256_file(src)
     bad = tmp_path / "state.pt.gz"
     shutil.copy(src, bad)
@@ -99,15 +99,15 @@ def test_damaged_state_is_refused_and_nothing_is_overwritten(small_run, tmp_path
     assert sha256_file(src) == before
 
 
-def test_resume_continues_to_the_end(small_run):
-    result = lab.stage_sft(small_run, resume=True)
+def test_resume_continues_to_the_end(stopped_run):
+    result = lab.stage_sft(stopped_run, resume=True)
     assert result.state["epochs_done"] == 2
     with pytest.raises(FileExistsError):
-        lab.stage_sft(small_run, resume=True)  # the resumed state exists: never overwritten
+        lab.stage_sft(stopped_run, resume=True)  # the resumed state exists: never overwritten
 
 
 # A NaN loss in PPO (and in SFT, the judge and the critic, with an infinite loss or gradient too)
-# is tested in test_non_finite.py on the miniature run: the stage stops naming stage, role and
+# is tested in test_non_finite.py on the small-budget run: the stage stops naming stage, role and
 # update, and the last checkpoint keeps its bytes.
 
 
@@ -137,7 +137,7 @@ def test_a_run_folder_of_the_old_layout_is_refused_naming_why(tmp_path):
     (run / "reward").mkdir(parents=True)
     (run / "reward" / "history.json").write_text("{}")
     with pytest.raises(StateError, match=r"old layout \(its judge stage is in reward/.*rlhf lab --out NEW_FOLDER"):
-        lab.open_context(run, small_profile())
+        lab.open_context(run, bad_input_profile())
     assert sorted(p.name for p in run.iterdir()) == ["reward"]
     (run / "judge").mkdir()  # a new-layout folder that merely has a reward/ beside it is not refused for it
     lab.refuse_old_layout(run)

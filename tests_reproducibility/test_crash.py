@@ -1,6 +1,6 @@
 """Crash-safe runs: a killed `rlhf lab` continues on rerun, bit for bit.
 
-The lab runs in a subprocess on the miniature budget (conftest.SMALL_BUDGET: every stage and
+The lab runs in a subprocess on the small budget (conftest.SMALL_BUDGET: every stage and
 every leg of the interrupt/resume protocol in about a minute). One run folder is killed again
 and again, each time at another place, and rerun with the same command:
 
@@ -16,7 +16,7 @@ and again, each time at another place, and rerun with the same command:
 
 The kills are placed with `RLHF_CRASH_AT` (rlhf.io.crash_point: the process SIGKILLs itself at
 that point, like a power cut). The final states, role files and held-out numbers must equal
-those of an uninterrupted run of the same command.
+those of an uninterrupted run of the same lab (the session's `small_run`, shared with other modules).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pytest
 
 from rlhf.io import read_json, sha256_file
 
-# One worker runs this module: its uninterrupted reference run is a module fixture.
+# One worker runs this module.
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("crash")]
 
 STAGES = ("sft", "judge", "ppo")
@@ -73,11 +73,10 @@ def outcome(run) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, small_profile_file):
-    run = tmp_path_factory.mktemp("crash") / "uninterrupted"
-    done = lab(run, small_profile_file)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {"run": run, "outcome": outcome(run), "seconds": done.seconds}
+def uninterrupted(small_run):
+    """The reference: the session's small-budget lab (conftest `small_run`, `rlhf.lab.run_lab` as
+    `rlhf lab` calls it, built once per test run), read only."""
+    return {"run": small_run.run, "outcome": outcome(small_run.run), "seconds": small_run.stage_seconds["total"]}
 
 
 def no_debris(run) -> list[str]:

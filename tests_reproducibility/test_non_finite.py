@@ -5,7 +5,7 @@ actor and the PPO critic with NonFiniteError naming the stage, the role and the 
 before the optimizer moves anything; and the last good checkpoint on disk stays exactly what an
 unpoisoned run writes there.
 
-Each stage runs on the miniature budget (conftest.SMALL_BUDGET, continuous leg only) with one
+Each stage runs on the small budget (conftest.SMALL_BUDGET, continuous leg only) with one
 loss poisoned at the first update after a checkpoint: SFT and judge at update 3 (epoch 1, after
 checkpoint continuous-0001), PPO at update 4 (iteration 2, after continuous-0001 and -0002).
 At the moment of the poisoned update every file of the stage folder is hashed; after the error
@@ -120,15 +120,11 @@ class Poison:
 
 
 @pytest.fixture(scope="module")
-def good_run(tmp_path_factory, small_profile_file, one_thread):
-    """The three learning stages, unpoisoned, continuous legs only: the checkpoints a poisoned
-    run must leave untouched, and the SFT and judge artifacts PPO starts from."""
-    from rlhf.config import load_profile
-
-    ctx = lab.open_context(tmp_path_factory.mktemp("good") / "run", load_profile(str(small_profile_file)))
-    for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
-        stage(ctx, protocol=False)
-    return ctx
+def good_run(small_run, one_thread):
+    """The three learning stages, unpoisoned (the session's small-budget lab, conftest
+    `small_run`, read only): the continuous leg's checkpoints a poisoned run must leave
+    untouched, and the SFT and judge artifacts PPO starts from."""
+    return small_run
 
 
 def fresh_run(good, run):

@@ -27,7 +27,7 @@ import pytest
 from rlhf import pin
 from rlhf.io import read_json, sha256_file
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.e2e]  # e2e: fresh processes, `rlhf` commands, an SFT epoch
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 DESCRIBE = "import json, rlhf, torch; from rlhf import pin; print(json.dumps(pin.describe()))"

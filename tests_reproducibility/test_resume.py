@@ -12,7 +12,7 @@ import torch
 from rlhf.checkpoint import assert_states_equal, load_state
 from rlhf.io import read_json, sha256_file
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.e2e]  # e2e: the lab run, SFT epochs in fresh processes
 
 BOUNDARY = {"sft": ("epochs_done", 1), "judge": ("epochs_done", 1), "ppo": ("iterations_done", 40)}
 

@@ -26,7 +26,7 @@ import pytest
 from rlhf import arithmetic, pin
 from rlhf.io import read_json
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.e2e]  # e2e: `rlhf arithmetic` in subprocesses, under qemu
 
 X86 = pin.describe()["machine"] in ("x86_64", "amd64")
 GOLDEN = Path(__file__).parents[1] / "tests_reproducibility" / "golden_embedded.json"

@@ -1,8 +1,8 @@
 """`rlhf export-verl`: the hand-off's contents against the lab's own roles, bad input,
 and verl's own classes run on it in `.venv-verl` (tests_verl/, built by `bash setup.sh --verl`).
 
-One small-profile lab run (SMALL_BUDGET, ~70 s) is made for this module and exported once;
-every test here shares them (one xdist group)."""
+The session's small-budget lab run (conftest `small_run`, SMALL_BUDGET, built once per test run)
+is exported once for this module; every test here shares the hand-off (one xdist group)."""
 
 from __future__ import annotations
 
@@ -46,21 +46,16 @@ VERL_CHECKS = [  # every check of tests_verl/ that must pass, by junit name
 
 
 @pytest.fixture(scope="module")
-def small_run(tmp_path_factory, small_profile_file):
-    """A finished small-profile lab run on r001 (every stage, the protocol's legs included)."""
-    from rlhf import lab
-    from rlhf.config import load_profile
-
-    run = tmp_path_factory.mktemp("export_verl") / "run"
-    ctx = lab.open_context(run, load_profile(str(small_profile_file)), revision="r001")
-    lab.run_lab(ctx)
-    return run
+def small_folder(small_run):
+    """The session's finished small-budget lab run on r001 (conftest `small_run`: every stage,
+    the protocol's legs included), read only: tests that change a run copy it first."""
+    return small_run.run
 
 
 @pytest.fixture(scope="module")
-def handoff(small_run, small_profile_file):
-    out = small_run.parent / "handoff"
-    export_verl(small_run, out, profile=str(small_profile_file))
+def handoff(small_folder, small_profile_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export_verl") / "handoff"
+    export_verl(small_folder, out, profile=str(small_profile_file))
     return out
 
 
@@ -72,10 +67,10 @@ def profile(small_profile_file):
 
 
 @pytest.fixture(scope="module")
-def lab_tokenizer(small_run):
+def lab_tokenizer(small_folder):
     from rlhf.models import load_tokenizer
 
-    return load_tokenizer(small_run / "base_model")
+    return load_tokenizer(small_folder / "base_model")
 
 
 def load_exported_reward(handoff: Path):
@@ -95,10 +90,10 @@ def read_rows(handoff: Path, split: str) -> list[dict]:
 # ------------------------------------------------------------------ data
 
 
-def test_parquet_rows_fields_and_counts(small_run, handoff):
+def test_parquet_rows_fields_and_counts(small_folder, handoff):
     from rlhf.corpus import load_corpus
 
-    corpus = load_corpus(small_run / "corpus")
+    corpus = load_corpus(small_folder / "corpus")
     rows = {s: read_rows(handoff, s) for s in ("train", "test", "probe")}
     assert {s: len(r) for s, r in rows.items()} == {"train": 672, "test": 180, "probe": 20}
     for split, rs in rows.items():
@@ -167,11 +162,11 @@ def _lab_role(kind, profile, run, rel, **kw):
     return role
 
 
-def test_merged_actor_logits_equal_the_lab_sft_actor(small_run, handoff, profile, lab_tokenizer):
+def test_merged_actor_logits_equal_the_lab_sft_actor(small_folder, handoff, profile, lab_tokenizer):
     from transformers import Qwen2ForCausalLM
 
     batch = _batch(lab_tokenizer, profile)
-    lab = _lab_role("actor", profile, small_run, ROLE_FILES["sft"])
+    lab = _lab_role("actor", profile, small_folder, ROLE_FILES["sft"])
     merged = Qwen2ForCausalLM.from_pretrained(str(handoff / "models" / "actor"), dtype=torch.float32).eval()
     with torch.no_grad():
         kw = dict(
@@ -183,7 +178,7 @@ def test_merged_actor_logits_equal_the_lab_sft_actor(small_run, handoff, profile
     assert diff < 1e-3, f"merged actor logits differ from the lab's LoRA actor by {diff:.3g}"
 
 
-def test_critic_initialisation_equals_the_lab_critic(small_run, handoff, profile, lab_tokenizer):
+def test_critic_initialisation_equals_the_lab_critic(small_folder, handoff, profile, lab_tokenizer):
     """Backbone = SFT adapters merged, value head zero: the lab critic's values (all 0) and hidden states."""
     from transformers import Qwen2ForTokenClassification
 
@@ -191,7 +186,7 @@ def test_critic_initialisation_equals_the_lab_critic(small_run, handoff, profile
     from rlhf.scoring import backbone_hidden
 
     batch = _batch(lab_tokenizer, profile)
-    lab = _lab_role("critic", profile, small_run, ROLE_FILES["sft"], source_kind="actor", adapters_only=True)
+    lab = _lab_role("critic", profile, small_folder, ROLE_FILES["sft"], source_kind="actor", adapters_only=True)
     exported = Qwen2ForTokenClassification.from_pretrained(
         str(handoff / "models" / "critic"), dtype=torch.float32
     ).eval()
@@ -211,7 +206,7 @@ def test_critic_initialisation_equals_the_lab_critic(small_run, handoff, profile
     )
 
 
-def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
+def judge_cases(small_folder, profile, tokenizer, n=8) -> list[dict]:
     """Fixed (prompt, answer) pairs scored by the lab's judge role: test-pair answers with EOS and
     the same answers cut without EOS (truncated: the -1 penalty applies)."""
     from rlhf import rubric
@@ -223,7 +218,7 @@ def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     view = Corpus.build("r001").evaluation_view()
-    judge = _lab_role("judge", profile, small_run, ROLE_FILES["judge"])
+    judge = _lab_role("judge", profile, small_folder, ROLE_FILES["judge"])
     cases = []
     for i, pair in enumerate(view.test_pairs()[:n]):
         p, r = encode_example(tokenizer, pair["prompt"], pair["chosen" if i % 2 else "rejected"], eos, profile.limits)
@@ -261,10 +256,10 @@ def judge_cases(small_run, profile, tokenizer, n=8) -> list[dict]:
     return cases
 
 
-def test_exported_judge_and_reward_equal_the_lab_judge(small_run, handoff, profile, lab_tokenizer):
+def test_exported_judge_and_reward_equal_the_lab_judge(small_folder, handoff, profile, lab_tokenizer):
     """The reward module's judge (exported Qwen2ForSequenceClassification + bias) and its
     reward (score, -1 when cut without EOS) equal the lab's judge role on fixed pairs."""
-    cases = judge_cases(small_run, profile, lab_tokenizer)
+    cases = judge_cases(small_folder, profile, lab_tokenizer)
     reward = load_exported_reward(handoff)
     for c in cases:
         out = reward.lab_reward(c["prompt_ids"], c["response_ids"])
@@ -303,14 +298,14 @@ def test_vendored_rubric_is_rlhf_rubric_and_imports_nothing_from_rlhf(handoff):
             assert not any(n == "rlhf" or n.startswith("rlhf.") for n in names), f"{path.name} imports {names}"
 
 
-def test_manifest_hashes_every_file_and_the_source(small_run, handoff):
+def test_manifest_hashes_every_file_and_the_source(small_folder, handoff):
     from rlhf.io import sha256_file
 
     manifest = json.loads((handoff / "manifest.json").read_text())
     files = {str(p.relative_to(handoff)) for p in handoff.rglob("*") if p.is_file()} - {"manifest.json"}
     assert set(manifest["files"]) == files
     assert all(sha256_file(handoff / rel) == h for rel, h in manifest["files"].items())
-    assert manifest["role_files"]["judge"] == sha256_file(small_run / ROLE_FILES["judge"])
+    assert manifest["role_files"]["judge"] == sha256_file(small_folder / ROLE_FILES["judge"])
     assert manifest["versions"]["verl"] == "0.9.1" and manifest["run_identity"]["revision"] == "r001"
     launch = (handoff / "launch" / "launch.sh").read_text()
     assert (
@@ -366,17 +361,17 @@ def _light_copy(run: Path, dest: Path) -> Path:
     return dest
 
 
-def test_existing_output_folder_is_refused(small_run, tmp_path, small_profile_file):
+def test_existing_output_folder_is_refused(small_folder, tmp_path, small_profile_file):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(ExportError, match="exists"):
-        export_verl(small_run, out, profile=str(small_profile_file))
+        export_verl(small_folder, out, profile=str(small_profile_file))
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
-def test_unfinished_run_is_refused_and_nothing_written(small_run, tmp_path, small_profile_file):
-    run = _light_copy(small_run, tmp_path / "run")
+def test_unfinished_run_is_refused_and_nothing_written(small_folder, tmp_path, small_profile_file):
+    run = _light_copy(small_folder, tmp_path / "run")
     record = json.loads((run / "run.json").read_text())
     del record["stages"]["ppo"]
     (run / "run.json").write_text(json.dumps(record))
@@ -385,8 +380,8 @@ def test_unfinished_run_is_refused_and_nothing_written(small_run, tmp_path, smal
     assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-def test_r001_r002_mix_is_refused_and_nothing_written(small_run, tmp_path, small_profile_file):
-    run = _light_copy(small_run, tmp_path / "run")
+def test_r001_r002_mix_is_refused_and_nothing_written(small_folder, tmp_path, small_profile_file):
+    run = _light_copy(small_folder, tmp_path / "run")
     side = run / f"{ROLE_FILES['judge']}.json"
     meta = json.loads(side.read_text())
     meta["identity"]["revision"] = "r002"
@@ -397,7 +392,7 @@ def test_r001_r002_mix_is_refused_and_nothing_written(small_run, tmp_path, small
     assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-def test_a_failure_mid_export_leaves_no_folder(small_run, tmp_path, small_profile_file, monkeypatch):
+def test_a_failure_mid_export_leaves_no_folder(small_folder, tmp_path, small_profile_file, monkeypatch):
     from rlhf import export_verl as mod
 
     def broken(*args, **kwargs):
@@ -405,7 +400,7 @@ def test_a_failure_mid_export_leaves_no_folder(small_run, tmp_path, small_profil
 
     monkeypatch.setattr(mod, "write_models", broken)
     with pytest.raises(RuntimeError, match="disk full"):
-        export_verl(small_run, tmp_path / "out", profile=str(small_profile_file))
+        export_verl(small_folder, tmp_path / "out", profile=str(small_profile_file))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -449,7 +444,7 @@ def lab_config_values(profile) -> dict:
     }
 
 
-def expectations(small_run, handoff, profile, tokenizer) -> dict:
+def expectations(small_folder, handoff, profile, tokenizer) -> dict:
     """The lab's side of every verl check, computed with rlhf (the verl venv has no rlhf)."""
     from rlhf.masks import last_active_index
     from rlhf.ppo_math import gae, learning_rate, token_rewards
@@ -490,7 +485,7 @@ def expectations(small_run, handoff, profile, tokenizer) -> dict:
             sum(encode_example(tokenizer, r["prompt"], r["chosen"], eos, profile.limits), [])
             for r in map(json.loads, (handoff / "data" / "preference_pairs" / "train.jsonl").read_text().splitlines())
         ],
-        "judge_cases": judge_cases(small_run, profile, tokenizer),
+        "judge_cases": judge_cases(small_folder, profile, tokenizer),
         "overrides": {"2x8": overrides(profile, 2, 8)},
         "config_values": lab_config_values(profile),
         "ppo_case": {
@@ -529,14 +524,14 @@ def test_main_suite_never_collects_the_verl_checks():
     assert (ROOT / "tests_verl" / "pytest.ini").is_file()  # its own rootdir: the lab's conftest is not loaded
 
 
-def test_verl_checks_pass_in_the_verl_venv(small_run, handoff, profile, lab_tokenizer, tmp_path, record_result):
+def test_verl_checks_pass_in_the_verl_venv(small_folder, handoff, profile, lab_tokenizer, tmp_path, record_result):
     """Builds .venv-verl when missing (bash setup.sh --verl), runs tests_verl/ there on this
     hand-off, and requires every named check to have passed (junit report)."""
     t0 = time.perf_counter()
     subprocess.run(["bash", str(ROOT / "setup.sh"), "--verl"], cwd=ROOT, check=True)
     setup_s = time.perf_counter() - t0
     expect = tmp_path / "expect.json"
-    expect.write_text(json.dumps(expectations(small_run, handoff, profile, lab_tokenizer)))
+    expect.write_text(json.dumps(expectations(small_folder, handoff, profile, lab_tokenizer)))
     junit = tmp_path / "verl-junit.xml"
     env = {
         **os.environ,

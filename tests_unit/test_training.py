@@ -206,7 +206,7 @@ def test_kv_cache_and_full_recompute_agree_within_a_bound_in_bf16(
 
 
 def test_stage_commands_stop_and_resume(tmp_path, capsys, small_profile_file):
-    """The stage commands on the miniature budget (2 epochs of 3 updates): stop after epoch 1,
+    """The stage commands on the small budget (conftest.SMALL_BUDGET) (2 epochs of 3 updates): stop after epoch 1,
     resume to the end, and a clear error where there is nothing to resume."""
     run = tmp_path / "run"
     profile = ["--profile", str(small_profile_file)]

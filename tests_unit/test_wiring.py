@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.e2e]  # e2e: whole pytest sessions in subprocesses
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,8 @@
 """Fast equivalents of the lab's slow resume and role checks.
 
-One miniature lab (the embedded profile with conftest.SMALL_BUDGET: SFT and judge 2 epochs of
-3 updates, PPO 4 iterations stopped after 2) runs SFT, the judge and PPO with the
-interrupt/resume protocol once per module (about 25 s). Then:
+The session's small-budget lab (conftest `small_run`: the embedded profile with
+conftest.SMALL_BUDGET, SFT and judge 2 epochs of 3 updates, PPO 4 iterations stopped after 2)
+ran SFT, the judge and PPO with the interrupt/resume protocol once per test run. Then:
 
 * resumed = continuous, read back from disk, tensor by tensor, for the three stages;
 * the same again in this process: each stage is resumed from its saved boundary state after
@@ -37,13 +37,9 @@ STAGES = {
 
 
 @pytest.fixture(scope="module")
-def mini_lab(tmp_path_factory, small_profile_file, one_thread):
-    from rlhf.config import load_profile
-
-    ctx = lab.open_context(tmp_path_factory.mktemp("resume_mini") / "run", load_profile(str(small_profile_file)))
-    for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
-        stage(ctx)  # boundary, resumed and continuous legs
-    return ctx
+def small_lab(small_run, one_thread):
+    """The session's small-budget lab (conftest `small_run`), read only."""
+    return small_run
 
 
 def saved(ctx, stage: str, leg: str) -> dict:
@@ -73,38 +69,38 @@ def resume_in_process(ctx, stage: str, boundary: dict) -> dict:
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
-def test_protocol_resumed_state_equals_continuous_on_disk(mini_lab, stage, record_result):
+def test_protocol_resumed_state_equals_continuous_on_disk(small_lab, stage, record_result):
     """Catches a protocol whose resumed leg does not end where the continuous one does, or a
     comparison that compares nothing (the boundary state must differ from the final one)."""
     _, _, key, boundary = STAGES[stage]
-    s = {leg: saved(mini_lab, stage, leg) for leg in ("boundary", "resumed", "continuous")}
+    s = {leg: saved(small_lab, stage, leg) for leg in ("boundary", "resumed", "continuous")}
     assert s["boundary"][key] == boundary < s["continuous"][key] == s["resumed"][key]
     compared = assert_states_equal(s["continuous"], s["resumed"], stage)
     with pytest.raises(AssertionError):
         assert_states_equal(s["continuous"], s["boundary"], stage)
-    check = read_json(mini_lab.run / stage / "resume_check.json")
+    check = read_json(small_lab.run / stage / "resume_check.json")
     assert check["identical"] is True and check["sha256_resumed"] == check["sha256_continuous"]
     record_result(f"{stage}.tensors_compared", compared)
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
-def test_resume_restores_optimizer_generators_and_rngs(mini_lab, stage):
+def test_resume_restores_optimizer_generators_and_rngs(small_lab, stage):
     """Resumed in this process from the saved boundary state, each stage ends bit for bit in the
     continuous state. Catches a resume that drops the optimizer state (AdamW moments and step
     counts), the data-order generator (SFT, judge), the prompt sampler or the sampling
     generator (PPO), or the system RNGs."""
-    boundary = saved(mini_lab, stage, "boundary")
-    continuous = saved(mini_lab, stage, "continuous")
+    boundary = saved(small_lab, stage, "boundary")
+    continuous = saved(small_lab, stage, "continuous")
     if stage == "ppo":
         assert all(boundary["optimizers"][k]["state"] for k in ("actor", "critic")), "AdamW moments are saved"
         assert 0 < boundary["sampler"]["pointer"] < boundary["sampler"]["permutation"].numel()
     else:
         assert boundary["optimizer"]["state"] and boundary["step"] > 0
-    resumed = resume_in_process(mini_lab, stage, boundary)
+    resumed = resume_in_process(small_lab, stage, boundary)
     assert assert_states_equal(continuous, resumed, stage) > 0
 
 
-def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
+def test_ppo_roles_as_trained_are_isolated(small_lab, monkeypatch):
     """The four roles `stage_ppo` gives `train_ppo`: four backbones, no shared storage, frozen
     reference and judge, and an in-place change to the actor (adapter and base) reaches no other
     role. Catches a reference (or critic) that shares the actor's model."""
@@ -119,7 +115,7 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
 
     monkeypatch.setattr(lab, "train_ppo", spy)  # lab binds train_ppo at import
     with pytest.raises(Captured):
-        lab.stage_ppo(mini_lab, stop_after=1)  # nothing is saved: train_ppo never returns
+        lab.stage_ppo(small_lab, stop_after=1)  # nothing is saved: train_ppo never returns
     roles = captured["roles"]
     by_kind = roles.by_kind()
     assert set(by_kind) == set(ROLE_KINDS)
@@ -160,9 +156,9 @@ def test_ppo_roles_as_trained_are_isolated(mini_lab, monkeypatch):
     assert_role_isolation(roles)
 
 
-def test_role_isolation_check_refuses_a_reference_sharing_the_actor(mini_lab):
+def test_role_isolation_check_refuses_a_reference_sharing_the_actor(small_lab):
     """The library's own check (run by stage_ppo before and after training) can fail."""
-    roles = lab.ppo_roles(mini_lab)
+    roles = lab.ppo_roles(small_lab)
     roles = roles._replace(reference=Role(kind="reference", model=roles.actor.model, head=None))
     with pytest.raises(RoleIsolationError, match="share tensor storage"):
         assert_role_isolation(roles)
