@@ -80,7 +80,7 @@ RESPONSE = 64  # tokens per generated answer (the SPEC's limit)
 ALL_CORES = os.cpu_count() or 2
 TRL_WARMUP, TRL_TIMED = 1, 10
 SUMMARY: dict = {"rows": [], "notes": [], "goals": {}}
-# The last commit before generation was tuned (issue #7 item 5): its rlhf/generate.py and
+# The last commit before generation was tuned: its rlhf/generate.py and
 # rlhf/lora.py are the "before" of the before/after benchmarks.
 PREVIOUS = "6347c95800da731abb68816282a7932ed8619570"
 
@@ -524,7 +524,7 @@ def test_generation_tokens_per_second(
     )
 
 
-# ------------------------------------------------------------------------------ before/after (issue #7 item 5)
+# ------------------------------------------------------------------------------ before/after
 
 
 @pytest.fixture(scope="module")
