@@ -121,6 +121,7 @@ def atomic_folder(out):
     try:
         yield tmp
         os.chmod(tmp, FOLDER_MODE)  # mkdtemp's 0700 would make the folder private
+        share_as_umask_allows(tmp)  # and so could files other libraries wrote inside it
         if out.exists():
             out.rmdir()  # empty, or this raises: never replaces content
         os.rename(tmp, out)
@@ -128,6 +129,23 @@ def atomic_folder(out):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def share_as_umask_allows(root) -> None:
+    """Give `root` and everything under it the read (and, for folders and executables, enter or
+    run) bits the user's umask allows: files that other libraries write (safetensors, tokenizer
+    files, mkdtemp's folder) can be private to the writing user otherwise."""
+    root = Path(root)
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode & 0o7777
+        if path.is_dir():
+            wanted = mode | (0o555 & FOLDER_MODE)
+        else:
+            wanted = mode | (0o444 & FILE_MODE) | ((0o111 & FOLDER_MODE) if mode & 0o100 else 0)
+        if wanted != mode:
+            os.chmod(path, wanted)
 
 
 def _fsync_dir(folder: Path) -> None:

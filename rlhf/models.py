@@ -309,9 +309,10 @@ def write_random_model_dir(profile: Profile, out_dir, tokenizer_file, *, seed: i
             tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>", pad_token="<|endoftext|>"
         )
     base = random_base(profile, tokenizer, seed=seed)
-    base.model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    write_text(
-        out_dir / FETCH_MARKER, dumps_json({"random_weights": True, "seed": seed, "shape_of": profile.model.revision})
-    )
+    with atomic_folder(out_dir) as tmp:
+        base.model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_text(
+            tmp / FETCH_MARKER, dumps_json({"random_weights": True, "seed": seed, "shape_of": profile.model.revision})
+        )
     return out_dir

@@ -752,9 +752,12 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
     """Whole PPO iterations, commit PREVIOUS vs the working tree: two trainers from the same start
     run iteration i in turn (previous, current, previous, ...), so each pair has the same prompts
     and shapes; after 1 warm-up + 10 timed rounds their adapters and heads must be bit-identical."""
-    trainers = {"previous": _ppo_trainer(bench_ctx, prompts), "current": _ppo_trainer(bench_ctx, prompts)}
-    start = {kind: trainers["current"][0][kind].learned_state() for kind in ("actor", "critic")}
-    first = _first_draws(bench_ctx, prompts, trainers["current"][0]["actor"])  # untimed, before any update
+    trainers = {
+        "previous": _ppo_trainer(bench_ctx, prompts),
+        "current": _ppo_trainer(bench_ctx, prompts),
+    }
+    start = {kind: trainers["current"][0].by_kind()[kind].learned_state() for kind in ("actor", "critic")}
+    first = _first_draws(bench_ctx, prompts, trainers["current"][0].actor)  # untimed, before any update
     seconds: dict = {"previous": [], "current": []}
     rounds = iter(range(10**6))
 
@@ -766,7 +769,7 @@ def test_ppo_iterations_before_after(benchmark, record_result, bench_ctx, prompt
 
     benchmark.pedantic(one_round, rounds=10, warmup_rounds=1, iterations=1)
     for kind in ("actor", "critic"):
-        before, after = (trainers[k][0][kind].learned_state() for k in ("previous", "current"))
+        before, after = (trainers[k][0].by_kind()[kind].learned_state() for k in ("previous", "current"))
         assert all(torch.equal(before[n], after[n]) for n in before), f"{kind}: the PPO states parted"
         _check_moved(f"PPO {kind}", start[kind], after)
     records = {k: trainers[k][2] for k in ("previous", "current")}
@@ -1502,7 +1505,7 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     # What was timed trained: ours, finite losses every iteration and states moved from the SFT start;
     # TRL, one logged PPO step per iteration with finite losses, the actor and the critic moved too.
     fresh = lab.ppo_roles(bench_ctx)
-    start = {k: fresh[k].learned_state() for k in ("actor", "critic")}
+    start = {k: fresh.by_kind()[k].learned_state() for k in ("actor", "critic")}
     its = kept["ours"]["history"]["iterations"]
     assert len(its) == n, len(its)
     for i, rec in enumerate(its):

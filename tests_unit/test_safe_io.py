@@ -239,6 +239,9 @@ write_bytes(out / "log.json", b"new", overwrite=True)
 write_with_sidecar(out / "actor.safetensors", b"weights", {"role": "actor"})
 with atomic_folder(out / "handoff") as tmp:
     write_bytes(tmp / "data.parquet", b"rows")
+    private = tmp / "model.safetensors"  # as another library may leave a file it wrote
+    private.write_bytes(b"weights")
+    private.chmod(0o600)
 """
 
 
@@ -263,8 +266,11 @@ def test_what_the_lab_writes_has_the_modes_the_users_umask_allows(tmp_path, umas
         "actor.safetensors",
         "actor.safetensors.json",
         "handoff/data.parquet",
+        "handoff/model.safetensors",
     }
+    foreign = files.pop("handoff/model.safetensors")
     assert files == dict.fromkeys(files, 0o666 & ~umask), f"umask {umask:o}: {files}"
+    assert foreign & 0o444 == 0o444 & ~umask, f"umask {umask:o}: a file another library wrote stayed {foreign:o}"
     assert modes["handoff"] == 0o777 & ~umask
 
 
