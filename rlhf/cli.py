@@ -10,6 +10,7 @@ rlhf lab --profile P --model-dir DIR --dry-run [--cpu]   every stage at tiny bud
 rlhf base-study --out DIR                    the embedded base beside its control base
 rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   the lab over N seeds
 rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the cut SFT budget, validation only
+rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
 """
@@ -222,6 +223,41 @@ def cmd_seeds(args) -> int:
             f"[{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], positive in {s['positive']} of {s['n']}"
         )
     print(f"seeds finished in {time.perf_counter() - t0:.1f} s; {args.out}/seeds.json and {args.out}/report.html")
+    return 0
+
+
+def cmd_frontier(args) -> int:
+    from rlhf.studies.frontier import run_confirmation, run_frontier
+
+    t0 = time.perf_counter()
+    if args.confirm:
+        record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
+        for p in record["points"]:
+            s = p["across"]["rubric_success.test.ppo_minus_sft"]
+            print(
+                f"{p['arm']} at iteration {p['iteration']}: PPO - SFT test rubric success mean {s['mean']:+.3f}, "
+                f"95% t-interval over {s['n']} seeds [{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], "
+                f"positive in {s['positive']} of {s['n']}"
+            )
+        print(
+            f"confirmation finished in {time.perf_counter() - t0:.1f} s; "
+            f"{args.out}/confirmation.json and {args.out}/confirmation.html"
+        )
+        return 0
+    result = run_frontier(
+        args.out,
+        n=args.n,
+        revision=args.revision,
+        sft_budget=args.sft_budget,
+        workers=args.workers,
+        profile_name=args.profile,
+    )
+    sel = result["selection"]
+    print(
+        f"chosen on validation: {sel['arm']} at iteration {sel['iteration']}, mean validation rubric success "
+        f"{sel['mean_validation_gold']:.3f} (SFT {sel['sft_mean_validation_gold']:.3f})"
+    )
+    print(f"frontier finished in {time.perf_counter() - t0:.1f} s; {args.out}/frontier.json and {args.out}/report.html")
     return 0
 
 
@@ -495,6 +531,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.set_defaults(func=cmd_seeds)
+
+    p = _command(
+        sub,
+        "frontier",
+        "the over-optimisation frontier: gold and learned reward against sqrt(KL), chosen on validation",
+        "Per training seed: SFT and the judge once, then PPO arms from that SFT (the SPEC's KL\n"
+        "coefficient 0.02, a grid c x sigma of the judge's spread, a standardised judge, the penalty\n"
+        "instead of the score for answers without EOS, and an oracle control), every checkpoint and\n"
+        "best-of-n measured on the validation prompts. Writes DIR/frontier.json and DIR/report.html\n"
+        "with the best (arm, iteration). --confirm N then runs that point and the SPEC's default on N\n"
+        "fresh seeds and evaluates them on test (DIR/confirmation.json, DIR/confirmation.html).\n"
+        "A killed study continues on rerun; a finished one recomputes nothing.",
+        "rlhf frontier --out runs/frontier-r002 --n 3 --workers 2\nrlhf frontier --out runs/frontier-r002 --confirm 5",
+    )
+    p.add_argument(
+        "--out", required=True, help="study folder: seed-i/ (its arms in seed-i/arms/), frontier.json, report.html"
+    )
+    p.add_argument("--n", type=int, default=3, help="number of training seeds, default 3")
+    p.add_argument("--revision", default="r002", choices=["r001", "r002"], help=REVISION_HELP)
+    p.add_argument(
+        "--sft-budget",
+        default="sft-e7",
+        choices=list(SFT_BUDGETS),
+        help="named SFT budget (default sft-e7, the budget chosen on validation for r002; full: the profile's)",
+    )
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
+    p.add_argument(
+        "--confirm",
+        type=int,
+        default=None,
+        metavar="N",
+        help="after the study: run the chosen point and the SPEC's default on N fresh seeds, on test",
+    )
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.set_defaults(func=cmd_frontier)
 
     p = _command(
         sub,

@@ -14,6 +14,7 @@ function gets its numbers from the profile (no default argument repeats a profil
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 import typing
@@ -25,6 +26,8 @@ from typing import Any
 from rlhf.io import dumps_json, sha256_text
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+# What PPO's terminal reward is built from (rlhf.ppo_math.design_score); 'judge' is SPEC §6.
+REWARD_DESIGNS = ("judge", "standardised-judge", "eos-less-replaced", "oracle")
 PROFILES = ("embedded", "qwen2.5-0.5b")
 DEFAULT_PROFILE = "embedded"
 
@@ -167,6 +170,27 @@ class Ppo:
         "absent in a real profile: limits.response_tokens",
         default=None,
     )
+    reward_design: str = doc(
+        "what the episode's last token receives (rlhf.ppo_math.design_score): 'judge' (SPEC §6, the default), "
+        "or a declared alternative of the frontier study: 'standardised-judge', 'eos-less-replaced', 'oracle'",
+        default="judge",
+    )
+    score_mean: float = doc("'standardised-judge' only: the judge's mean on SFT samples of train prompts", default=0.0)
+    score_sd: float = doc("'standardised-judge' only: the judge's SD on SFT samples of train prompts", default=1.0)
+
+    def __post_init__(self):
+        if self.reward_design not in REWARD_DESIGNS:
+            raise ProfileError(
+                f"[ppo] reward_design must be one of {', '.join(REWARD_DESIGNS)}, not {self.reward_design!r}"
+            )
+        standardised = self.reward_design == "standardised-judge"
+        if not standardised and (self.score_mean, self.score_sd) != (0.0, 1.0):
+            raise ProfileError(
+                f"[ppo] score_mean and score_sd apply to reward_design 'standardised-judge' only, "
+                f"not {self.reward_design!r}: a score is never rescaled silently"
+            )
+        if not self.score_sd > 0 or not math.isfinite(self.score_sd) or not math.isfinite(self.score_mean):
+            raise ProfileError(f"[ppo] score_sd must be a finite number > 0 and score_mean finite, not {self.score_sd}")
 
 
 @dataclass(frozen=True)
@@ -245,7 +269,10 @@ def _read_table(cls, data: dict, where: str):
                 raise ProfileError(f"{where}: missing key {f.name!r} ({f.metadata['doc']})")
             continue
         values[f.name] = _check_value(data[f.name], types[f.name], f"{where}: key {f.name!r}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ProfileError as err:  # a check across keys (__post_init__): name the file too
+        raise ProfileError(f"{where}: {err}") from None
 
 
 def profile_from_dict(data: dict, source: str | Path = "<dict>") -> Profile:
@@ -307,15 +334,21 @@ def profile_hash(profile: Profile) -> str:
 
 
 def toml_value(value) -> str:
-    """An integer or a string as a TOML value (the only kinds a profile is written with)."""
+    """An integer, a finite float or a string as a TOML value (the kinds a profile is written
+    with); a float is written with repr, which reads back as the same float."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ProfileError(f"only finite numbers are written into a profile, not {value!r}")
+        return repr(value)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ProfileError(f"only integers and strings are written into a profile, not {value!r}")
+        raise ProfileError(f"only integers, floats and strings are written into a profile, not {value!r}")
     return str(value) if isinstance(value, int) else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def profile_text_with(text: str, name: str, changes: dict[tuple[str, str], object]) -> str:
     """The profile TOML `text` with its name and the (table, key) entries of `changes` replaced
-    (an absent key is added at the end of its table); comments elsewhere are kept. The file
+    (an absent key is added at the end of its table, an absent table at the end of the text);
+    comments elsewhere are kept. The file
     form of `override`: `load_profile` of the result equals `override(profile, {(None, "name"):
     name, **changes})`."""
     text, n = re.subn(r'^name = ".*"$', f"name = {toml_value(name)}", text, count=1, flags=re.M)
@@ -323,6 +356,9 @@ def profile_text_with(text: str, name: str, changes: dict[tuple[str, str], objec
         raise ProfileError('the profile has no top-level `name = "..."` line')
     for (table, key), value in changes.items():
         head = text.find(f"\n[{table}]\n")
+        if head < 0 and table in TABLES:  # an optional table (every key has a default): added at the end
+            text = text.rstrip("\n") + f"\n\n[{table}]\n"
+            head = text.find(f"\n[{table}]\n")
         if head < 0:
             raise ProfileError(f"the profile has no [{table}] table")
         end = text.find("\n[", head + 1)

@@ -60,10 +60,13 @@ from rlhf.shortcut import run_shortcut_audit
 
 
 class Context:
-    """What every stage needs: profile, run folder, corpus, base model directory, tokenizer."""
+    """What every stage needs: profile, run folder, corpus, base model directory, tokenizer.
+    `trained_in`: the run folder whose sft/ and judge/ PPO starts from (default: this one; a
+    frontier arm runs PPO in its own folder from its seed's SFT and judge)."""
 
-    def __init__(self, run, profile: Profile, model_dir, corpus):
+    def __init__(self, run, profile: Profile, model_dir, corpus, trained_in=None):
         self.run = Path(run)
+        self.trained_in = self.run if trained_in is None else Path(trained_in)
         self.profile = profile
         self.device = profile_device(profile)
         self.model_dir = Path(model_dir)
@@ -352,7 +355,7 @@ def run_protocol(
             checkpoint_every,
         )
     state_c, tm_c, seconds["continuous"] = _run_leg(
-        ctx, stage, "continuous", lambda: None, None, run_fn, identity, checkpoint_every
+        ctx, stage, "continuous", lambda: None, None, run_fn, identity, checkpoint_every, compared=protocol
     )
     check: ResumeCheck = {
         "stage": stage,
@@ -377,7 +380,7 @@ def run_protocol(
     return ProtocolResult(state_c, tm_c, time.perf_counter() - t, sha256_final=check["sha256_continuous"], check=check)
 
 
-def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity: dict, every: int):
+def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity: dict, every: int, compared=False):
     """One leg of the protocol, crash-safe. Returns (final state, timings, seconds).
 
     Its final state on disk is loaded, not recomputed. Otherwise the leg starts from `start()`
@@ -400,7 +403,7 @@ def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity:
                 "boundary": f"{stage}: interrupted run, stopping after {stop}",
                 "resumed": f"{stage}: resumed from the saved boundary state, to the end",
                 "continuous": f"{stage}: continuous run from scratch"
-                + (" (compared with the resumed one)" if name == "continuous" else ""),
+                + (" (compared with the resumed one)" if compared else ""),
             }[name]
         )
         state = start()
@@ -498,25 +501,31 @@ def ppo_roles(ctx: Context) -> PpoRoles:
     roles = PpoRoles(
         actor=ctx.role("actor"), reference=ctx.role("reference"), judge=ctx.role("judge"), critic=ctx.role("critic")
     )
-    sft_file = ctx.run / "sft" / "actor.safetensors"
+    sft_file = ctx.trained_in / "sft" / "actor.safetensors"
     load_role(roles.actor, sft_file)
     load_role(roles.reference, sft_file, source_kind="actor")
     load_role(roles.critic, sft_file, source_kind="actor", adapters_only=True)
-    load_role(roles.judge, ctx.run / "judge" / "judge.safetensors")
+    load_role(roles.judge, ctx.trained_in / "judge" / "judge.safetensors")
     roles.judge.freeze()
     roles.reference.freeze()
     return roles
 
 
+def ppo_identity(ctx: Context, initial_roles: PpoRoles) -> dict:
+    """What a PPO state is computed from: the run's identity, the SFT and judge files it starts
+    from, and the initial roles' fingerprints (what its checkpoints are loaded against)."""
+    return ctx.identity(
+        stage="ppo",
+        sft=sha256_file(ctx.trained_in / "sft" / "actor.safetensors"),
+        judge=sha256_file(ctx.trained_in / "judge" / "judge.safetensors"),
+        initial=_initial_fingerprints(initial_roles.by_kind()),
+    )
+
+
 def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> ProtocolResult:
     view = ctx.corpus.learning_view()
     initial_roles = ppo_roles(ctx)
-    identity = ctx.identity(
-        stage="ppo",
-        sft=sha256_file(ctx.run / "sft" / "actor.safetensors"),
-        judge=sha256_file(ctx.run / "judge" / "judge.safetensors"),
-        initial=_initial_fingerprints(initial_roles.by_kind()),
-    )
+    identity = ppo_identity(ctx, initial_roles)
     cfg = ctx.profile.ppo
     bar, tick = _progress("PPO", cfg.iterations)
 

@@ -10,7 +10,9 @@ One iteration:
                  values   [B, R]  the critic's V before the token
                  score    [B]     the frozen judge's score at the last active token
   2. rewards   r_t = -kl_coef * (logp_old_t - logp_ref_t); + score at the last token;
-               + truncation penalty there when the answer was cut at 64 tokens without EOS
+               + truncation penalty there when the answer was cut at 64 tokens without EOS.
+               The score is the judge's (SPEC §6) unless the profile declares another
+               `ppo.reward_design` (ppo_math.design_score; the frontier study's arms)
   3. GAE       gamma 1, lambda 0.95, nothing bootstraps past the terminal; returns = A + V_old
   4. updates   2 x (actor: clipped policy loss; critic: 0.5 (V - R)^2), each averaged over a
                response's active tokens then over the 4 responses, with old log-probs,
@@ -32,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from rlhf import ppo_math
+from rlhf import ppo_math, rubric
 from rlhf.checkpoint import Leg
 from rlhf.config import Ppo, Profile
 from rlhf.generate import generate
@@ -42,7 +44,7 @@ from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import PpoRoles, critic_values, reward_scores
 from rlhf.runtime import rng_state, set_rng_state
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import Batch, collate, encode_prompt, max_new_tokens, token_texts
+from rlhf.tokens import Batch, collate, decode_response, encode_prompt, max_new_tokens, token_texts
 
 # Where each role's learned tensors sit in a PPO state. The state format keeps the judge under
 # "reward", its earlier name: renaming the key would change every PPO state's bytes, and
@@ -111,6 +113,7 @@ class Rollout:
     logp_old: torch.Tensor  # [B, R] the sampling actor's log-prob of each sampled token
     logp_ref: torch.Tensor  # [B, R] the frozen reference's log-prob of that token
     score: torch.Tensor  # [B]    the frozen judge's score at the last active token
+    paid: torch.Tensor  # [B]    the score the last token receives (ppo_math.design_score; = score by default)
     values: torch.Tensor  # [B, R] the critic's V before each token
     rewards: torch.Tensor  # [B, R] penalty per token + score (and truncation) once at the end
     advantages: torch.Tensor  # [B, R] GAE, gamma 1, lambda 0.95
@@ -128,8 +131,11 @@ def rollout(
     sample_gen: torch.Generator,
     use_cache: bool,
     timings: dict,
+    oracle_actions: list[int] | None = None,
+    tokenizer=None,
 ) -> Rollout:
-    """Sample, then score the visited prefixes with reference, judge and critic (all detached)."""
+    """Sample, then score the visited prefixes with reference, judge and critic (all detached).
+    `oracle_actions` (the oracle design only): each prompt's action, read from the train pairs."""
     cfg = profile.ppo
     device = next(roles.actor.model.parameters()).device
     t = time.perf_counter()
@@ -164,8 +170,18 @@ def rollout(
     _sync()
     timings["critic_values"] = time.perf_counter() - t
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
+    oracle = None
+    if cfg.reward_design == "oracle":
+        verdicts = [
+            rubric.evaluate(*decode_response(tokenizer, ids, eos_id), action)
+            for ids, action in zip(gen.responses, oracle_actions)
+        ]
+        oracle = torch.tensor([float(v["rubric_success"]) for v in verdicts], device=device)  # [B]
+    paid = ppo_math.design_score(
+        score, truncated, design=cfg.reward_design, score_mean=cfg.score_mean, score_sd=cfg.score_sd, oracle=oracle
+    )
     rewards = ppo_math.token_rewards(
-        logp_old, logp_ref, score, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
+        logp_old, logp_ref, paid, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
     )
     dones = torch.zeros_like(mask)
     dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True  # EOS or truncation ends it
@@ -177,6 +193,7 @@ def rollout(
         logp_old=logp_old,
         logp_ref=logp_ref,
         score=score,
+        paid=paid,
         values=values,
         rewards=rewards,
         advantages=advantages,
@@ -284,6 +301,10 @@ def train_ppo(
     cfg, limits = profile.ppo, profile.limits
     prompts = view.rollout_prompts()
     encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
+    actions = None
+    if cfg.reward_design == "oracle":  # SPEC §12 (iv): the train family's action, from the train pairs
+        by_family = rubric.chosen_actions(view.pairs("train"))
+        actions = [by_family[r["family"]] for r in prompts]
     run = _restore(roles, profile, len(prompts), leg.state)
     updates = cfg.updates_per_iteration
     total = cfg.iterations * updates
@@ -294,7 +315,18 @@ def train_ppo(
         t_iter = time.perf_counter()
         tm: dict = {}
         idx = run.sampler.draw(cfg.prompts_per_iteration)
-        ro = rollout(roles, [encoded[i] for i in idx], eos_id, pad_id, profile, run.sample_gen, use_cache, tm)
+        ro = rollout(
+            roles,
+            [encoded[i] for i in idx],
+            eos_id,
+            pad_id,
+            profile,
+            run.sample_gen,
+            use_cache,
+            tm,
+            oracle_actions=None if actions is None else [actions[i] for i in idx],
+            tokenizer=tokenizer,
+        )
         if run.history["scoring_check"] is None:
             run.history["scoring_check"] = _scoring_check(roles.actor, ro, it, use_cache)
         stats = [
@@ -382,6 +414,12 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
         "mean_return": float(ro.returns[mask].mean()),
         "response_length": float(lengths.mean()),
         "truncations": int(ro.truncated.sum()),
+        # Only a declared alternative design adds these (the default's history, and so its state, is SPEC §6's).
+        **(
+            {}
+            if cfg.reward_design == "judge"
+            else {"reward_design": cfg.reward_design, "paid_scores": ro.paid.tolist()}
+        ),
         **{
             key: [s[key] for s in stats]
             for key in (

@@ -26,6 +26,7 @@ __all__ = [
     "sampled_log_ratio",
     "mean_sampled_log_ratio",
     "log_ratio_penalty",
+    "design_score",
     "token_rewards",
     "gae",
     "policy_ratio",
@@ -93,6 +94,38 @@ def log_ratio_penalty(
     history's mean penalty all call it."""
     m = as_bool_mask(mask)
     return _active(-kl_coef * sampled_log_ratio(logp_old, logp_ref, m), m)
+
+
+def design_score(
+    score: torch.Tensor,
+    truncated: torch.Tensor,
+    *,
+    design: str,
+    score_mean: float = 0.0,
+    score_sd: float = 1.0,
+    oracle: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The score paid at an episode's last token, before token_rewards adds the truncation
+    penalty (SPEC §6; the declared alternatives of the frontier study, SPEC §12).
+
+    ``judge``               ``s``                       the judge's score (§6, the default)
+    ``standardised-judge``  ``(s - score_mean) / score_sd``  with μ, σ measured once before PPO
+    ``eos-less-replaced``   ``0 if truncated else s``   so the penalty replaces the score
+    ``oracle``              ``oracle``                  rubric success on the train prompt (1 or 0)
+
+    Shapes: score, truncated, oracle [B] -> [B]. ``judge`` returns ``score`` itself.
+    """
+    if design == "judge":
+        return score
+    if design == "standardised-judge":
+        return (score - score_mean) / score_sd
+    if design == "eos-less-replaced":
+        return torch.where(as_bool_mask(truncated), torch.zeros_like(score), score)
+    if design == "oracle":
+        if oracle is None or tuple(oracle.shape) != tuple(score.shape):
+            raise ValueError(f"the oracle design needs one rubric success per response, got {oracle}")
+        return oracle.to(score.dtype)
+    raise ValueError(f"unknown reward design {design!r}")
 
 
 def token_rewards(

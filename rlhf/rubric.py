@@ -223,3 +223,20 @@ def evaluate(text: str, finish_reason: str, expected_action: int) -> dict:
         "; no EOS: truncated at the length limit" if truncated else ""
     )
     return result
+
+
+def chosen_actions(pairs: list[dict]) -> dict[str, int]:
+    """{family: action} read from the chosen answers of preference pairs (train or validation
+    inputs, never gold labels): every chosen answer is a rubric success for its prompt (checked),
+    and every pair of one family calls for the same action (checked)."""
+    out: dict[str, int] = {}
+    for r in pairs:
+        recognised = RESPONSES.get(normalize(r["chosen"]))
+        if recognised is None or not evaluate(r["chosen"], "eos", recognised[0])["rubric_success"]:
+            raise ValueError(
+                f"{r['document_id']}: the chosen answer is not a rubric success; "
+                f"its action cannot stand for the prompt's"
+            )
+        if out.setdefault(r["family"], recognised[0]) != recognised[0]:
+            raise ValueError(f"family {r['family']}: its chosen answers call for different actions")
+    return out

@@ -23,21 +23,20 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-import torch
-
-from rlhf import rubric
 from rlhf.config import Profile, load_profile, override, profile_hash
 from rlhf.corpus import LearningView, load_corpus, prepare
 from rlhf.embedded import build_embedded
-from rlhf.generate import generate
 from rlhf.identities import code_sha256
 from rlhf.io import read_json, write_json
 from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
 from rlhf.roles import new_role
 from rlhf.runtime import configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
-from rlhf.tokens import decode_response, encode_prompt
+from rlhf.studies.validation import validation_prompts, validation_rubric_success
+
+__all__ = ["SFT_BUDGETS", "budget_changes", "choose", "choose_sft_budget", "validation_prompts"]
 
 LOW, HIGH = 0.3, 0.8
 # Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
@@ -77,55 +76,6 @@ def budget_record(name: str) -> dict:
     }
 
 
-def validation_prompts(view: LearningView) -> list[dict]:
-    """[{document_id, prompt, expected_action}] of the validation pairs, the action read from the
-    chosen answer. Takes the learning view only (it cannot serve a test prompt)."""
-    if not isinstance(view, LearningView):
-        raise TypeError(f"the SFT budget is chosen from a LearningView only, not {type(view).__name__}")
-    out = []
-    for r in view.pairs("validation"):
-        recognised = rubric.RESPONSES.get(rubric.normalize(r["chosen"]))
-        if recognised is None or not rubric.evaluate(r["chosen"], "eos", recognised[0])["rubric_success"]:
-            raise ValueError(
-                f"{r['document_id']}: the chosen answer is not a rubric success; its action "
-                f"cannot stand for the prompt's"
-            )
-        out.append({"document_id": r["document_id"], "prompt": r["prompt"], "expected_action": recognised[0]})
-    return out
-
-
-@torch.no_grad()
-def validation_rubric_success(
-    actor_model, view: LearningView, tokenizer, eos_id: int, pad_id: int, profile: Profile, batch_size: int = 32
-) -> dict:
-    """Greedy answers of `actor_model` to the validation prompts, checked by the rubric."""
-
-    records = validation_prompts(view)
-    limits = profile.limits
-    ids = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
-    responses = []
-    for i in range(0, len(ids), batch_size):
-        responses += generate(
-            actor_model,
-            ids[i : i + batch_size],
-            eos_id=eos_id,
-            pad_id=pad_id,
-            max_new_tokens=limits.response_tokens,
-            greedy=True,
-        ).responses
-    verdicts = [
-        rubric.evaluate(*decode_response(tokenizer, out, eos_id), r["expected_action"])
-        for r, out in zip(records, responses)
-    ]
-    n = len(verdicts)
-    return {
-        "n": n,
-        "rubric_success": sum(v["rubric_success"] for v in verdicts) / n,
-        "recognised_share": sum(v["recognized"] for v in verdicts) / n,
-        "relevant_share": sum(v["relevant"] for v in verdicts) / n,
-    }
-
-
 def measure_budget(view: LearningView, model_dir: Path, profile: Profile, tokenizer, eos_id: int, pad_id: int) -> dict:
     """Train SFT with `profile`'s budget on the learning view; its greedy validation success."""
 
@@ -134,11 +84,12 @@ def measure_budget(view: LearningView, model_dir: Path, profile: Profile, tokeni
     seed_system_rngs(profile.seeds.torch)  # as rlhf.lab.train_role
     state = train_sft(actor, view, tokenizer, eos_id, pad_id, profile)
     actor.model.eval()
+    reader = SimpleNamespace(tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id, profile=profile)  # what answers read
     return {
         "updates": state["step"],
         "train_seconds": time.perf_counter() - t0,
         "last_validation_loss": state["history"]["epochs"][-1]["validation_loss"],
-        "validation": validation_rubric_success(actor.model, view, tokenizer, eos_id, pad_id, profile),
+        "validation": validation_rubric_success(actor.model, view, reader),
     }
 
 

@@ -84,8 +84,12 @@ def sign_test_p(positive: int, negative: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
-def across_seeds(values: list[float]) -> dict:
-    """Mean, sample SD, 95% t-interval over seeds, sign counts and sign-test p of per-seed values."""
+def across_seeds(values: list[float], bounds: tuple[float, float] | None = None) -> dict:
+    """Mean, sample SD, 95% t-interval over seeds, sign counts and sign-test p of per-seed values.
+
+    `bounds` (lo, hi): the range the quantity cannot leave (a rate: 0..1; a difference of rates:
+    -1..1; a count: 0..N). The t-interval, which knows nothing of bounds, is then cut to them;
+    `t95_unclipped` keeps the formula's value and `clipped` says whether the cut changed it."""
     if not values or any(
         not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) for v in values
     ):
@@ -98,11 +102,19 @@ def across_seeds(values: list[float]) -> dict:
         sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
         half = t975(n - 1) * sd / math.sqrt(n)
     positive, negative = sum(v > 0 for v in values), sum(v < 0 for v in values)
+    t95 = [mean - half, mean + half] if half is not None else None
+    bounded = {}
+    if bounds is not None and t95 is not None:
+        lo, hi = bounds
+        cut = [max(lo, t95[0]), min(hi, t95[1])]
+        bounded = {"bounds": list(bounds), "t95_unclipped": t95, "clipped": cut != t95}
+        t95 = cut
     return {
         "n": n,
         "mean": mean,
         "sd": sd,
-        "t95": [mean - half, mean + half] if half is not None else None,
+        "t95": t95,
+        **bounded,
         "positive": positive,
         "negative": negative,
         "zero": n - positive - negative,
@@ -112,7 +124,73 @@ def across_seeds(values: list[float]) -> dict:
     }
 
 
-def across_table(rows: list[dict]) -> dict:
-    """{metric: across_seeds(its per-seed values)} over every metric the rows share."""
+def across_table(rows: list[dict], bounds=lambda key: None) -> dict:
+    """{metric: across_seeds(its per-seed values, bounds(metric))} over every metric the rows share."""
     keys = sorted(set.intersection(*(set(r["metrics"]) for r in rows)))
-    return {k: across_seeds([r["metrics"][k] for r in rows]) for k in keys}
+    return {k: across_seeds([r["metrics"][k] for r in rows], bounds(k)) for k in keys}
+
+
+# ------------------------------------------------------------------------------ frontier fits
+
+GAO_FORMS = {
+    "rl": "gain(d) = d (alpha - beta log d), the form Gao, Schulman & Hilton (2022) fit for RL",
+    "bon": "gain(d) = d (alpha - beta d), their form for best-of-n",
+}
+MIN_R2 = 0.5  # a fit that explains less of the points' variance than this is not shown
+
+
+def gao_fit(points: list[tuple[float, float]], form: str) -> dict:
+    """Least squares of gold gain over SFT against d = sqrt(KL) in one of Gao's two forms
+    (GAO_FORMS), over (d, gain) points; points at d = 0 carry no information (both forms are 0
+    there) and are left out. Linear in (alpha, beta): gain = alpha f1 + beta f2 with f1 = d and
+    f2 = -d log d (rl) or -d^2 (bon), solved by the 2 x 2 normal equations.
+
+    The peak d* solves gain'(d) = 0: exp(alpha / beta - 1) (rl) or alpha / (2 beta) (bon), and
+    exists only for beta > 0. `describes` is True when there are at least 4 points, beta > 0 and
+    R^2 (about the points' mean) >= MIN_R2; `why_not` says otherwise."""
+    if form not in GAO_FORMS:
+        raise ValueError(f"unknown form {form!r}; one of {', '.join(GAO_FORMS)}")
+    pts = [(d, g) for d, g in points if d > 0]
+    base = {"form": GAO_FORMS[form], "n": len(pts)}
+    if len(pts) < 2:
+        return {**base, "describes": False, "why_not": f"{len(pts)} point(s) with d > 0: nothing to fit"}
+    f2 = (lambda d: -d * math.log(d)) if form == "rl" else (lambda d: -d * d)
+    a11 = sum(d * d for d, _ in pts)
+    a12 = sum(d * f2(d) for d, _ in pts)
+    a22 = sum(f2(d) ** 2 for d, _ in pts)
+    b1 = sum(d * g for d, g in pts)
+    b2 = sum(f2(d) * g for d, g in pts)
+    det = a11 * a22 - a12 * a12
+    if abs(det) <= 1e-12 * max(a11 * a22, 1e-300):
+        return {**base, "describes": False, "why_not": "the points' d values do not separate the two terms"}
+    alpha = (b1 * a22 - b2 * a12) / det
+    beta = (a11 * b2 - a12 * b1) / det
+    fitted = [alpha * d + beta * f2(d) for d, _ in pts]
+    residuals = [g - f for (_, g), f in zip(pts, fitted)]
+    mean_g = sum(g for _, g in pts) / len(pts)
+    ss_tot = sum((g - mean_g) ** 2 for _, g in pts)
+    ss_res = sum(r * r for r in residuals)
+    r2 = 1 - ss_res / ss_tot if ss_tot > 0 else None
+    d_star = None
+    if beta > 0:
+        d_star = math.exp(alpha / beta - 1) if form == "rl" else alpha / (2 * beta)
+    peak = None if d_star is None else alpha * d_star + beta * f2(d_star)
+    why_not = None
+    if len(pts) < 4:
+        why_not = f"only {len(pts)} points"
+    elif beta <= 0:
+        why_not = f"beta = {beta:.4g} <= 0: the fitted curve has no peak"
+    elif r2 is None or r2 < MIN_R2:
+        why_not = f"R^2 = {r2 if r2 is None else round(r2, 3)} < {MIN_R2}: the form does not describe the points"
+    return {
+        **base,
+        "alpha": alpha,
+        "beta": beta,
+        "d_star": d_star,
+        "gain_at_d_star": peak,
+        "r2": r2,
+        "rms_residual": math.sqrt(ss_res / len(pts)),
+        "residuals": residuals,
+        "describes": why_not is None,
+        "why_not": why_not,
+    }

@@ -1,0 +1,304 @@
+"""report.html of the over-optimisation frontier (rlhf.studies.frontier) and confirmation.html of
+its test confirmation: one page each, the lab's CSS, written from frontier.json's content only.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from rlhf.io import write_text
+from rlhf.report import wording
+from rlhf.report.formatting import esc, fmt, fmt_signed
+from rlhf.report.plots import _figure, _png
+from rlhf.report.render import CSS
+from rlhf.report.tables import Table
+
+LEARNING_RATES = (
+    "The embedded profile's PPO learning rates are actor 1e-4 and critic 1e-3 (the SPEC's: 5e-6 and 1e-5; "
+    "a hidden-64 adapter does not move at those)."
+)
+POP_NAMES = {
+    "test": "test prompts (180)",
+    "all_unique_contexts": "all unique contexts (200)",
+    "probe_contexts": "probe contexts (20)",
+}
+
+
+def _arm_label(name: str, arm: dict) -> str:
+    return f"{name} ({arm['describe']})"
+
+
+def frontier_plot(result: dict) -> bytes:
+    """Gold and standardised proxy against d = sqrt(KL): one line per arm (mean over seeds, bars:
+    seed SD), best-of-n at its bound, the SFT level."""
+    fig = _figure((12, 5))
+    for k, (key, title) in enumerate(
+        (("gold", "gold: validation rubric success"), ("proxy_std", "proxy: judge score, standardised per judge"))
+    ):
+        ax = fig.add_subplot(1, 2, k + 1)
+        for name, arm in result["arms"].items():
+            curve = arm["curve"]
+            xs = [r["d"]["mean"] for r in curve]
+            ys = [r[key]["mean"] for r in curve]
+            err = [r[key]["sd"] or 0.0 for r in curve]
+            style = "--" if arm["design"] != "judge" else "-"
+            ax.errorbar(xs, ys, yerr=err, fmt=style, marker="o", markersize=3, capsize=2, linewidth=1, label=name)
+        bon = result["best_of_n"]["points"]
+        ax.errorbar(
+            [p["d_bound"] for p in bon],
+            [p[key]["mean"] for p in bon],
+            yerr=[p[key]["sd"] or 0.0 for p in bon],
+            fmt=":",
+            color="black",
+            marker="s",
+            markersize=4,
+            capsize=2,
+            label="best-of-n (d: upper bound)",
+        )
+        if key == "gold":
+            ax.axhline(result["sft_level"]["mean"], color="grey", linewidth=1, label="SFT (greedy)")
+        ax.set(title=title, xlabel="d = sqrt(KL from SFT)")
+        if k == 1:
+            ax.legend(fontsize=7, loc="best")
+    return _png(fig)
+
+
+def iteration_plot(result: dict) -> bytes:
+    """Gold against PPO iteration per arm (mean over seeds)."""
+    fig = _figure((7, 4.5))
+    ax = fig.add_subplot(1, 1, 1)
+    for name, arm in result["arms"].items():
+        ax.plot(
+            [r["iteration"] for r in arm["curve"]],
+            [r["gold"]["mean"] for r in arm["curve"]],
+            marker="o",
+            markersize=3,
+            linewidth=1,
+            label=name,
+        )
+    ax.axhline(result["sft_level"]["mean"], color="grey", linewidth=1, label="SFT (greedy)")
+    ax.set(title="validation gold against PPO iteration", xlabel="iteration", ylabel="rubric success")
+    ax.legend(fontsize=7, loc="best")
+    return _png(fig)
+
+
+def _img(png: bytes, alt: str) -> str:
+    return (
+        f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" alt="{esc(alt)}"></figure>'
+    )
+
+
+def arms_table(result: dict) -> Table:
+    rows = []
+    for name, arm in result["arms"].items():
+        best = max(arm["curve"][1:], key=lambda r: r["gold"]["mean"])
+        last = arm["curve"][-1]
+        rows.append(
+            [
+                _arm_label(name, arm),
+                ", ".join(fmt(b, 3) for b in arm["kl_coef_per_seed"]),
+                f"{fmt(best['gold']['mean'])} at {best['iteration']} (d {fmt(best['d']['mean'], 2)})",
+                f"{fmt(last['gold']['mean'])} ± {fmt(last['gold']['sd'])}",
+                fmt(last["d"]["mean"], 2),
+                fmt_signed(last["proxy_std"]["mean"], 2),
+                fmt(last["truncations"]["mean"], 1),
+                fmt(last["uncertified"]["mean"], 1),
+            ]
+        )
+    return Table(
+        [
+            "arm",
+            "raw KL coefficient per seed",
+            "best mean gold (iteration)",
+            "gold at the last iteration (± seed SD)",
+            "d there",
+            "proxy (SD units)",
+            "truncations of 180",
+            "UNCERTIFIED of 180",
+        ],
+        rows,
+    )
+
+
+def fits_table(result: dict) -> Table:
+    rows = []
+    fits = [(name, arm["fit"]) for name, arm in result["arms"].items()] + [("best-of-n", result["best_of_n"]["fit"])]
+    for name, f in fits:
+        if "alpha" not in f:
+            rows.append([name, "—", "—", "—", "—", "—", f["why_not"]])
+            continue
+        shown = "shown" if f["describes"] else f"not shown: {f['why_not']}"
+        rows.append(
+            [
+                name,
+                fmt(f["alpha"], 3),
+                fmt(f["beta"], 3),
+                fmt(f["d_star"], 2),
+                fmt(f["r2"], 2),
+                fmt(f["rms_residual"], 3),
+                shown,
+            ]
+        )
+    return Table(["curve", "α", "β", "peak d*", "R²", "RMS residual", "verdict"], rows)
+
+
+def bon_table(result: dict) -> Table:
+    rows = [
+        [
+            p["n"],
+            fmt(p["kl_bound"], 3),
+            fmt(p["d_bound"], 3),
+            f"{fmt(p['gold']['mean'])} ± {fmt(p['gold']['sd'])}",
+            fmt_signed(p["proxy_std"]["mean"], 2),
+            fmt(p["truncations"]["mean"], 1),
+        ]
+        for p in result["best_of_n"]["points"]
+    ]
+    return Table(
+        ["n", "KL bound log n − (n−1)/n", "d bound", "gold (± seed SD)", "proxy (SD units)", "truncations of 180"], rows
+    )
+
+
+def seeds_table(result: dict) -> Table:
+    rows = [
+        [
+            s["seed"],
+            fmt(s["sigma_validation"], 2),
+            fmt(s["mean_validation"], 2),
+            f"{fmt(s['train_spread']['mean'], 2)} / {fmt(s['train_spread']['sd'], 2)}",
+            fmt(s["sft"]["gold"]),
+        ]
+        for s in result["seeds"]
+    ]
+    return Table(
+        [
+            "seed",
+            "σ (judge SD, SFT samples, validation)",
+            "judge mean there",
+            "train-prompt mean / SD (standardised arm)",
+            "SFT greedy gold",
+        ],
+        rows,
+    )
+
+
+def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
+    st, sel = result["study"], result["selection"]
+    title = (
+        f"RLHF with PPO — over-optimisation frontier on {st['revision']} "
+        f"({st['n']} seeds, SFT budget {st['sft_budget']})"
+    )
+    arms = result["arms"]
+    body = [
+        f"<p>Reproduce: <code>{esc(result['command'])}</code>. "
+        "Every number on this page reads validation prompts only. "
+        f"Gold: {esc(result['gold'])}. Proxy: {esc(result['proxy'])}. Distance: {esc(result['kl_estimator'])}. "
+        f"Best-of-n: {esc(result['bon_kl'])}. {esc(LEARNING_RATES)}</p>",
+        f"<p><b>Chosen on validation</b> ({esc(sel['rule'])}): arm <b>{esc(sel['arm'])}</b> "
+        f"({esc(arms[sel['arm']]['describe'])}) at iteration <b>{sel['iteration']}</b>, mean validation gold "
+        f"{fmt(sel['mean_validation_gold'])} against SFT's {fmt(sel['sft_mean_validation_gold'])} "
+        f"({'above' if sel['above_sft'] else 'not above'} SFT). The SPEC's default for comparison: "
+        f"{esc(sel['default']['arm'])} at iteration {sel['default']['iteration']}.</p>",
+    ]
+    sections = [
+        ("Frontier", body + (["@frontier", "@iterations"] if plots else [])),
+        (
+            "Arms",
+            [
+                "<p>Mean over seeds; the raw KL coefficient of an arm in units of σ is c · σ of its seed.</p>",
+                arms_table(result).html(),
+            ],
+        ),
+        ("Best-of-n", [bon_table(result).html()]),
+        (
+            "Fits",
+            [
+                "<p>Gold gain over SFT against d, least squares over the checkpoints of all seeds: RL "
+                f"{esc(arms['spec-default']['fit']['form'])}; best-of-n {esc(result['best_of_n']['fit']['form'])} "
+                "(gain over best-of-1). A fit is shown only where it describes the points.</p>",
+                fits_table(result).html(),
+            ],
+        ),
+        ("Seeds and spreads", [seeds_table(result).html()]),
+        ("Honesty", ['<ul class="honesty">' + "".join(f"<li>{esc(x)}</li>" for x in wording.HONESTY) + "</ul>"]),
+    ]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        f"<h1>{esc(title)}</h1>",
+    ]
+    for name, blocks in sections:
+        out.append(f'<section id="{esc(name.lower().replace(" ", "-"))}"><h2>{esc(name)}</h2>')
+        for b in blocks:
+            if b == "@frontier":
+                out.append(_img(plots["frontier"], "gold and proxy against sqrt(KL)"))
+            elif b == "@iterations":
+                out.append(_img(plots["iterations"], "gold against iteration"))
+            else:
+                out.append(b)
+        out.append("</section>")
+    out.append("</main></body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_frontier_report(out, result: dict) -> Path:
+    hits = wording.find_forbidden_wording(render_frontier_html(result, None))
+    if hits:
+        raise wording.ReportWordingError(f"frontier report text: {hits}")
+    page = render_frontier_html(result, {"frontier": frontier_plot(result), "iterations": iteration_plot(result)})
+    return write_text(Path(out) / "report.html", page, keep_existing=True)
+
+
+def confirmation_table(point: dict) -> Table:
+    rows = []
+    for key, label in (
+        ("rubric_success", "rubric success"),
+        ("learned_reward_std", "judge score (SD units of each judge)"),
+    ):
+        for pop, pop_name in POP_NAMES.items():
+            s = point["across"][f"{key}.{pop}.ppo_minus_sft"]
+            interval = f"[{fmt_signed(s['t95'][0])}, {fmt_signed(s['t95'][1])}]"
+            if s.get("clipped"):
+                lo, hi = s["t95_unclipped"]
+                interval += f" (cut to its bounds from [{fmt_signed(lo)}, {fmt_signed(hi)}])"
+            rows.append(
+                [f"{label}, {pop_name}", fmt_signed(s["mean"]), fmt(s["sd"]), interval, f"{s['positive']} of {s['n']}"]
+            )
+    return Table(["PPO − SFT", "mean over seeds", "SD", "95% t-interval over seeds", "positive seeds"], rows)
+
+
+def render_confirmation_html(record: dict, result: dict) -> str:
+    st = record["study"]
+    title = f"RLHF with PPO — the frontier's choice confirmed on test ({st['n']} fresh seeds, {st['revision']})"
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        f"<h1>{esc(title)}</h1>",
+    ]
+    iv = record["interval"]
+    out.append(
+        "<p>The operating point was chosen on validation prompts before any test prompt was read (report.html). "
+        "Each point below "
+        f"ran on {st['n']} fresh training seeds (study seed {st['study_seed']}) and was evaluated on test as SPEC §8. "
+        f"{esc(iv['name'])}: {esc(iv['formula'])}; intervals of bounded quantities are cut to their bounds. "
+        f"{esc(LEARNING_RATES)}</p>"
+    )
+    for p in record["points"]:
+        out.append(f"<section><h2>{esc(p['arm'])} at iteration {p['iteration']} ({esc(p['describe'])})</h2>")
+        out.append(confirmation_table(p).html())
+        out.append("</section>")
+    out.append("</main></body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_confirmation_report(out, record: dict, result: dict) -> Path:
+    page = render_confirmation_html(record, result)
+    hits = wording.find_forbidden_wording(page)
+    if hits:
+        raise wording.ReportWordingError(f"confirmation report text: {hits}")
+    return write_text(Path(out) / "confirmation.html", page, keep_existing=True)

@@ -1,0 +1,746 @@
+"""The over-optimisation frontier (SPEC §12): gold and proxy against sqrt(KL) for PPO arms and
+best-of-n, chosen on validation prompts, confirmed once on test.
+
+`rlhf frontier --out DIR [--revision r002] [--sft-budget sft-e7] [--n 3] [--workers W]`
+`rlhf frontier --out DIR --confirm 5`     (after the study: the chosen point and the default on test)
+
+Per training seed i (study seed 1 of rlhf.studies.derivation; the confirmation uses study seed 2,
+so its seeds are fresh), DIR/seed-i is a lab run folder (its own profile.toml) where:
+
+  1. SFT and the judge train once (`rlhf lab`'s stages, without the interrupt/resume protocol);
+  2. seed-i/frontier/sft.json measures the SFT policy on the validation prompts: greedy gold and
+     proxy (iteration 0 of every arm), best-of-n (n = 1..16 temperature-1 samples, the judge's
+     favourite kept), the spread sigma of the judge's scores of one temperature-1 SFT sample per
+     validation prompt, and mean and SD of its scores of one sample per train (rollout) prompt;
+  3. every arm runs PPO from that same SFT and judge, in seed-i/arms/ARM (its own run folder
+     and profile.toml, `Context.trained_in` = seed-i), keeping the checkpoint PPO saves every
+     `ppo.checkpoint_every` iterations; each checkpoint is measured on the validation prompts
+     (seed-i/arms/ARM/validation/iter-NNNN.json: per-row answers kept).
+
+Arms (ARMS): the SPEC's §6 as written (raw KL coefficient 0.02); §6 with the KL coefficient
+beta = c * sigma for c in GRID (c: beta in units of the judge's spread, what beta would be on a
+judge of SD 1); and three declared reward designs at the SPEC's 0.02 (`ppo.reward_design`,
+rlhf.ppo_math.design_score): the judge standardised once on train-prompt SFT samples, an answer
+without EOS paid the penalty instead of the score, and the oracle control (the rubric's success
+on the train prompt; a control, never selected).
+
+Nothing on this path reads a test prompt: SFT, judge and PPO read the learning view, and every
+measurement takes the learning view only (rlhf.studies.validation). The best (arm, iteration)
+by mean validation gold over seeds is written to frontier.json before `--confirm` may read test.
+
+Crash-safe like `rlhf seeds`: each step writes its result whole and last, a rerun continues
+where the study stopped, and a finished study (frontier.json there) recomputes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import multiprocessing
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhf import lab
+from rlhf.checkpoint import load_state
+from rlhf.config import load_profile, profile_hash
+from rlhf.corpus import load_corpus
+from rlhf.evaluate import bootstrap_differences, generate_heldout, rubric_rows, score_rows, summarise_populations
+from rlhf.identities import code_sha256, describe_change
+from rlhf.io import read_json, write_json
+from rlhf.roles import load_role
+from rlhf.studies import StudyError
+from rlhf.studies.derivation import MAX_RUNS, profile_source, seed_changes, write_run_profile
+from rlhf.studies.sft_budget import budget_changes
+from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_fit
+from rlhf.studies.validation import KL_ESTIMATOR, best_of_n, measure_policy, score_spread, validation_prompts
+
+FORMAT = "rlhf-frontier-1"
+STUDY_SEED = 1
+CONFIRM_STUDY_SEED = 2
+SPEC_KL = 0.02
+GRID = (0.005, 0.01, 0.02, 0.05, 0.1)
+BON_NS = (1, 2, 4, 8, 16)
+KL_SAMPLES = 2
+POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
+BON_KL = "KL(best-of-n || SFT) <= log n - (n - 1)/n: an upper bound (Beirami et al. 2024); d_bound is its square root"
+GOLD = (
+    "greedy rubric success on the validation prompts (best-of-n: the rubric success of the kept temperature-1 sample)"
+)
+PROXY = (
+    "the judge's score of the same answers, standardised per judge: (s - mean) / SD of its scores "
+    "of one temperature-1 SFT sample per validation prompt"
+)
+SELECTION_RULE = (
+    "the largest mean validation gold over seeds among every (arm, iteration >= 1) but the oracle control; "
+    "ties: smaller mean d, then the earlier arm and iteration"
+)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One PPO arm: its reward design and its KL coefficient, raw or in units of sigma."""
+
+    name: str
+    design: str  # ppo.reward_design
+    c: float | None = None  # beta = c * sigma (sigma: this seed's judge spread on validation)
+    raw: float | None = None  # beta as written
+    actor_lr: float | None = None  # the actor's peak learning rate, when not the profile's
+
+    def kl_coef(self, sigma: float) -> float:
+        return self.raw if self.raw is not None else self.c * sigma
+
+    def changes(self, spread: dict) -> dict:
+        """{(table, key): value} of this arm's profile, from the seed's measured spreads."""
+        out: dict = {
+            ("ppo", "kl_coef"): self.kl_coef(spread["validation"]["sd"]),
+            ("ppo", "reward_design"): self.design,
+        }
+        if self.design == "standardised-judge":
+            out[("ppo", "score_mean")] = spread["train"]["mean"]
+            out[("ppo", "score_sd")] = spread["train"]["sd"]
+        if self.actor_lr is not None:
+            out[("ppo", "actor_lr")] = self.actor_lr
+        return out
+
+    def describe(self) -> str:
+        beta = f"beta = {self.c} sigma" if self.c is not None else f"beta = {self.raw} (raw)"
+        return f"{self.design}, {beta}" + ("" if self.actor_lr is None else f", actor learning rate {self.actor_lr:g}")
+
+
+def default_arms(grid=GRID) -> tuple[Arm, ...]:
+    return (
+        Arm("spec-default", "judge", raw=SPEC_KL),
+        *(Arm(f"c{c:g}", "judge", c=c) for c in grid),
+        Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
+        Arm("eos-less-replaced", "eos-less-replaced", raw=SPEC_KL),
+        Arm("oracle", "oracle", raw=SPEC_KL),
+        # The oracle at a tenth of the embedded profile's actor learning rate (1e-4; the SPEC's is
+        # 5e-6): does the optimisation itself degrade the policy at this budget?
+        Arm("oracle-lr1e-5", "oracle", raw=SPEC_KL, actor_lr=1e-5),
+    )
+
+
+ARMS = default_arms()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the measurements use (part of the study's identity)."""
+
+    arms: tuple[Arm, ...] = ARMS
+    bon_ns: tuple[int, ...] = BON_NS
+    kl_samples: int = KL_SAMPLES
+
+    def record(self) -> dict:
+        return {
+            "arms": [dataclasses.asdict(a) for a in self.arms],
+            "bon_ns": list(self.bon_ns),
+            "kl_samples_per_prompt": self.kl_samples,
+        }
+
+
+def measurement_seeds(profile) -> dict[str, int]:
+    """Generators of the measurements: from the profile's evaluation seed (kept across runs)."""
+    e = profile.seeds.evaluation
+    return {"best_of_n": e, "train_spread": e + 1, "kl": e + 2}
+
+
+# ------------------------------------------------------------------------------ one seed
+
+
+def _log_to(path: Path, stack: contextlib.ExitStack) -> None:
+    f = stack.enter_context(open(path, "a", buffering=1))
+    stack.enter_context(contextlib.redirect_stdout(f))
+    stack.enter_context(contextlib.redirect_stderr(f))
+
+
+def _roles_for_measuring(ctx: lab.Context):
+    """The SFT actor and the frozen judge of the seed's folder (ctx.trained_in)."""
+    sft = ctx.role("actor")
+    load_role(sft, ctx.trained_in / "sft" / "actor.safetensors")
+    sft.freeze()
+    judge = ctx.role("judge")
+    load_role(judge, ctx.trained_in / "judge" / "judge.safetensors")
+    judge.freeze()
+    return sft, judge
+
+
+def prepare_seed(seed_dir, revision: str, settings: Settings, *, confirm: bool = False, log: bool = True) -> str:
+    """SFT and judge (once), then seed-i/frontier/sft.json: the SFT policy on validation prompts
+    (iteration 0, best-of-n, the judge's spreads). `confirm`: spreads only."""
+    seed_dir = Path(seed_dir)
+    with contextlib.ExitStack() as stack:
+        if log:
+            _log_to(seed_dir / "frontier.log", stack)
+        ctx = lab.open_context(seed_dir, load_profile(str(seed_dir / "profile.toml")), revision=revision)
+        for name, fn in (("sft", lab.stage_sft), ("judge", lab.stage_judge)):
+            if not lab.stage_complete(ctx, name):
+                fn(ctx, protocol=False)
+        out = seed_dir / "frontier" / "sft.json"
+        if out.is_file():
+            return str(seed_dir)
+        sft, judge = _roles_for_measuring(ctx)
+        view = ctx.corpus.learning_view()
+        seeds = measurement_seeds(ctx.profile)
+        t0 = time.perf_counter()
+        if confirm:  # the spread only: one sample per prompt (the same draw as best-of-n's first)
+            val = score_spread(
+                sft.model,
+                judge,
+                validation_prompts(view, ctx.profile.evaluation.max_units),
+                ctx,
+                seed=seeds["best_of_n"],
+            )
+            record = {"spread": {"validation": val}}
+        else:
+            bon = best_of_n(sft.model, judge, view, ctx, ns=settings.bon_ns, seed=seeds["best_of_n"])
+            iteration0 = measure_policy(sft.model, sft.model, judge, view, ctx, kl_samples=1, seed=seeds["kl"])
+            record = {
+                "best_of_n": bon,
+                "iteration_0": iteration0,
+                "spread": {"validation": {**bon["spread"], "seed": seeds["best_of_n"]}},
+            }
+        record["spread"]["train"] = score_spread(
+            sft.model, judge, view.rollout_prompts(), ctx, seed=seeds["train_spread"]
+        )
+        record["seeds"] = seeds
+        record["seconds"] = time.perf_counter() - t0
+        write_json(out, record)
+    return str(seed_dir)
+
+
+def measured_iterations(profile) -> list[int]:
+    """The iterations whose actor is kept: every checkpoint PPO saves, and the last."""
+    cfg = profile.ppo
+    return [*range(cfg.checkpoint_every, cfg.iterations, cfg.checkpoint_every), cfg.iterations]
+
+
+def arm_context(seed_dir: Path, arm: Arm, revision: str) -> lab.Context:
+    """The arm's run folder seed-i/arms/ARM: its profile (written on first use, checked after),
+    the seed's corpus and base, and the seed's SFT and judge to start from."""
+    spread = read_json(seed_dir / "frontier" / "sft.json")["spread"]
+    seed_profile = load_profile(str(seed_dir / "profile.toml"))
+    arm_dir = seed_dir / "arms" / arm.name
+    profile = write_run_profile(
+        arm_dir / "profile.toml",
+        (seed_dir / "profile.toml").read_text(),
+        f"{seed_profile.name}-{arm.name}",
+        arm.changes(spread),
+    )
+    corpus = load_corpus(seed_dir / "corpus")
+    if corpus.revision != revision:
+        raise StudyError(f"{seed_dir} holds corpus {corpus.revision}, not {revision}")
+    ctx = lab.Context(arm_dir, profile, seed_dir / "base_model", corpus, trained_in=seed_dir)
+    lab.check_run_record(ctx)
+    return ctx
+
+
+def actor_at(ctx: lab.Context, iteration: int):
+    """The arm's actor after `iteration` iterations, from its checkpoint or final state."""
+    folder = ctx.run / "ppo"
+    last = ctx.profile.ppo.iterations
+    path = (
+        folder / "state-continuous.pt.gz"
+        if iteration == last
+        else folder / "checkpoints" / f"continuous-{iteration:04d}.pt.gz"
+    )
+    state = load_state(path, lab.ppo_identity(ctx, lab.ppo_roles(ctx)))
+    actor = ctx.role("actor")
+    load_role(actor, ctx.trained_in / "sft" / "actor.safetensors")
+    actor.load_learned_state(state["actor"])
+    actor.freeze()
+    return actor
+
+
+def run_arm(seed_dir, arm: Arm, revision: str, settings: Settings, *, measure: bool = True, log: bool = True) -> str:
+    """PPO of one arm from the seed's SFT and judge, then every kept checkpoint on validation."""
+    seed_dir = Path(seed_dir)
+    arm_dir = seed_dir / "arms" / arm.name
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if log:
+            _log_to(arm_dir / "lab.log", stack)
+        ctx = arm_context(seed_dir, arm, revision)
+        if not lab.stage_complete(ctx, "ppo"):
+            lab.stage_ppo(ctx, protocol=False)
+        if not measure:
+            return str(arm_dir)
+        sft, judge = _roles_for_measuring(ctx)
+        view = ctx.corpus.learning_view()
+        seed = measurement_seeds(ctx.profile)["kl"]
+        for it in measured_iterations(ctx.profile):
+            out = arm_dir / "validation" / f"iter-{it:04d}.json"
+            if out.is_file():
+                continue
+            t0 = time.perf_counter()
+            m = measure_policy(
+                actor_at(ctx, it).model, sft.model, judge, view, ctx, kl_samples=settings.kl_samples, seed=seed
+            )
+            write_json(out, {"iteration": it, **m, "seconds": time.perf_counter() - t0})
+            print(
+                f"{arm.name} iteration {it}: gold {m['gold']:.3f}  proxy {m['proxy']:+.2f}  KL {m['kl']:.3f}",
+                flush=True,
+            )
+    return str(arm_dir)
+
+
+def arm_complete(seed_dir: Path, arm: Arm, profile) -> bool:
+    return all(
+        (seed_dir / "arms" / arm.name / "validation" / f"iter-{it:04d}.json").is_file()
+        for it in measured_iterations(profile)
+    )
+
+
+# ------------------------------------------------------------------------------ the study
+
+
+def study_identity(
+    profile_name: str, revision: str, n: int, sft_budget: str, settings: Settings, study_seed: int
+) -> dict:
+    base = load_profile(profile_name)
+    if base.model.kind != "embedded":
+        raise StudyError(f"the frontier runs the embedded lab, not profile {base.name}")
+    if not 1 <= n <= MAX_RUNS:
+        raise StudyError(f"--n must be between 1 and {MAX_RUNS}, not {n}")
+    budget_changes(base, sft_budget)  # refuses an unknown name
+    return {
+        "format": FORMAT,
+        "profile": base.name,
+        "profile_sha256": profile_hash(base),
+        "revision": revision,
+        "n": n,
+        "study_seed": study_seed,
+        "sft_budget": sft_budget,
+        "settings": settings.record(),
+        "code": code_sha256(),
+    }
+
+
+def _check_record(path: Path, identity: dict) -> None:
+    if not path.is_file():
+        write_json(path, {"identity": identity})
+        return
+    change = describe_change(read_json(path)["identity"], identity)
+    if change:
+        raise StudyError(
+            f"refusing to continue the study in {path.parent}: {change}. Nothing was written; use a new --out folder"
+        )
+
+
+def prepare_seed_folders(out: Path, profile_name: str, n: int, study_seed: int, sft_budget: str) -> list[Path]:
+    base_text = profile_source(profile_name).read_text()
+    base = load_profile(str(profile_source(profile_name)))
+    budget = budget_changes(base, sft_budget)
+    folders = []
+    for i in range(n):
+        folder = out / f"seed-{i}"
+        name = f"{base.name}-study{study_seed}-seed{i}" + ("" if sft_budget == "full" else f"-{sft_budget}")
+        write_run_profile(folder / "profile.toml", base_text, name, {**seed_changes(base, study_seed, i), **budget})
+        folders.append(folder)
+    return folders
+
+
+def run_tasks(
+    folders: list[Path], arms: tuple[Arm, ...], revision: str, settings: Settings, workers: int, say, *, confirm=False
+) -> None:
+    """Every seed's preparation, then its arms, over `workers` processes (1: here, in order)."""
+    profile = load_profile(str(folders[0] / "profile.toml"))
+    measure = not confirm
+    todo_arms = {
+        i: [
+            a
+            for a in arms
+            if not (
+                arm_complete(f, a, profile)
+                if measure
+                else (f / "arms" / a.name / "run.json").is_file() and _ppo_done(f, a)
+            )
+        ]
+        for i, f in enumerate(folders)
+    }
+    t0 = time.perf_counter()
+    if workers == 1:
+        for i, f in enumerate(folders):
+            prepare_seed(f, revision, settings, confirm=confirm, log=False)
+            say(f"seed {i}: SFT, judge and the SFT measurements ready at {time.perf_counter() - t0:.0f} s")
+            for a in todo_arms[i]:
+                run_arm(f, a, revision, settings, measure=measure, log=False)
+                say(f"seed {i}, arm {a.name}: done at {time.perf_counter() - t0:.0f} s")
+        return
+    failed = []
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+        pending = {
+            pool.submit(prepare_seed, str(f), revision, settings, confirm=confirm): ("seed", i, None)
+            for i, f in enumerate(folders)
+        }
+        say(f"{len(folders)} seed(s) queued; logs in seed-i/frontier.log and seed-i/arms/ARM/lab.log")
+        while pending:
+            done, _ = wait(pending, timeout=30, return_when=FIRST_COMPLETED)
+            for fut in done:
+                kind, i, arm = pending.pop(fut)
+                what = f"seed {i}" + (f", arm {arm.name}" if arm else ": SFT, judge and the SFT measurements")
+                if fut.exception() is not None:
+                    failed.append(what)
+                    say(f"{what}: FAILED: {fut.exception()}")
+                    continue
+                say(f"{what}: done at {time.perf_counter() - t0:.0f} s")
+                if kind == "seed":
+                    for a in todo_arms[i]:
+                        pending[pool.submit(run_arm, str(folders[i]), a, revision, settings, measure=measure)] = (
+                            "arm",
+                            i,
+                            a,
+                        )
+    if failed:
+        raise StudyError(f"{', '.join(failed)} failed; the rest is kept. Run the same command again to continue")
+
+
+def _ppo_done(seed_dir: Path, arm: Arm) -> bool:
+    path = seed_dir / "arms" / arm.name / "run.json"
+    return path.is_file() and "ppo" in read_json(path).get("stages", {})
+
+
+def run_frontier(
+    out,
+    *,
+    n: int = 3,
+    revision: str = "r002",
+    sft_budget: str = "sft-e7",
+    workers: int | None = None,
+    profile_name: str = "embedded",
+    settings: Settings = Settings(),
+    say=print,
+) -> dict:
+    """The whole validation study (module docstring); returns frontier.json's content."""
+    out = Path(out)
+    identity = study_identity(profile_name, revision, n, sft_budget, settings, STUDY_SEED)
+    done = out / "frontier.json"
+    if done.is_file():
+        result = read_json(done)
+        if result["study"] != identity:
+            _check_record(out / "study.json", identity)  # names what differs
+        say(f"frontier already complete in {out} (frontier.json): nothing recomputed")
+        return result
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    _check_record(out / "study.json", identity)
+    folders = prepare_seed_folders(out, profile_name, n, STUDY_SEED, sft_budget)
+    workers = workers or os.cpu_count() or 1
+    say(
+        f"frontier {out}: {n} seed(s) of the embedded lab on {revision}, SFT budget {sft_budget}, "
+        f"{len(settings.arms)} arms, {workers} worker(s)"
+    )
+    run_tasks(folders, settings.arms, revision, settings, workers, say)
+    result = {
+        "study": identity,
+        **collect(folders, settings),
+        "command": frontier_command(out, identity),
+        "wall_seconds_this_invocation": time.perf_counter() - t0,
+    }
+    from rlhf.report.frontier import write_frontier_report
+
+    write_frontier_report(out, result)
+    write_json(done, result)
+    say(f"frontier complete: {done} and {out / 'report.html'}")
+    return result
+
+
+def frontier_command(out: Path, identity: dict) -> str:
+    cmd = f"rlhf frontier --out {out} --n {identity['n']} --revision {identity['revision']}"
+    cmd += f" --sft-budget {identity['sft_budget']}"
+    return cmd + ("" if identity["profile"] == "embedded" else " --profile PROFILE.toml")
+
+
+# ------------------------------------------------------------------------------ collecting
+
+
+def _stats(values: list[float]) -> dict:
+    m = sum(values) / len(values)
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+    return {"mean": m, "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def standardised(score: float, spread: dict) -> float:
+    """A judge's score on the scale of its own SFT samples (mean 0, SD 1)."""
+    return (score - spread["mean"]) / spread["sd"]
+
+
+def collect(folders: list[Path], settings: Settings) -> dict:
+    """Per seed, arm and iteration: gold, proxy (raw and standardised per judge), d, truncations;
+    their mean and spread over seeds; best-of-n; Gao's fits; the chosen operating point."""
+    profile = load_profile(str(folders[0] / "profile.toml"))
+    iterations = measured_iterations(profile)
+    per_seed = []
+    for i, f in enumerate(folders):
+        sft = read_json(f / "frontier" / "sft.json")
+        spread = sft["spread"]["validation"]
+        it0 = sft["iteration_0"]
+        seed = {
+            "seed": i,
+            "folder": f.name,
+            "sigma_validation": spread["sd"],
+            "mean_validation": spread["mean"],
+            "train_spread": sft["spread"]["train"],
+            "sft": {
+                "gold": it0["gold"],
+                "proxy": it0["proxy"],
+                "proxy_std": standardised(it0["proxy"], spread),
+                "truncations": it0["truncations"],
+                "uncertified": it0["uncertified"],
+            },
+            "best_of_n": [{**p, "proxy_std": standardised(p["proxy"], spread)} for p in sft["best_of_n"]["points"]],
+            "arms": {},
+        }
+        for arm in settings.arms:
+            arm_profile = load_profile(str(f / "arms" / arm.name / "profile.toml"))
+            points = [
+                {
+                    "iteration": 0,
+                    "gold": it0["gold"],
+                    "proxy": it0["proxy"],
+                    "kl": 0.0,
+                    "kl_se": 0.0,
+                    "d": 0.0,
+                    "truncations": it0["truncations"],
+                    "uncertified": it0["uncertified"],
+                }
+            ]
+            for it in iterations:
+                m = read_json(f / "arms" / arm.name / "validation" / f"iter-{it:04d}.json")
+                points.append(
+                    {k: m[k] for k in ("iteration", "gold", "proxy", "kl", "kl_se", "d", "truncations", "uncertified")}
+                )
+            for p in points:
+                p["proxy_std"] = standardised(p["proxy"], spread)
+                p["gain"] = p["gold"] - it0["gold"]
+            seed["arms"][arm.name] = {
+                "kl_coef": arm_profile.ppo.kl_coef,
+                "reward_design": arm_profile.ppo.reward_design,
+                "points": points,
+            }
+        per_seed.append(seed)
+
+    arms = {}
+    for arm in settings.arms:
+        rows = []
+        for k, it in enumerate([0, *iterations]):
+            pts = [s["arms"][arm.name]["points"][k] for s in per_seed]
+            rows.append(
+                {
+                    "iteration": it,
+                    **{
+                        key: _stats([p[key] for p in pts])
+                        for key in ("gold", "proxy_std", "d", "kl", "gain", "truncations", "uncertified")
+                    },
+                }
+            )
+        fit_points = [
+            (p["d"], p["gain"]) for s in per_seed for p in s["arms"][arm.name]["points"] if p["iteration"] > 0
+        ]
+        arms[arm.name] = {
+            "design": arm.design,
+            "c": arm.c,
+            "raw": arm.raw,
+            "describe": arm.describe(),
+            "kl_coef_per_seed": [s["arms"][arm.name]["kl_coef"] for s in per_seed],
+            "c_per_seed": [s["arms"][arm.name]["kl_coef"] / s["sigma_validation"] for s in per_seed],
+            "curve": rows,
+            "fit": gao_fit(fit_points, "rl"),
+        }
+    bon = []
+    for k, n in enumerate(settings.bon_ns):
+        pts = [s["best_of_n"][k] for s in per_seed]
+        bon.append(
+            {
+                "n": n,
+                "kl_bound": pts[0]["kl_bound"],
+                "d_bound": pts[0]["d_bound"],
+                **{key: _stats([p[key] for p in pts]) for key in ("gold", "proxy_std", "truncations")},
+            }
+        )
+    bon_points = [(p["d_bound"], p["gold"] - s["best_of_n"][0]["gold"]) for s in per_seed for p in s["best_of_n"]]
+    sft_level = _stats([s["sft"]["gold"] for s in per_seed])
+    return {
+        "interval": INTERVAL,
+        "kl_estimator": KL_ESTIMATOR,
+        "bon_kl": BON_KL,
+        "gold": GOLD,
+        "proxy": PROXY,
+        "iterations": [0, *iterations],
+        "sft_level": sft_level,
+        "seeds": per_seed,
+        "arms": arms,
+        "best_of_n": {
+            "points": bon,
+            "fit": gao_fit(bon_points, "bon"),
+            "gain_over": "best-of-1 (one temperature-1 SFT sample)",
+        },
+        "selection": select(arms, sft_level),
+    }
+
+
+def select(arms: dict, sft_level: dict) -> dict:
+    """The best (arm, iteration) by mean validation gold over seeds (iteration >= 1; the oracle
+    control excluded; on a tie the smaller mean d, then the earlier arm and iteration)."""
+    candidates = [
+        (row["gold"]["mean"], -row["d"]["mean"], name, row["iteration"])
+        for name, arm in arms.items()
+        if arm["design"] != "oracle"  # a control that reads the rubric's target: shown, never chosen
+        for row in arm["curve"]
+        if row["iteration"] > 0
+    ]
+    order = {name: k for k, name in enumerate(arms)}
+    best = max(candidates, key=lambda c: (c[0], c[1], -order[c[2]], -c[3]))
+    return {
+        "rule": SELECTION_RULE,
+        "arm": best[2],
+        "iteration": best[3],
+        "mean_validation_gold": best[0],
+        "sft_mean_validation_gold": sft_level["mean"],
+        "above_sft": best[0] > sft_level["mean"],
+        "default": {"arm": "spec-default", "iteration": arms["spec-default"]["curve"][-1]["iteration"]},
+    }
+
+
+# ------------------------------------------------------------------------------ confirmation on test
+
+
+def test_rows(actor_model, reference_model, judge, ctx) -> list[dict]:
+    """SPEC §8's greedy rows of one policy on the 180 test prompts and 80 probe rows, scored
+    by the judge and checked by the rubric (rlhf.evaluate's building blocks)."""
+    rows = generate_heldout(actor_model, ctx)
+    return rubric_rows(score_rows(rows, ctx, actor_model, reference_model, judge), ctx)
+
+
+def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int], ...], revision: str, log: bool = True) -> str:
+    """Test evaluation of one confirmation seed: SFT once, each (arm, iteration) against it."""
+    seed_dir = Path(seed_dir)
+    with contextlib.ExitStack() as stack:
+        if log:
+            _log_to(seed_dir / "frontier.log", stack)
+        for arm, it in arms:
+            out = seed_dir / "arms" / arm.name / f"test-iter-{it:04d}.json"
+            if out.is_file():
+                continue
+            ctx = arm_context(seed_dir, arm, revision)
+            sft, judge = _roles_for_measuring(ctx)
+            sft_path = seed_dir / "frontier" / "test-sft.json"
+            if not sft_path.is_file():
+                write_json(sft_path, {"rows": test_rows(sft.model, sft.model, judge, ctx)})
+            sft_rows = read_json(sft_path)["rows"]
+            ppo_rows = test_rows(actor_at(ctx, it).model, sft.model, judge, ctx)
+            write_json(
+                out,
+                {
+                    "arm": arm.name,
+                    "iteration": it,
+                    "metrics": {"sft": summarise_populations(sft_rows), "ppo": summarise_populations(ppo_rows)},
+                    "differences": bootstrap_differences(sft_rows, ppo_rows, ctx.profile.seeds.evaluation),
+                    "ppo_rows": ppo_rows,
+                },
+            )
+    return str(seed_dir)
+
+
+def metric_bounds(key: str) -> tuple[float, float] | None:
+    """The range a confirmation metric cannot leave (rates 0..1, their differences -1..1)."""
+    if key.startswith("rubric_success."):
+        return (-1.0, 1.0) if key.endswith("ppo_minus_sft") else (0.0, 1.0)
+    return None
+
+
+def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) -> dict:
+    """The chosen operating point and the SPEC's default on `n` fresh seeds, on test (SPEC §8),
+    with the seed study's across-seed statistics. Reads frontier.json's choice; writes
+    confirmation.json and confirmation.html."""
+    out = Path(out)
+    frontier = out / "frontier.json"
+    if not frontier.is_file():
+        raise StudyError(
+            f"no {frontier}: the operating point is chosen on validation first (rlhf frontier --out {out})"
+        )
+    result = read_json(frontier)
+    done = out / "confirmation.json"
+    if done.is_file():
+        say(f"confirmation already complete in {out} (confirmation.json): nothing recomputed")
+        return read_json(done)
+    study = result["study"]
+    settings = Settings(
+        arms=tuple(Arm(**a) for a in study["settings"]["arms"]),
+        bon_ns=tuple(study["settings"]["bon_ns"]),
+        kl_samples=study["settings"]["kl_samples_per_prompt"],
+    )
+    by_name = {a.name: a for a in settings.arms}
+    sel = result["selection"]
+    points = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
+    if (sel["arm"], sel["iteration"]) != (points[0][0].name, points[0][1]):
+        points.append((by_name[sel["arm"]], sel["iteration"]))
+    identity = {
+        **study,
+        "n": n,
+        "study_seed": CONFIRM_STUDY_SEED,
+        "code": code_sha256(),
+        "points": [[a.name, it] for a, it in points],
+    }
+    root = out / "confirm"
+    root.mkdir(parents=True, exist_ok=True)
+    _check_record(root / "study.json", identity)
+    profile_name = "embedded" if study["profile"] == "embedded" else str(out / "seed-0" / "profile.toml")
+    folders = prepare_seed_folders(root, profile_name, n, CONFIRM_STUDY_SEED, study["sft_budget"])
+    workers = workers or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    say(
+        f"confirmation {root}: {n} fresh seed(s); points: "
+        + ", ".join(f"{a.name} at iteration {it}" for a, it in points)
+    )
+    run_tasks(folders, tuple(a for a, _ in points), study["revision"], settings, workers, say, confirm=True)
+    for i, f in enumerate(folders):
+        confirm_seed(f, tuple(points), study["revision"], log=workers > 1)
+        say(f"seed {i}: test evaluated at {time.perf_counter() - t0:.0f} s")
+    record = {
+        "study": identity,
+        "interval": INTERVAL,
+        "points": [summarise_point(folders, a, it) for a, it in points],
+        "wall_seconds_this_invocation": time.perf_counter() - t0,
+    }
+    from rlhf.report.frontier import write_confirmation_report
+
+    write_confirmation_report(out, record, result)
+    write_json(done, record)
+    say(f"confirmation complete: {done} and {out / 'confirmation.html'}")
+    return record
+
+
+def summarise_point(folders: list[Path], arm: Arm, it: int) -> dict:
+    """Per seed PPO - SFT on test per population, and across seeds (bounded intervals)."""
+    rows = []
+    for i, f in enumerate(folders):
+        rec = read_json(f / "arms" / arm.name / f"test-iter-{it:04d}.json")
+        spread = read_json(f / "frontier" / "sft.json")["spread"]["validation"]
+        metrics = {}
+        for pop in POPULATIONS:
+            s, p = rec["metrics"]["sft"][pop], rec["metrics"]["ppo"][pop]
+            metrics[f"rubric_success.{pop}.sft"] = s["rubric_success"]
+            metrics[f"rubric_success.{pop}.ppo"] = p["rubric_success"]
+            metrics[f"rubric_success.{pop}.ppo_minus_sft"] = p["rubric_success"] - s["rubric_success"]
+            metrics[f"learned_reward_std.{pop}.ppo_minus_sft"] = (
+                p["mean_learned_reward"] - s["mean_learned_reward"]
+            ) / spread["sd"]
+            metrics[f"without_eos.{pop}.ppo"] = p["without_eos"]
+        kl_coef = load_profile(str(f / "arms" / arm.name / "profile.toml")).ppo.kl_coef
+        rows.append(
+            {"seed": i, "folder": f.name, "kl_coef": kl_coef, "sigma_validation": spread["sd"], "metrics": metrics}
+        )
+    return {
+        "arm": arm.name,
+        "describe": arm.describe(),
+        "iteration": it,
+        "seeds": rows,
+        "across": across_table(rows, metric_bounds),
+        "positive_test": across_seeds([r["metrics"]["rubric_success.test.ppo_minus_sft"] for r in rows], (-1.0, 1.0)),
+    }
