@@ -210,6 +210,7 @@ E2E_FIXTURES = frozenset(
         "base_study",  # the base-model study (tests_heldout/test_base_study.py)
         "full_width",  # qwen2.5-0.5b at full width, random weights, in a subprocess
         "stopped_run",  # SFT stopped after an epoch, then resumed (tests_reproducibility/test_bad_input.py)
+        "small_frontier",  # a 2-seed frontier on the small budget (tests_heldout/test_frontier.py)
     }
 )
 
@@ -394,6 +395,69 @@ def small_profile_file(tmp_path_factory):
         if not path.is_file():
             write_small_profile(path)
     return path
+
+
+# The small budget with the frontier's cuts: checkpoints every 2 of 4 iterations, 8-token
+# answers, the first 3 validation families (15 prompts).
+FRONTIER_BUDGET = {
+    **SMALL_BUDGET,
+    ("ppo", "checkpoint_every"): 2,
+    ("ppo", "max_new_tokens"): 8,
+    ("evaluation", "max_new_tokens"): 8,
+    ("evaluation", "max_units"): 3,
+}
+
+
+@pytest.fixture(scope="session")
+def small_frontier(tmp_path_factory):
+    """`rlhf frontier` on the small budget: 2 seeds of r002; arms: the SPEC's default, c = 0.05
+    sigma, the standardised judge and the oracle; best-of-1 and -2; one KL sample per prompt.
+    Built once per test run (file lock), with the corpus's evaluation view refusing every call:
+    nothing on the frontier's path may read a test prompt. Returns (study folder, frontier.json)."""
+    from filelock import FileLock
+
+    from rlhf.config import PROFILE_DIR, profile_text_with
+    from rlhf.corpus import Corpus
+    from rlhf.studies.frontier import run_frontier
+
+    folder = shared_root(tmp_path_factory) / "shared-frontier"
+    folder.mkdir(exist_ok=True)
+    out = folder / "study"
+    with FileLock(str(folder / "build.lock")):
+        if not (out / "frontier.json").is_file():
+            profile = folder / "embedded-frontier-small.toml"
+            text = (PROFILE_DIR / "embedded.toml").read_text()
+            profile.write_text(profile_text_with(text, "embedded-frontier-small", FRONTIER_BUDGET))
+
+            def refuse(*args, **kwargs):
+                raise PermissionError("the frontier read the evaluation view (test prompts)")
+
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(Corpus, "evaluation_view", refuse)
+                run_frontier(
+                    out,
+                    n=2,
+                    revision="r002",
+                    sft_budget="full",
+                    workers=1,
+                    profile_name=str(profile),
+                    settings=small_frontier_settings(),
+                    say=lambda line: None,
+                )
+    return out, json.loads((out / "frontier.json").read_text())
+
+
+def small_frontier_settings():
+    """The small frontier's arms and measurement sizes."""
+    from rlhf.studies.frontier import SPEC_KL, Arm, Settings
+
+    arms = (
+        Arm("spec-default", "judge", raw=SPEC_KL),
+        Arm("c0.05", "judge", c=0.05),
+        Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
+        Arm("oracle", "oracle", raw=SPEC_KL),
+    )
+    return Settings(arms=arms, bon_ns=(1, 2), kl_samples=1)
 
 
 def shared_root(tmp_path_factory) -> Path:

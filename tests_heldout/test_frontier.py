@@ -1,0 +1,307 @@
+"""The over-optimisation frontier (SPEC §12): its arithmetic, and a 2-seed study on the small budget.
+
+The study (`small_frontier`, conftest) is built with the corpus's evaluation view refusing every
+call, so its existence proves that nothing on the frontier's path reads a test prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+
+import pytest
+import torch
+
+from rlhf.config import ProfileError, load_profile, override, profile_text_with
+from rlhf.ppo_math import design_score
+from rlhf.studies.statistics import across_seeds, gao_fit
+from rlhf.studies.validation import bon_kl_bound, validation_prompts
+
+pytestmark = pytest.mark.unit
+
+
+# ------------------------------------------------------------------------------ arithmetic
+
+
+def _exact_bon_kl(n: int, outcomes: int) -> float:
+    """KL(best-of-n || uniform) over `outcomes` equally likely, distinct-scored outcomes: the i-th
+    best of N is kept with probability (i/N)^n - ((i-1)/N)^n."""
+    kl = 0.0
+    for i in range(1, outcomes + 1):
+        p = (i / outcomes) ** n - ((i - 1) / outcomes) ** n
+        if p > 0:
+            kl += p * math.log(p * outcomes)
+    return kl
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
+def test_best_of_n_kl_bound_is_the_no_ties_limit(n):
+    bound = bon_kl_bound(n)
+    assert bound == pytest.approx(math.log(n) - (n - 1) / n, abs=1e-15)
+    coarse, fine = _exact_bon_kl(n, 20), _exact_bon_kl(n, 200_000)
+    assert coarse <= bound + 1e-12  # ties (coarse outcomes) only lower it: an upper bound
+    assert fine == pytest.approx(bound, abs=1e-3)
+
+
+def test_best_of_n_refuses_n_below_one():
+    with pytest.raises(ValueError, match="n >= 1"):
+        bon_kl_bound(0)
+
+
+@pytest.mark.parametrize("alpha,beta", [(0.3, 0.2), (1.0, 0.5), (0.05, 0.4)])
+def test_rl_fit_recovers_known_alpha_beta(alpha, beta):
+    rng = random.Random(7)
+    ds = [0.1 * k for k in range(1, 40)]
+    pts = [(d, d * (alpha - beta * math.log(d)) + rng.gauss(0, 1e-3)) for d in ds]
+    fit = gao_fit(pts, "rl")
+    assert fit["alpha"] == pytest.approx(alpha, abs=5e-3)
+    assert fit["beta"] == pytest.approx(beta, abs=5e-3)
+    assert fit["d_star"] == pytest.approx(math.exp(alpha / beta - 1), rel=0.05)
+    assert fit["describes"] and fit["r2"] > 0.99
+    assert len(fit["residuals"]) == len(pts)
+
+
+def test_bon_fit_recovers_known_alpha_beta_and_refuses_a_poor_one():
+    pts = [(d, d * (0.4 - 0.25 * d)) for d in (0.2, 0.5, 0.8, 1.1, 1.4, 1.7)]
+    fit = gao_fit(pts + [(0.0, 0.0)], "bon")  # d = 0 carries nothing
+    assert fit["n"] == 6
+    assert (fit["alpha"], fit["beta"]) == (pytest.approx(0.4), pytest.approx(0.25))
+    assert fit["d_star"] == pytest.approx(0.8)
+    noise = [(d, (-1) ** k * 0.3) for k, d in enumerate((0.2, 0.5, 0.8, 1.1, 1.4, 1.7))]
+    poor = gao_fit(noise, "bon")
+    assert not poor["describes"] and poor["why_not"]
+    rising = gao_fit([(d, d) for d in (0.5, 1, 2, 3)], "rl")
+    assert not rising["describes"] and "no peak" in rising["why_not"]
+
+
+def test_seed_interval_of_a_bounded_quantity_stays_inside_its_bounds():
+    values = [-1.0, -0.9, -0.2, -0.95, -1.0]
+    free = across_seeds(values)
+    assert free["t95"][0] < -1  # the formula alone leaves the range
+    cut = across_seeds(values, (-1.0, 1.0))
+    assert cut["t95"][0] == -1.0 and cut["clipped"] and cut["t95_unclipped"] == free["t95"]
+    assert not across_seeds([0.2, 0.3, 0.25], (-1.0, 1.0))["clipped"]
+
+
+def test_reward_designs():
+    score = torch.tensor([3.0, -2.0, 5.0])
+    truncated = torch.tensor([False, True, True])
+    assert design_score(score, truncated, design="judge") is score  # SPEC §6: untouched
+    std = design_score(score, truncated, design="standardised-judge", score_mean=1.0, score_sd=2.0)
+    assert std.tolist() == [1.0, -1.5, 2.0]
+    replaced = design_score(score, truncated, design="eos-less-replaced")
+    assert replaced.tolist() == [3.0, 0.0, 0.0]  # token_rewards then adds the penalty alone
+    oracle = design_score(score, truncated, design="oracle", oracle=torch.tensor([1.0, 0.0, 1.0]))
+    assert oracle.tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="oracle"):
+        design_score(score, truncated, design="oracle")
+    with pytest.raises(ValueError, match="unknown reward design"):
+        design_score(score, truncated, design="whitened")
+
+
+def test_a_profile_never_rescales_a_score_silently():
+    p = load_profile("embedded")
+    assert (p.ppo.reward_design, p.ppo.score_mean, p.ppo.score_sd) == ("judge", 0.0, 1.0)
+    with pytest.raises(ProfileError, match="never rescaled silently"):
+        override(p, {("ppo", "score_sd"): 15.0})
+    with pytest.raises(ProfileError, match="reward_design must be one of"):
+        override(p, {("ppo", "reward_design"): "whitened"})
+    with pytest.raises(ProfileError, match="score_sd must be a finite number > 0"):
+        override(p, {("ppo", "reward_design"): "standardised-judge", ("ppo", "score_sd"): 0.0})
+    q = override(p, {("ppo", "reward_design"): "standardised-judge", ("ppo", "score_sd"): 15.5})
+    assert q.ppo.score_sd == 15.5
+
+
+def test_profile_text_writes_floats_and_optional_tables_that_read_back(tmp_path):
+    from rlhf.config import PROFILE_DIR
+
+    changes = {("ppo", "kl_coef"): 0.1 + 0.2, ("ppo", "actor_lr"): 1e-5, ("evaluation", "max_units"): 3}
+    path = tmp_path / "p.toml"
+    path.write_text(profile_text_with((PROFILE_DIR / "embedded.toml").read_text(), "x", changes))
+    p = load_profile(str(path))
+    assert (p.ppo.kl_coef, p.ppo.actor_lr, p.evaluation.max_units) == (0.1 + 0.2, 1e-5, 3)
+    with pytest.raises(ProfileError, match="finite"):
+        profile_text_with(path.read_text(), "x", {("ppo", "kl_coef"): float("nan")})
+
+
+def test_validation_measurements_refuse_anything_but_the_learning_view(tmp_path):
+    from rlhf.corpus import load_corpus, prepare
+
+    prepare(tmp_path / "c", revision="r002")
+    corpus = load_corpus(tmp_path / "c")
+    with pytest.raises(TypeError, match="LearningView only"):
+        validation_prompts(corpus.evaluation_view())
+    rows = validation_prompts(corpus.learning_view())
+    assert len(rows) == 180 and len({r["family"] for r in rows}) == 36
+    with pytest.raises(PermissionError):
+        corpus.learning_view().inputs("pair", "test")
+
+
+# ------------------------------------------------------------------------------ the small study
+
+
+def test_small_frontier_has_every_arm_point_and_choice(small_frontier):
+    out, result = small_frontier
+    assert set(result["arms"]) == {"spec-default", "c0.05", "standardised-judge", "oracle"}
+    assert result["iterations"] == [0, 2, 4]
+    for arm in result["arms"].values():
+        assert [r["iteration"] for r in arm["curve"]] == [0, 2, 4]
+        assert arm["curve"][0]["d"]["mean"] == 0.0 and arm["curve"][0]["gain"]["mean"] == 0.0
+        assert all(r["gold"]["n"] == 2 for r in arm["curve"])
+    assert [p["n"] for p in result["best_of_n"]["points"]] == [1, 2]
+    sel = result["selection"]
+    assert sel["arm"] != "oracle" and sel["iteration"] >= 1
+    best = max(
+        (r["gold"]["mean"], name, r["iteration"])
+        for name, arm in result["arms"].items()
+        if arm["design"] != "oracle"
+        for r in arm["curve"][1:]
+    )
+    assert sel["mean_validation_gold"] == best[0]
+    page = (out / "report.html").read_text()
+    assert '<img src="data:image/png;base64,' in page and sel["arm"] in page
+
+
+def test_kl_coefficient_is_c_times_the_measured_spread(small_frontier):
+    out, result = small_frontier
+    for s in result["seeds"]:
+        sigma = json.loads((out / s["folder"] / "frontier" / "sft.json").read_text())["spread"]["validation"]["sd"]
+        assert sigma == s["sigma_validation"] > 0
+        profile = load_profile(str(out / s["folder"] / "arms" / "c0.05" / "profile.toml"))
+        assert profile.ppo.kl_coef == 0.05 * sigma
+        assert load_profile(str(out / s["folder"] / "arms" / "spec-default" / "profile.toml")).ppo.kl_coef == 0.02
+
+
+def test_kl_estimate_recomputed_from_stored_rows_and_from_the_models(small_frontier):
+    from rlhf import lab
+    from rlhf.studies import frontier, validation
+
+    out, result = small_frontier
+    seed_dir = out / "seed-0"
+    m = json.loads((seed_dir / "arms" / "spec-default" / "validation" / "iter-0004.json").read_text())
+    per_prompt = [r["kl"] for r in m["rows"]]
+    assert m["kl"] == pytest.approx(sum(per_prompt) / len(per_prompt), abs=1e-12)
+    assert m["d"] == math.sqrt(max(m["kl"], 0.0))
+    assert result["seeds"][0]["arms"]["spec-default"]["points"][-1]["kl"] == m["kl"]
+
+    # Independently: draw the same samples, then score them with a plain forward pass of each
+    # model over the whole sequence (not rlhf.scoring), summing log pi - log pi_SFT per answer.
+    ctx = frontier.arm_context(seed_dir, frontier.Arm("spec-default", "judge", raw=0.02), "r002")
+    actor = frontier.actor_at(ctx, 4)
+    sft, _ = frontier._roles_for_measuring(ctx)
+    records = validation.validation_prompts(ctx.corpus.learning_view(), ctx.profile.evaluation.max_units)
+    prompt_ids = validation.encode_records(records, ctx)
+    gen = torch.Generator().manual_seed(frontier.measurement_seeds(ctx.profile)["kl"])
+    samples = validation.answers(actor.model, prompt_ids, ctx, gen)
+    got = []
+    with torch.no_grad():
+        for p, r in zip(prompt_ids, samples):
+            ids = torch.tensor([p + r])
+            total = 0.0
+            for model, sign in ((actor.model, 1.0), (sft.model, -1.0)):
+                logits = model(input_ids=ids).logits[0, len(p) - 1 : -1].float()
+                total += sign * float(torch.log_softmax(logits, -1).gather(1, torch.tensor(r)[:, None]).sum())
+            got.append(total)
+    assert got == pytest.approx(per_prompt, abs=2e-4)
+
+
+def test_standardisation_computed_once_recorded_and_applied_to_that_arm_only(small_frontier):
+    out, _ = small_frontier
+    for seed_dir in sorted(out.glob("seed-*")):
+        train = json.loads((seed_dir / "frontier" / "sft.json").read_text())["spread"]["train"]
+        assert train["n"] == 672 and train["sd"] > 0
+        arm = seed_dir / "arms" / "standardised-judge"
+        profile = load_profile(str(arm / "profile.toml"))
+        assert (profile.ppo.reward_design, profile.ppo.score_mean, profile.ppo.score_sd) == (
+            "standardised-judge",
+            train["mean"],
+            train["sd"],
+        )
+        run = json.loads((arm / "run.json").read_text())
+        assert run["identity"]["profile"] == profile.name  # declared in the run's identity
+        history = json.loads((arm / "ppo" / "history.json").read_text())
+        for it in history["iterations"]:
+            assert it["reward_design"] == "standardised-judge"
+            want = [(s - train["mean"]) / train["sd"] for s in it["scores"]]
+            assert it["paid_scores"] == pytest.approx(want, rel=1e-6, abs=1e-6)
+        for other in ("spec-default", "c0.05"):
+            h = json.loads((seed_dir / "arms" / other / "ppo" / "history.json").read_text())
+            assert all("paid_scores" not in it for it in h["iterations"])  # the SPEC's reward, untouched
+        oracle = json.loads((seed_dir / "arms" / "oracle" / "ppo" / "history.json").read_text())
+        assert all(set(it["paid_scores"]) <= {0.0, 1.0} for it in oracle["iterations"])
+
+
+def test_rerun_of_a_finished_frontier_recomputes_nothing(small_frontier, tmp_path, monkeypatch):
+    from rlhf.studies import frontier
+
+    out, result = small_frontier
+    study = tmp_path / "study"
+    shutil.copytree(out, study)
+    profile = str(out.parent / "embedded-frontier-small.toml")
+    before = {p: os.stat(p).st_mtime_ns for p in study.rglob("*") if p.is_file()}
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a finished frontier started work")
+
+    monkeypatch.setattr(frontier, "run_tasks", no_work)
+    lines = []
+    from conftest import small_frontier_settings
+
+    again = frontier.run_frontier(
+        study, n=2, revision="r002", sft_budget="full", workers=1, profile_name=profile,
+        settings=small_frontier_settings(), say=lines.append,
+    )  # fmt: skip
+    assert again == result and "nothing recomputed" in lines[-1]
+    assert {p: os.stat(p).st_mtime_ns for p in study.rglob("*") if p.is_file()} == before
+
+
+def test_an_interrupted_frontier_recomputes_only_what_is_missing(small_frontier, tmp_path):
+    from conftest import small_frontier_settings
+    from rlhf.studies import frontier
+
+    out, result = small_frontier
+    study = tmp_path / "study"
+    shutil.copytree(out, study)
+    lost = study / "seed-1" / "arms" / "oracle" / "validation" / "iter-0002.json"
+    kept = json.loads(lost.read_text())
+    for p in (lost, study / "frontier.json", study / "report.html"):
+        p.unlink()
+    before = {p: os.stat(p).st_mtime_ns for p in study.rglob("*") if p.is_file()}
+    again = frontier.run_frontier(
+        study, n=2, revision="r002", sft_budget="full", workers=1,
+        profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=small_frontier_settings(),
+        say=lambda line: None,
+    )  # fmt: skip
+    remeasured = json.loads(lost.read_text())
+    assert remeasured.pop("seconds") > 0 and kept.pop("seconds") > 0
+    assert remeasured == kept  # the same measurement, every number equal
+    changed = {p for p in before if os.stat(p).st_mtime_ns != before[p]}
+    assert changed == set()  # nothing else was rewritten
+    assert {k: again[k] for k in ("arms", "best_of_n", "selection")} == {
+        k: result[k] for k in ("arms", "best_of_n", "selection")
+    }
+
+
+def test_a_changed_setting_is_refused_in_an_existing_study(small_frontier, tmp_path):
+    from rlhf.studies import StudyError, frontier
+
+    out, _ = small_frontier
+    study = tmp_path / "study"
+    shutil.copytree(out, study)
+    (study / "frontier.json").unlink()
+    with pytest.raises(StudyError, match="refusing to continue"):
+        frontier.run_frontier(
+            study, n=2, revision="r002", sft_budget="full", workers=1,
+            profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=frontier.Settings(),
+            say=lambda line: None,
+        )  # fmt: skip
+
+
+def test_confirmation_needs_the_choice_made_on_validation(tmp_path):
+    from rlhf.studies import StudyError, frontier
+
+    with pytest.raises(StudyError, match="chosen on validation first"):
+        frontier.run_confirmation(tmp_path / "nothing", n=5)
