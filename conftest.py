@@ -8,7 +8,7 @@
   `reports/benchmark/`, and `reports/other/` for any other selection (`--reports-dir=DIR` or
   RLHF_REPORTS_DIR chooses the folder itself). Tests put numbers into `results.json` through
   the `record_result` fixture; those numbers are the published results. Both files carry the
-  run's provenance: commit, dirty flag, package versions, Python, CPU arithmetic (rlhf.pin),
+  run's provenance: commit, dirty flag, package versions, Python, CPU arithmetic (rlhf.runtime),
   CUDA device, profile hashes and the command line.
 * `pytest --benchmark` runs the benchmark tier the right way: `-m benchmark`, no xdist (timings
   need one process), and pytest-benchmark's JSON written to `reports/benchmark/benchmark.json`.
@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-import rlhf  # noqa: F401 - first: pins the CPU arithmetic before anything imports torch (rlhf.pin)
+import rlhf  # noqa: F401 - first: pins the CPU arithmetic before anything imports torch (rlhf.runtime)
 
 # isort: split
 
@@ -175,7 +175,7 @@ def provenance(config) -> dict:
             versions[name] = None
     import torch
 
-    from rlhf import pin
+    from rlhf import runtime
     from rlhf.config import PROFILES, load_profile, profile_hash
 
     status = git("status", "--porcelain")
@@ -186,7 +186,7 @@ def provenance(config) -> dict:
             "packages": versions,
             "python": sys.version.split()[0],
             "platform": platform.platform(),
-            "arithmetic": pin.describe(),
+            "arithmetic": runtime.describe(),
             "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "profiles_sha256": {name: profile_hash(load_profile(name)) for name in PROFILES},
             "command_line": [Path(sys.argv[0]).name, *sys.argv[1:]],

@@ -1,12 +1,12 @@
 """rlhf: RLHF with PPO from first principles (see ../shared/SPEC.md and README.md).
 
-Importing the package pins the CPU arithmetic before torch is imported (rlhf.pin): every entry
-point (the `rlhf` command, `python -m rlhf`, conftest.py, the tests' subprocesses) goes
+Importing the package pins the CPU arithmetic before torch is imported (rlhf.runtime): every
+entry point (the `rlhf` command, `python -m rlhf`, conftest.py, the tests' subprocesses) goes
 through here first. `RLHF_CPU_PIN=off` turns it off.
 """
 
-from rlhf import pin as _pin
+from rlhf import runtime as _runtime
 
-_pin.apply()
+_runtime.apply()
 
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ were verified on?
     rlhf arithmetic --compare FILE.json   ... and compared with another machine's file
 
 The fingerprint is the SHA-256 (16 hex) of the outputs of the CPU operations the embedded lab
-runs, in the order the lab meets them, under the process's pinned arithmetic (rlhf.pin), one
+runs, in the order the lab meets them, under the process's pinned arithmetic (rlhf.runtime), one
 thread:
 
     ops     primitive operations at the embedded shapes, forward and backward: matmuls, the
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rlhf import pin
+from rlhf import runtime
 from rlhf.io import read_json
 
 VERIFIED_DIR = Path(__file__).with_name("fingerprints")
@@ -297,8 +297,8 @@ def environment() -> dict:
     else:
         info["cpu"] = platform.processor() or platform.machine()
     # The vendor as MKL's own CPUID check sees it (an emulated CPU shows here, not in /proc/cpuinfo).
-    info["mkl_sees_intel"] = pin.mkl_sees_intel()
-    info["arithmetic"] = pin.describe()
+    info["mkl_sees_intel"] = runtime.mkl_sees_intel()
+    info["arithmetic"] = runtime.describe()
     return info
 
 
@@ -392,7 +392,7 @@ def golden_line(profile) -> str:
     if profile.name != "embedded" or profile.model.dtype != "float32":
         return (
             f"golden numbers: none for profile {profile.name} (they exist for the embedded FP32 profile only); "
-            f"arithmetic: {pin.describe()['note']}"
+            f"arithmetic: {runtime.describe()['note']}"
         )
     return "golden numbers: " + verdict(measure())["line"]
 

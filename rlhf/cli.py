@@ -629,8 +629,8 @@ def _unpin_bf16_on_cpu(argv: list[str]) -> None:
     are tens of times slower, and golden numbers exist for the embedded FP32 profile only.
 
     Decided from the command line alone, before anything imports torch (building the full parser
-    does): rlhf.pin.release, recorded in the run's identity."""
-    from rlhf import pin
+    does): rlhf.runtime.release, recorded in the run's identity."""
+    from rlhf import runtime
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--profile", default=None)
@@ -644,7 +644,7 @@ def _unpin_bf16_on_cpu(argv: list[str]) -> None:
     except Exception:  # noqa: BLE001 - a bad profile is reported by the command itself
         return
     if profile.model.dtype == "bfloat16" and (profile.device == "cpu" or known.cpu):
-        pin.release(f"profile {profile.name} runs BF16 on the CPU (--pin keeps the pin)")
+        runtime.release(f"profile {profile.name} runs BF16 on the CPU (--pin keeps the pin)")
 
 
 def main(argv: list[str] | None = None) -> int:

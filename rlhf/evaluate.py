@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf import pin, rubric
+from rlhf import rubric, runtime
 from rlhf.config import profile_hash
 from rlhf.corpus import first_units
 from rlhf.generate import generate
@@ -572,7 +572,7 @@ def stage_evaluate(ctx) -> dict:
         "politeness": politeness,
         "populations_note": populations_note(policies["sft"]["rows"]),
         "seconds": seconds,
-        "arithmetic": pin.describe(),
+        "arithmetic": runtime.describe(),
         "determinism": getattr(ctx, "determinism", None),
     }
     write_json(out_path, results)

@@ -7,7 +7,7 @@ An identity is a flat dict of parts (name -> short value, mostly SHA-256 hex). T
     code         `code_sha256()`: the package's source files and profiles
     base_model   `base_model_sha256(files)`: the base model directory's file hashes
                  (rlhf.models.directory_identity), as one hash
-    arithmetic   rlhf.pin.identity_tag(): pinned or not, on which machine kind and thread count
+    arithmetic   rlhf.runtime.identity_tag(): pinned or not, on which machine kind and thread count
 
 A stage's state adds its revision and stage inputs (`identity_of`); run.json adds the profile
 name and revision (`run_identity`); a study has its own parts (rlhf.studies.seeds). Whatever
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlhf import pin
+from rlhf import runtime
 from rlhf.io import dumps_json, sha256_bytes, sha256_file
 
 CODE_DIR = Path(__file__).parent
@@ -39,13 +39,13 @@ def base_model_sha256(files: dict) -> str:
 
 def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, extra: dict | None = None) -> dict:
     """The identity parts of a learning stage: config, corpus, code, base model, arithmetic
-    (rlhf.pin: pinned or not, on which machine kind and thread count) (+ stage inputs)."""
+    (rlhf.runtime: pinned or not, on which machine kind and thread count) (+ stage inputs)."""
     ident = {
         "config": profile_sha256,
         "corpus": corpus_sha256,
         "code": code_sha256(),
         "base_model": base_model_sha256(base_identity.get("files", base_identity)),
-        "arithmetic": pin.identity_tag(),
+        "arithmetic": runtime.identity_tag(),
     }
     ident.update(extra or {})
     return ident
@@ -60,7 +60,7 @@ def run_identity(profile_name: str, profile_sha256: str, revision: str, corpus_s
         "corpus": corpus_sha256,
         "code": code_sha256(),
         "base_model": base_model_sha256(base_files),
-        "arithmetic": pin.identity_tag(),
+        "arithmetic": runtime.identity_tag(),
     }
 
 

@@ -42,7 +42,7 @@ from typing import NamedTuple, TypedDict
 import torch
 from tqdm import tqdm
 
-from rlhf import identities, pin
+from rlhf import identities, runtime
 from rlhf.checkpoint import Interrupted, Leg, StateError, assert_states_equal, load_state, save_state, stop_requested
 from rlhf.config import PROFILES, Profile, load_profile, profile_hash
 from rlhf.corpus import load_corpus, prepare
@@ -210,7 +210,7 @@ def check_run_record(ctx: Context) -> dict:
         record = {
             "format": "rlhf-run-1",
             "identity": current,
-            "arithmetic": pin.describe(),
+            "arithmetic": runtime.describe(),
             "device": ctx.device,
             "determinism": ctx.determinism,
             "stages": {},

@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 from rlhf import corpus as C
-from rlhf import pin, rubric
+from rlhf import rubric, runtime
 from rlhf.identities import changed_parts
 from rlhf.io import sha256_file, write_json
 from rlhf.judge import encode_pairs, pair_scores
@@ -363,7 +363,7 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
             "manifest_sha256": before["corpus/manifest.json"],
         },
         "profile": ctx.profile.name,
-        "arithmetic": pin.describe(),
+        "arithmetic": runtime.describe(),
         "seeds": {
             "counterfactuals": SHORTCUT_AUDIT_SEED,
             "counterfactual_draws": (

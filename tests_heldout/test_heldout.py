@@ -23,7 +23,7 @@ import json
 import pytest
 
 from rlhf import evaluate as ev
-from rlhf import pin, rubric
+from rlhf import rubric, runtime
 from rlhf.corpus import EvaluationView
 from rlhf.io import sha256_file
 from rlhf.tokens import encode_prompt
@@ -65,7 +65,7 @@ def test_results_file_schema(evaluation, lab_run, record_result):
     # CUDA's deterministic settings: applied for CUDA profiles only, recorded as not applied on the CPU
     assert file["determinism"] == json.loads((lab_run.run / "run.json").read_text()).get("determinism")
     # conftest imports rlhf before torch, so the run is pinned unless RLHF_CPU_PIN turned it off
-    assert file["arithmetic"]["status"] == ("pinned" if pin.requested() else "off")
+    assert file["arithmetic"]["status"] == ("pinned" if runtime.requested() else "off")
     assert file["arithmetic"] == json.loads((lab_run.run / "run.json").read_text())["arithmetic"]
     assert file["populations_note"] == (
         "80 probe rows are 20 independent contexts; 520 generations are not 520 independent cases"

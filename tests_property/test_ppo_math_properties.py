@@ -193,7 +193,7 @@ def test_batched_gae_equals_row_by_row(eps, gamma, lam):
             lam=lam,
         )
         # Bit for bit on every CPU: GAE is elementwise over rows (no sum across them); +, - and *
-        # are correctly rounded in IEEE 754 (one result on any CPU) and rlhf.pin makes every CPU
+        # are correctly rounded in IEEE 754 (one result on any CPU) and rlhf.runtime makes every CPU
         # run the same AVX2 code, so whether a row depends on the batch around it is a property
         # of that code, the same on an Intel Xeon and an AMD EPYC (and it does not).
         assert torch.equal(adv[i], a_i)

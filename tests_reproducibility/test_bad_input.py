@@ -41,7 +41,7 @@ def test_resume_with_changed_config_is_refused(stopped_run):
 def test_rerun_with_another_revision_code_pin_or_profile_is_refused(stopped_run, part, monkeypatch):
     """run.json: a rerun whose revision, code version, CPU pin or profile differs is refused,
     naming what changed and the command that starts afresh."""
-    from rlhf import pin
+    from rlhf import runtime
 
     if part == "revision":
         with pytest.raises(ValueError, match="holds corpus revision r001, not r002"):
@@ -50,7 +50,7 @@ def test_rerun_with_another_revision_code_pin_or_profile_is_refused(stopped_run,
     if part == "code":
         monkeypatch.setattr(identities, "code_sha256", lambda: "f" * 64)
     elif part == "arithmetic":
-        monkeypatch.setattr(pin, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
+        monkeypatch.setattr(runtime, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
     profile = override(bad_input_profile(), {(None, "name"): "renamed"}) if part == "profile" else bad_input_profile()
     with pytest.raises(StateError, match=rf"identity changed in [a-z, ]*{part}.*start afresh"):
         lab.open_context(stopped_run.run, profile)

@@ -5,7 +5,7 @@ interrupt/resume protocol) and on r002 (`lab_run_r002`, each stage once): the SH
 final SFT, judge and PPO states (`sha256_continuous` of each stage's resume_check.json), the
 hashes of the base model and corpus manifests, and the headline numbers of results.json.
 
-They hold under the pinned arithmetic (rlhf.pin) on the CPU classes listed in its `verified_on`,
+They hold under the pinned arithmetic (rlhf.runtime) on the CPU classes listed in its `verified_on`,
 each with its fingerprint committed in rlhf/fingerprints/ (rlhf.arithmetic). On a machine of a
 verified class every value must match. On a machine whose arithmetic class was never verified,
 the test still compares: equal values pass (and the report says to record the new class), and
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf import arithmetic, pin
+from rlhf import arithmetic, runtime
 from rlhf.io import read_json, sha256_file, write_text
 
 pytestmark = pytest.mark.unit
@@ -100,7 +100,7 @@ def check_against_golden(section: str, run: Path, request, record_result, finger
     # Several tests (xdist workers) add their section to one file; the committed one is the base.
     current = json.loads(measured_file.read_text()) if measured_file.exists() else json.loads(GOLDEN.read_text())
     current[section] = got
-    current["pinned_arithmetic"] = pin.identity_tag()
+    current["pinned_arithmetic"] = runtime.identity_tag()
     entry = {
         "class": fp["class"],
         "cpu": f"{cpu_model()} ({fp['env'].get('vendor', '?')} {fp['env'].get('family_model', '')})",

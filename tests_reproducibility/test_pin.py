@@ -1,4 +1,4 @@
-"""Pinned CPU arithmetic (rlhf.pin): set before torch, in force, recorded.
+"""Pinned CPU arithmetic (rlhf.runtime): set before torch, in force, recorded.
 
 The pin makes the bytes independent of what the CPU offers. Each test proves its point on an
 Intel and on an AMD processor, or says what stands in where a lever exists on one vendor only:
@@ -24,13 +24,13 @@ import sys
 
 import pytest
 
-from rlhf import pin
+from rlhf import runtime
 from rlhf.io import read_json, sha256_file
 
 pytestmark = [pytest.mark.unit, pytest.mark.e2e]  # e2e: fresh processes, `rlhf` commands, an SFT epoch
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
-DESCRIBE = "import json, rlhf, torch; from rlhf import pin; print(json.dumps(pin.describe()))"
+DESCRIBE = "import json, rlhf, torch; from rlhf import runtime; print(json.dumps(runtime.describe()))"
 
 
 def clean_env(**extra) -> dict:
@@ -38,7 +38,7 @@ def clean_env(**extra) -> dict:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in pin.PIN and k != pin.SWITCH and k not in ("MKL_ENABLE_INSTRUCTIONS", "RLHF_CRASH_AT")
+        if k not in runtime.PIN and k != runtime.SWITCH and k not in ("MKL_ENABLE_INSTRUCTIONS", "RLHF_CRASH_AT")
     }
     env.update(extra)
     return env
@@ -51,19 +51,19 @@ def describe_in_subprocess(code: str = DESCRIBE, **env) -> dict:
 
 
 def test_the_pin_requests_what_the_golden_numbers_were_made_under():
-    """Written out on purpose: a test that read rlhf.pin.PIN back could not fail."""
-    assert pin.PIN == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    """Written out on purpose: a test that read rlhf.runtime.PIN back could not fail."""
+    assert runtime.PIN == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def test_this_test_process_is_pinned():
     """conftest.py imports rlhf before anything imports torch; the settings are in force."""
-    d = pin.describe()
-    assert d["status"] == "pinned" and d["pin"] == pin.PIN
-    assert all(os.environ[k] == v for k, v in pin.PIN.items())
+    d = runtime.describe()
+    assert d["status"] == "pinned" and d["pin"] == runtime.PIN
+    assert all(os.environ[k] == v for k, v in runtime.PIN.items())
     if X86:
         assert d["cpu_capability"] == "AVX2" and d["comparable"], d["note"]
         assert d["mkl_branch"] == "COMPATIBLE", "MKL does not run the branch the pin asks for"
-        assert pin.identity_tag().startswith("pinned:x86_64:aten-avx2:mkl-compatible:onednn-avx2:threads=")
+        assert runtime.identity_tag().startswith("pinned:x86_64:aten-avx2:mkl-compatible:onednn-avx2:threads=")
     else:
         assert not d["comparable"] and "not x86-64" in d["note"]
 
@@ -76,7 +76,9 @@ def test_the_switch_turns_it_off_and_says_so():
 
 
 def test_torch_imported_first_cannot_be_pinned_and_says_so():
-    d = describe_in_subprocess("import json, torch, rlhf; from rlhf import pin; print(json.dumps(pin.describe()))")
+    d = describe_in_subprocess(
+        "import json, torch, rlhf; from rlhf import runtime; print(json.dumps(runtime.describe()))"
+    )
     assert d["status"] == "late" and not d["comparable"]
     assert "torch was imported before rlhf" in d["note"]
 
@@ -94,8 +96,8 @@ def test_a_weaker_mkl_setting_is_seen_in_force_and_unpins_the_identity(weaker):
     """MKL_CBWR changed after the pin was set (as a wrong pin value would): MKL reports another
     branch (AUTO on AMD for AVX2, AVX2 on Intel), and the run says so, on both vendors."""
     code = (
-        "import json, os, rlhf; os.environ['MKL_CBWR'] = %r; import torch; from rlhf import pin; "
-        "print(json.dumps([pin.describe(), pin.identity_tag()]))" % weaker
+        "import json, os, rlhf; os.environ['MKL_CBWR'] = %r; import torch; from rlhf import runtime; "
+        "print(json.dumps([runtime.describe(), runtime.identity_tag()]))" % weaker
     )
     d, tag = describe_in_subprocess(code)
     assert d["mkl_branch"] != "COMPATIBLE" and not d["comparable"]
@@ -107,15 +109,15 @@ def test_release_unpins_before_torch_and_restores_the_users_settings():
     """A BF16 profile on the CPU runs unpinned by default (rlhf.cli): release() must give the user's
     own variables back, and the run must say it is unpinned and why."""
     code = (
-        "import json, os, rlhf; from rlhf import pin; pin.release('profile q runs BF16 on the CPU'); "
-        "import torch; print(json.dumps([pin.describe(), pin.identity_tag()]))"
+        "import json, os, rlhf; from rlhf import runtime; runtime.release('profile q runs BF16 on the CPU'); "
+        "import torch; print(json.dumps([runtime.describe(), runtime.identity_tag()]))"
     )
     d, tag = describe_in_subprocess(code, ATEN_CPU_CAPABILITY="avx512")
     assert d["status"] == "released" and not d["comparable"]
     assert d["environment"] == {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": None, "ONEDNN_MAX_CPU_ISA": None}
     assert "unpinned by default: profile q runs BF16 on the CPU" in d["note"]
     assert tag.endswith(":released")
-    late = "import json, torch, rlhf; from rlhf import pin; print(json.dumps(pin.release('x')))"
+    late = "import json, torch, rlhf; from rlhf import runtime; print(json.dumps(runtime.release('x')))"
     assert describe_in_subprocess(late) == "late", "a release after torch must not claim to unpin"
 
 
@@ -135,8 +137,8 @@ def test_the_command_line_unpins_a_bf16_profile_on_the_cpu_only(argv, status):
     --pin (the pin caps oneDNN's BF16 at AVX2); a CUDA run keeps the pin for its CPU side."""
     code = (
         "import json, sys, rlhf; from rlhf import cli; cli._unpin_bf16_on_cpu(sys.argv[1:]); "
-        "cli.build_parser().parse_args(sys.argv[1:]); import torch; from rlhf import pin; "
-        "print(json.dumps(pin.describe()))"
+        "cli.build_parser().parse_args(sys.argv[1:]); import torch; from rlhf import runtime; "
+        "print(json.dumps(runtime.describe()))"
     )
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=clean_env())
     assert done.returncode == 0, done.stderr[-2000:]
@@ -162,7 +164,7 @@ def test_pinned_bytes_do_not_depend_on_what_the_cpu_offers(tmp_path, small_profi
         "unpinned": {"RLHF_CPU_PIN": "off"},
         "unpinned_aten_default": {"RLHF_CPU_PIN": "off", "ATEN_CPU_CAPABILITY": "default"},
     }
-    intel = pin.mkl_sees_intel()
+    intel = runtime.mkl_sees_intel()
     if intel:  # MKL honours MKL_ENABLE_INSTRUCTIONS on Intel processors only
         runs["pinned_mkl_sse42"] = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"}
         runs["unpinned_mkl_sse42"] = {"RLHF_CPU_PIN": "off", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
@@ -182,7 +184,7 @@ def test_the_pin_is_in_every_identity_and_results_file(lab_run):
     run = lab_run.run
     record = read_json(run / "run.json")
     tag = record["identity"]["arithmetic"]
-    assert tag == pin.identity_tag()
+    assert tag == runtime.identity_tag()
     for stage in ("sft", "judge", "ppo"):
         for leg in ("boundary", "resumed", "continuous"):
             assert read_json(run / stage / f"state-{leg}.pt.gz.json")["identity"]["arithmetic"] == tag

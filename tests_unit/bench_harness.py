@@ -21,7 +21,7 @@ import resource
 import time
 from pathlib import Path
 
-import rlhf  # noqa: F401 - first: pins the CPU arithmetic (rlhf.pin) before anything here imports torch
+import rlhf  # noqa: F401 - first: pins the CPU arithmetic (rlhf.runtime) before anything here imports torch
 
 # isort: split
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from rlhf import arithmetic, pin
+from rlhf import arithmetic, runtime
 from rlhf.io import read_json
 
 pytestmark = [pytest.mark.unit, pytest.mark.e2e]  # e2e: `rlhf arithmetic` in subprocesses, under qemu
 
-X86 = pin.describe()["machine"] in ("x86_64", "amd64")
+X86 = runtime.describe()["machine"] in ("x86_64", "amd64")
 GOLDEN = Path(__file__).parents[1] / "tests_reproducibility" / "golden_embedded.json"
 
 
@@ -39,7 +39,7 @@ def here():
 
 def fingerprint_in_subprocess(tmp_path, name, *prefix, **env) -> tuple[dict, subprocess.CompletedProcess]:
     out = tmp_path / f"{name}.json"
-    clean = {k: v for k, v in os.environ.items() if k not in pin.PIN and k != pin.SWITCH}
+    clean = {k: v for k, v in os.environ.items() if k not in runtime.PIN and k != runtime.SWITCH}
     clean.update(env)
     done = subprocess.run(
         [*prefix, sys.executable, "-m", "rlhf", "arithmetic", "--out", str(out)],
@@ -137,7 +137,7 @@ def test_the_command_prints_every_verified_class_and_refuses_to_overwrite(tmp_pa
 
 def other_vendor_model() -> tuple[str, bool]:
     """The emulated CPU of the other vendor: (qemu model, whether MKL must take it for Intel)."""
-    if pin.mkl_sees_intel():
+    if runtime.mkl_sees_intel():
         return "EPYC-Rome", False
     return "Haswell-v4", True
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf import pin
+from rlhf import runtime
 from rlhf.config import load_profile, override, profile_hash
 from rlhf.io import read_json
 from rlhf.miniature import (
@@ -82,9 +82,9 @@ def full_width(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen_full_width")
     model_dir = write_random_model_dir(the_miniature(), root / "model", tokenizer_file())
     run = root / "run"
-    # This process pinned its arithmetic by setting rlhf.pin.PIN in os.environ; the child starts
+    # This process pinned its arithmetic by setting rlhf.runtime.PIN in os.environ; the child starts
     # from the user's environment, as the command would: its own default decides (unpinned).
-    env = {k: v for k, v in os.environ.items() if k not in pin.PIN and k != pin.SWITCH}
+    env = {k: v for k, v in os.environ.items() if k not in runtime.PIN and k != runtime.SWITCH}
     env.update({"TOKENIZERS_PARALLELISM": "false"})
     t = time.perf_counter()
     proc = subprocess.run(
@@ -169,7 +169,7 @@ def test_every_stage_ran_and_run_json_records_the_cpu_on_purpose(full_width, rec
     assert record["device"] == "cpu" and record["determinism"]["applied"] is False
     assert record["arithmetic"]["status"] == "released"  # a BF16 profile on the CPU: unpinned by default
     assert "runs BF16 on the CPU" in record["arithmetic"]["note"]
-    assert record["arithmetic"]["environment"] == {k: None for k in pin.PIN}  # the user's own (none)
+    assert record["arithmetic"]["environment"] == {k: None for k in runtime.PIN}  # the user's own (none)
     assert record["identity"]["arithmetic"].startswith("unpinned:") and record["identity"]["arithmetic"].endswith(
         ":released"
     )

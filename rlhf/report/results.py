@@ -224,6 +224,6 @@ def collect_results(run_dir) -> dict:
         "evaluation": evaluation,
         "judge_test": _judge_test(evaluation),
         "shortcut_audit": _read_optional(run / "shortcut_audit" / "results.json"),
-        # What the run is and the CPU arithmetic it ran (rlhf.pin): pinned hashes compare across machines.
+        # What the run is and the CPU arithmetic it ran (rlhf.runtime): pinned hashes compare across machines.
         "run": _read_optional(run / "run.json"),
     }
