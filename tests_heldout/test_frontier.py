@@ -176,7 +176,6 @@ def test_kl_coefficient_is_c_times_the_measured_spread(small_frontier):
 
 
 def test_kl_estimate_recomputed_from_stored_rows_and_from_the_models(small_frontier):
-    from rlhf import lab
     from rlhf.studies import frontier, validation
 
     out, result = small_frontier
