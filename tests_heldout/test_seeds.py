@@ -19,6 +19,7 @@ from rlhf.config import ProfileError, load_profile, profile_text_with
 from rlhf.io import read_json, write_json
 from rlhf.studies import StudyError, changed_answer, derivation, seeds, sft_budget
 from rlhf.studies import statistics as study_statistics
+from rlhf.studies.statistics import metric_bounds
 
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("seeds")]  # one worker builds the module's study once
 
@@ -75,7 +76,12 @@ def test_across_seed_statistics_recomputed_from_rows(small_study, record_result)
         half = 12.706 * sd / math.sqrt(2)  # t(0.975, 1)
         assert stats["mean"] == pytest.approx(mean, abs=1e-12), key
         assert stats["sd"] == pytest.approx(sd, abs=1e-12), key
-        assert stats["t95"] == pytest.approx([mean - half, mean + half], abs=1e-12), key
+        formula = [mean - half, mean + half]
+        assert stats.get("t95_unclipped", stats["t95"]) == pytest.approx(formula, abs=1e-12), key
+        bounds = metric_bounds(key)  # a bounded quantity's interval stays inside its bounds
+        if bounds is not None:
+            assert stats["t95"] == pytest.approx([max(bounds[0], formula[0]), min(bounds[1], formula[1])]), key
+            assert stats["clipped"] == (stats["t95"] != formula), key
         assert stats["positive"] == sum(v > 0 for v in values), key
         assert stats["negative"] == sum(v < 0 for v in values), key
     for r in rows:
@@ -91,6 +97,20 @@ def test_across_seed_statistics_recomputed_from_rows(small_study, record_result)
         )
     on_disk = read_json(out / "seeds.json")
     assert on_disk["across"] == result["across"] and on_disk["seeds"] == rows
+    # Every seed's per-row answers are kept, and the answer counts recompute from them.
+    answers = read_json(out / "answers.json")
+    assert sorted(answers) == [r["folder"] for r in rows]
+    for r in rows:
+        test = [a for a in answers[r["folder"]] if a["population"] == "test"]
+        assert len(test) == 180 and len(answers[r["folder"]]) == 260
+        for policy in ("sft", "ppo"):
+            assert r["metrics"][f"answers.test.{policy}.rubric_success"] == sum(
+                a[policy]["rubric_success"] for a in test
+            )
+            cut = sum(a[policy]["finish_reason"] == "length" for a in test)
+            assert r["metrics"][f"answers.test.{policy}.cut_at_limit"] == cut
+            closing = sum(a[policy]["response"].count("Have a pleasant day.") >= 2 for a in test)
+            assert r["metrics"][f"answers.test.{policy}.repeats_polite_closing"] == closing
 
 
 def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):

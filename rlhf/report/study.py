@@ -29,8 +29,15 @@ def _label(key: str, pop: str) -> str:
 
 
 def _interval(stats: dict) -> str:
+    """The t-interval; when it was cut to the quantity's bounds, the formula's value beside it."""
     t = stats.get("t95")
-    return f"[{fmt_signed(t[0])}, {fmt_signed(t[1])}]" if t else "—"
+    if not t:
+        return "—"
+    text = f"[{fmt_signed(t[0])}, {fmt_signed(t[1])}]"
+    if stats.get("clipped"):
+        lo, hi = stats["t95_unclipped"]
+        text += f" (cut to the bounds; the formula gives [{fmt_signed(lo)}, {fmt_signed(hi)}])"
+    return text
 
 
 def differences_table(result: dict) -> Table:
@@ -67,7 +74,9 @@ def differences_table(result: dict) -> Table:
             "run 0 alone: diff [bootstrap 95%]",
         ],
         rows,
-        f"PPO − SFT over {len(result['seeds'])} training seeds",
+        f"PPO − SFT over {len(result['seeds'])} training seeds. The {wording.SCORE_SHORT} rows are raw judge "
+        "scores: each seed trains its own judge, with its own scale, so their mean over seeds mixes scales "
+        "(its sign count does not).",
         cls="compare",
     )
 

@@ -39,6 +39,9 @@ HONESTY: tuple[str, ...] = (
     "A gain in learned reward is not human satisfaction and does not by itself prove that PPO "
     "exploits the politeness bias of the judge: the actor outputs are shown next to the scores.",
     "The sampled-token log-ratio log pi_old - log pi_ref can be negative; it is not the full-vocabulary KL divergence.",
+    "The embedded profile (the CPU default) trains PPO's actor at 1e-4 and its critic at 1e-3, 20 and 100 "
+    "times the SPEC's 5e-6 and 1e-5, because a hidden-64 adapter does not move at the SPEC's rates; the "
+    "qwen2.5-0.5b profile keeps the SPEC's.",
     "Revision r001 prompts carry two give-aways (the printed family number predicts the action; the "
     "heading and note number follow the pair variant), so judge accuracy on test pairs can be high "
     "without reading the situation; the probes carry neither.",

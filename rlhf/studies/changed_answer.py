@@ -1,8 +1,13 @@
-"""The changed-answer view of a study: one held-out answer PPO changed, token by token.
+"""What PPO did to the held-out answers of a study: counted over rows and seeds, and one answer
+token by token.
 
-The first run of the study with a test prompt whose greedy PPO answer differs from SFT's gives
-its answer's teacher-forced log-probs under the PPO actor and under the SFT policy (PPO's frozen
-reference), kept in seed-i/changed_answer.json and shown on the study's page.
+`answer_kinds(rows)` counts the kinds of a policy's greedy answers (ended with EOS, cut at the
+token limit, undecodable, recognised by the rubric, successful, repeating the polite closing);
+`study_answers(folders)` keeps every seed's per-row answers of both policies (DIR/answers.json),
+so that a sentence about them can be checked. The changed-answer view: the first run of the study
+with a test prompt whose greedy PPO answer differs from SFT's gives its answer's teacher-forced
+log-probs under the PPO actor and under the SFT policy (PPO's frozen reference), kept in
+seed-i/changed_answer.json and shown on the study's page.
 """
 
 from __future__ import annotations
@@ -11,12 +16,59 @@ from pathlib import Path
 
 import torch
 
-from rlhf import lab
+from rlhf import lab, rubric
 from rlhf.config import load_profile
 from rlhf.evaluate import evaluation_roles
 from rlhf.io import read_json, write_json
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, encode_prompt, token_texts
+
+ANSWER_KINDS = (
+    "ended_with_eos",  # stopped by itself
+    "cut_at_limit",  # no EOS by the token limit, decodable text
+    "undecodable",  # holds a token id the tokenizer has no text for
+    "recognised",  # one of the rubric's grammar forms (or a declared refusal)
+    "rubric_success",
+    "repeats_polite_closing",  # the polite closing sentence at least twice
+)
+
+
+def answer_kinds(rows: list[dict]) -> dict[str, int]:
+    """{kind: count} over evaluated rows (rlhf.evaluate's, with `rubric`); 'rows' is their number."""
+    return {
+        "rows": len(rows),
+        "ended_with_eos": sum(r["ended_with_eos"] for r in rows),
+        "cut_at_limit": sum(r["finish_reason"] == "length" for r in rows),
+        "undecodable": sum(r["finish_reason"] == "undecodable" for r in rows),
+        "recognised": sum(r["rubric"]["recognized"] for r in rows),
+        "rubric_success": sum(r["rubric"]["rubric_success"] for r in rows),
+        "repeats_polite_closing": sum(r["response"].count(rubric.POLITE_CLOSING) >= 2 for r in rows),
+    }
+
+
+def study_answers(folders: list[Path]) -> dict:
+    """Every seed's greedy answers of both policies to every held-out row (answers.json)."""
+    out = {}
+    for folder in folders:
+        ev = read_json(folder / "evaluation" / "results.json")
+        by_id = {r["document_id"]: r for r in ev["policies"]["ppo"]["rows"]}
+        out[folder.name] = [
+            {
+                "document_id": s["document_id"],
+                "population": s["population"],
+                **{
+                    name: {
+                        "response": r["response"],
+                        "finish_reason": r["finish_reason"],
+                        "rubric_success": r["rubric"]["rubric_success"],
+                        "learned_reward": r["learned_reward"],
+                    }
+                    for name, r in (("sft", s), ("ppo", by_id[s["document_id"]]))
+                },
+            }
+            for s in ev["policies"]["sft"]["rows"]
+        ]
+    return out
 
 
 def pick_changed_row(sft_rows: list[dict], ppo_rows: list[dict]) -> tuple[dict, dict] | None:

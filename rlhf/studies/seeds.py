@@ -33,7 +33,7 @@ from rlhf.identities import code_sha256, describe_change
 from rlhf.io import dumps_json, read_json, sha256_text, write_json
 from rlhf.report.study import write_study_report
 from rlhf.studies import StudyError
-from rlhf.studies.changed_answer import changed_answer_view
+from rlhf.studies.changed_answer import answer_kinds, changed_answer_view, study_answers
 from rlhf.studies.derivation import (
     DERIVATION,
     FIXED_SEEDS,
@@ -45,7 +45,7 @@ from rlhf.studies.derivation import (
     write_run_profile,
 )
 from rlhf.studies.sft_budget import budget_changes, budget_record
-from rlhf.studies.statistics import INTERVAL, across_table
+from rlhf.studies.statistics import INTERVAL, across_table, metric_bounds
 
 FORMAT = "rlhf-seeds-1"
 STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")
@@ -83,6 +83,8 @@ def seed_row(folder: Path, index: int) -> dict:
             m = ev["policies"][policy]["metrics"][pop]
             metrics[f"truncations.{pop}.{policy}"] = m["without_eos"]
             metrics[f"uncertified.{pop}.{policy}"] = m["uncertified"]
+        test_rows = [r for r in ev["policies"][policy]["rows"] if r["population"] == "test"]
+        metrics.update({f"answers.test.{policy}.{k}": v for k, v in answer_kinds(test_rows).items() if k != "rows"})
     prompt_ids = sorted(r["document_id"] for r in ev["policies"]["sft"]["rows"])
     return {
         "index": index,
@@ -284,12 +286,13 @@ def run_study(
         "command": study_command(out, identity),
         "sft_budget": budget_record(sft_budget),
         "seeds": rows,
-        "across": across_table(rows),
+        "across": across_table(rows, metric_bounds),
         "changed_answer": view,
         "wall_seconds_this_invocation": time.perf_counter() - t0,
         "lab_seconds": {r["folder"]: lab_seconds(f) for r, f in zip(rows, folders)},
     }
 
+    write_json(out / "answers.json", study_answers(folders), keep_existing=True)
     write_study_report(out, result)
     write_json(done, result)
     say(f"study complete: {done} and {out / 'report.html'}")

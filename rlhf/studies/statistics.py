@@ -130,6 +130,23 @@ def across_table(rows: list[dict], bounds=lambda key: None) -> dict:
     return {k: across_seeds([r["metrics"][k] for r in rows], bounds(k)) for k in keys}
 
 
+# Rows of each held-out population (rlhf.evaluate), the bound of a count over it.
+ROWS = {"test": 180, "probe_rows": 80, "probe_contexts": 20, "all_rows": 260, "all_unique_contexts": 200}
+
+
+def metric_bounds(key: str) -> tuple[float, float] | None:
+    """The range a study metric cannot leave, from its name: rates 0..1 and their PPO − SFT
+    differences -1..1; a count over a population's rows 0..its rows (ROWS), of the 20 probe
+    contexts 0..20; None for an unbounded score (the learned reward)."""
+    if key.startswith(("rubric_success.", "judge.", "shortcut_audit.")):
+        return (-1.0, 1.0) if key.endswith("ppo_minus_sft") else (0.0, 1.0)
+    if key.startswith("politeness."):
+        return (0.0, 20.0)
+    if key.startswith(("truncations.", "uncertified.", "answers.", "without_eos.")):
+        return (0.0, float(ROWS[key.split(".")[1]]))
+    return None
+
+
 # ------------------------------------------------------------------------------ frontier fits
 
 GAO_FORMS = {
