@@ -229,8 +229,10 @@ def pytest_collection_modifyitems(config, items):
         names = getattr(item, "fixturenames", ())
         if E2E_FIXTURES.intersection(names) or item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.e2e)
-        if "lab_run" in names:
-            item.add_marker(pytest.mark.xdist_group("lab"))  # one worker runs the lab once
+        if item.get_closest_marker("xdist_group") is not None:
+            pass  # the module chose its worker group (its labs are shared under a file lock)
+        elif "lab_run" in names:
+            item.add_marker(pytest.mark.xdist_group("lab"))  # one worker runs the tests of the lab
         elif "lab_run_r002" in names:
             item.add_marker(pytest.mark.xdist_group("lab_r002"))
     if bad:
@@ -327,14 +329,16 @@ def lab_run(tmp_path_factory):
     with the interrupt/resume protocol, evaluation, shortcut audit and reports.
 
     tests_reproducibility and tests_heldout assert on its files; it takes a few minutes on 2 cores.
+    Built once per test run across xdist workers (`shared_lab`): read it, copy it before writing.
     """
-    return _run_whole_lab(tmp_path_factory.mktemp("lab") / "run", "r001", protocol=True)
+    return shared_lab(tmp_path_factory, "lab_run", "embedded", "r001", protocol=True)
 
 
 @pytest.fixture(scope="session")
 def lab_run_r002(tmp_path_factory):
-    """The embedded lab on r002, each stage run once (no interrupt/resume legs): the golden numbers."""
-    return _run_whole_lab(tmp_path_factory.mktemp("lab_r002") / "run", "r002", protocol=False)
+    """The embedded lab on r002, each stage run once (no interrupt/resume legs): the golden numbers.
+    Built once per test run across xdist workers (`shared_lab`)."""
+    return shared_lab(tmp_path_factory, "lab_run_r002", "embedded", "r002", protocol=False)
 
 
 def _run_whole_lab(run, revision: str, protocol: bool, profile="embedded"):
@@ -498,7 +502,10 @@ def shared_lab(tmp_path_factory, name: str, profile, revision: str, protocol: bo
             ctx = _run_whole_lab(run, revision, protocol, profile)
             seconds.write_text(json.dumps(ctx.stage_seconds))
             return ctx
-    ctx = lab.open_context(run, profile, revision=revision)
+    from rlhf.config import load_profile
+
+    # Read-only: another worker may be using the run (nothing swept, prepared or written).
+    ctx = lab.read_context(run, profile if not isinstance(profile, str) else load_profile(profile), revision)
     ctx.stage_seconds = json.loads(seconds.read_text())
     return ctx
 

@@ -191,7 +191,7 @@ def cmd_dry_run(args) -> int:
 def cmd_base_study(args) -> int:
     from rlhf.studies.base import run_base_study, summary_lines
 
-    result = run_base_study(args.out)
+    result = run_base_study(args.out, reuse=args.reuse)
     print("\n".join(summary_lines(result)))
     for name, checks in result["verdict"].items():
         if name == result["chosen"]:
@@ -499,9 +499,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Can the embedded base carry an SFT actor and a judge that reads the situation? Measures SFT\n"
         "on r001 and the judge on r002 with the profile's budgets, for the embedded base and for a\n"
         "control base, and checks the bounds fixed before measuring (about 2.5 minutes).",
-        "rlhf base-study --out runs/base_study",
+        "rlhf base-study --out runs/base_study --reuse runs/lab",
     )
     p.add_argument("--out", required=True, help="study folder (refused if it already holds results.json)")
+    p.add_argument(
+        "--reuse",
+        action="append",
+        metavar="RUN",
+        help="a finished lab run (r001 or r002; repeatable) whose SFT or judge the embedded base's measurement "
+        "takes instead of training it again, when the run trained it from the same inputs (checked)",
+    )
     p.set_defaults(func=cmd_base_study)
 
     from rlhf.studies.sft_budget import SFT_BUDGETS

@@ -448,7 +448,7 @@ def _epoch_stage(
     trained role is saved as `stage/kind.safetensors`, and `epoch_line(epoch record)` is printed
     per epoch."""
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
-    identity = ctx.identity(stage=stage, initial=_initial_fingerprints({kind: ctx.role(kind)}))
+    identity = ctx.identity(stage=stage, initial=initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
 
     def progress(step, total, loss):
@@ -518,7 +518,7 @@ def ppo_identity(ctx: Context, initial_roles: PpoRoles) -> dict:
         stage="ppo",
         sft=sha256_file(ctx.trained_in / "sft" / "actor.safetensors"),
         judge=sha256_file(ctx.trained_in / "judge" / "judge.safetensors"),
-        initial=_initial_fingerprints(initial_roles.by_kind()),
+        initial=initial_fingerprints(initial_roles.by_kind()),
     )
 
 
@@ -648,7 +648,7 @@ def _stop_if_requested(ctx: Context) -> None:
         raise Interrupted(f"stopped on request between stages; run the same command again to continue in {ctx.run}")
 
 
-def _initial_fingerprints(roles: dict[str, Role]) -> dict:
+def initial_fingerprints(roles: dict[str, Role]) -> dict:
     """{role: [learned_sha256, frozen_sha256]} of freshly built roles (part of a stage's identity)."""
     return {k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in ((k, fingerprint(r)) for k, r in roles.items())}
 

@@ -27,9 +27,10 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread"), pytest.ma
 
 
 @pytest.fixture(scope="module")
-def base_study(tmp_path_factory):
+def base_study(tmp_path_factory, lab_run, lab_run_r002):
+    """The study, its embedded SFT and judge taken from the session's two labs (the same bytes)."""
     out = tmp_path_factory.mktemp("base_study") / "study"
-    return {"out": out, "result": bs.run_base_study(out)}
+    return {"out": out, "result": bs.run_base_study(out, reuse=[lab_run.run, lab_run_r002.run])}
 
 
 def _headline(m: dict) -> dict:
@@ -88,6 +89,36 @@ def test_judge_numbers_are_the_audits_and_the_files_are_kept(base_study):
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(res))
 
 
+def test_the_embedded_base_reuses_the_labs_sft_and_judge(base_study, lab_run, lab_run_r002):
+    """Taken from the labs, not trained again: the same measurements the labs' own evaluation made."""
+    emb = base_study["result"]["bases"]["embedded"]
+    assert emb["sft"]["trained_in"] == str(lab_run.run) and emb["judge"]["trained_in"] == str(lab_run_r002.run)
+    assert base_study["result"]["bases"]["control"]["sft"]["trained_in"] == "this study"
+    lab_eval = json.loads((lab_run.run / "evaluation" / "results.json").read_text())
+    assert emb["sft"]["greedy"]["rubric_success"] == lab_eval["policies"]["sft"]["metrics"]["test"]["rubric_success"]
+    r002_eval = json.loads((lab_run_r002.run / "evaluation" / "results.json").read_text())
+    assert emb["judge"]["test_accuracy"] == r002_eval["judge_test"]["accuracy"]
+
+
+def test_a_lab_state_from_other_inputs_is_refused(base_study, lab_run, tmp_path):
+    from rlhf import lab
+    from rlhf.corpus import load_corpus
+
+    fake = tmp_path / "run"
+    (fake / "sft").mkdir(parents=True)
+    state = lab_run.run / "sft" / "state-continuous.pt.gz"
+    (fake / "sft" / state.name).write_bytes(state.read_bytes())
+    manifest = json.loads(state.with_name(state.name + ".json").read_text())
+    manifest["identity"]["config"] = "0" * 64  # trained with another profile
+    (fake / "sft" / (state.name + ".json")).write_text(json.dumps(manifest))
+    run = base_study["out"] / "embedded" / "r001"
+    ctx = lab.Context(run, lab_run.profile, base_study["out"] / "bases" / "embedded", load_corpus(run / "corpus"))
+    with pytest.raises(bs.BaseStudyError, match="not trained from what this study trains from.*config"):
+        bs.trained_in_lab(ctx, fake, "sft", "actor")
+    with pytest.raises(bs.BaseStudyError, match="no finished judge stage"):
+        bs.trained_in_lab(ctx, fake, "judge", "judge")
+
+
 def test_the_study_never_overwrites_its_results(base_study):
     before = (base_study["out"] / "results.json").read_bytes()
     with pytest.raises(FileExistsError, match="already ran"):
@@ -96,7 +127,7 @@ def test_the_study_never_overwrites_its_results(base_study):
 
 
 def test_the_command_prints_the_table(base_study, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(bs, "run_base_study", lambda out: base_study["result"])
+    monkeypatch.setattr(bs, "run_base_study", lambda out, reuse=None: base_study["result"])
     assert cli.main(["base-study", "--out", str(tmp_path / "x")]) == 0
     out = capsys.readouterr().out
     assert "conflict (1d)" in out and "control" in out

@@ -21,6 +21,11 @@ It runs on two bases of one size and one (zero-step) training budget, built by
 
 `rlhf base-study --out DIR` writes DIR/results.json (never overwritten) and keeps every run
 folder (corpus, actor, judge, shortcut audit) under DIR/<base>/r001 and DIR/<base>/r002.
+
+`--reuse RUN` (a finished `rlhf lab` run folder, r001 or r002) takes the embedded base's SFT (r001)
+or judge (r002) from that run instead of training it again, when the run trained it from exactly
+what the study would (profile, corpus, base model, code, CPU arithmetic, initial weights: the
+lab's identity of the stage, checked): the same bytes, so the same measurements.
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from pathlib import Path
 import torch
 
 from rlhf import rubric
+from rlhf.checkpoint import load_state
 from rlhf.config import EpochStage, Profile, load_profile, profile_hash
 from rlhf.embedded import EXPECTED_BUILD, build_embedded
 from rlhf.evaluate import expected_actions, heldout_prompts, judge_test_accuracy, policy_responses
+from rlhf.identities import describe_change
 from rlhf.io import read_json, write_json
 from rlhf.judge import train_judge
-from rlhf.lab import open_context, train_role
+from rlhf.lab import initial_fingerprints, open_context, train_role
 from rlhf.roles import save_role
 from rlhf.sft import train_sft
 from rlhf.shortcut import run_shortcut_audit
@@ -93,11 +100,27 @@ def _summary(rows: list[dict]) -> dict:
     }
 
 
-def measure_sft(ctx) -> dict:
-    """r001: SFT with the profile's budget; greedy and temperature-1 answers to the 180 test prompts."""
+def trained_in_lab(ctx, lab_run, stage: str, kind: str) -> dict | None:
+    """The final `stage` state of the finished lab run `lab_run` (None: no run given), refused
+    unless its identity is the one this study's context would give that stage."""
+    if lab_run is None:
+        return None
+    path = Path(lab_run) / stage / "state-continuous.pt.gz"
+    want = ctx.identity(stage=stage, initial=initial_fingerprints({kind: ctx.role(kind)}))
+    if not path.is_file():
+        raise BaseStudyError(f"{lab_run} has no finished {stage} stage ({path})")
+    change = describe_change(read_json(f"{path}.json")["identity"], want)
+    if change:
+        raise BaseStudyError(f"{path} was not trained from what this study trains from: {change}")
+    return load_state(path, want)
+
+
+def measure_sft(ctx, lab_run=None) -> dict:
+    """r001: SFT with the profile's budget (or its state from `lab_run`, trained_in_lab); greedy and
+    temperature-1 answers to the 180 test prompts."""
 
     t0 = time.perf_counter()
-    state = train_role(ctx, "actor", train_sft)
+    state = trained_in_lab(ctx, lab_run, "sft", "actor") or train_role(ctx, "actor", train_sft)
     actor = ctx.role("actor")
     actor.load_learned_state(state["actor"])
     actor.model.eval()
@@ -115,6 +138,7 @@ def measure_sft(ctx) -> dict:
     last = state["history"]["epochs"][-1]
     return {
         "revision": ctx.corpus.revision,
+        "trained_in": str(lab_run) if lab_run is not None else "this study",
         "updates": state["step"],
         "last_epoch": {"train_loss": last["train_loss"], "validation_loss": last["validation_loss"]},
         "greedy": _summary(greedy),
@@ -124,13 +148,14 @@ def measure_sft(ctx) -> dict:
     }
 
 
-def measure_judge(ctx) -> dict:
-    """r002: the judge with the profile's budget; test accuracy, variants 1/2/4, the conflict audit."""
+def measure_judge(ctx, lab_run=None) -> dict:
+    """r002: the judge with the profile's budget (or its state from `lab_run`, trained_in_lab);
+    test accuracy, variants 1/2/4, the conflict audit."""
 
     if ctx.corpus.revision != "r002":
         raise BaseStudyError(f"the judge is measured on r002 (no give-aways), not {ctx.corpus.revision}")
     t0 = time.perf_counter()
-    state = train_role(ctx, "judge", train_judge)
+    state = trained_in_lab(ctx, lab_run, "judge", "judge") or train_role(ctx, "judge", train_judge)
     judge = ctx.role("judge")
     judge.load_learned_state(state["judge"])
     judge.freeze()
@@ -147,6 +172,7 @@ def measure_judge(ctx) -> dict:
     last = state["history"]["epochs"][-1]
     return {
         "revision": ctx.corpus.revision,
+        "trained_in": str(lab_run) if lab_run is not None else "this study",
         "updates": state["step"],
         "last_epoch": {k: last[k] for k in ("train_loss", "validation_loss", "validation_accuracy")},
         "test_accuracy": test["accuracy"],
@@ -193,10 +219,16 @@ def _budget(stage: EpochStage) -> dict:
     return {"epochs": stage.epochs, "lr": stage.lr, "expected_updates": stage.expected_updates}
 
 
-def measure_base(out: Path, name: str, profile: Profile) -> dict:
+def measure_base(out: Path, name: str, profile: Profile, reuse: dict | None = None) -> dict:
+    """Both measurements on base `name`; `reuse` ({revision: lab run folder}) for the embedded base."""
     model_dir, manifest = build_base(out, name)
-    sft = measure_sft(open_context(out / name / "r001", profile, model_dir=model_dir, revision="r001"))
-    judge = measure_judge(open_context(out / name / "r002", profile, model_dir=model_dir, revision="r002"))
+    reuse = reuse or {}
+    sft = measure_sft(
+        open_context(out / name / "r001", profile, model_dir=model_dir, revision="r001"), reuse.get("r001")
+    )
+    judge = measure_judge(
+        open_context(out / name / "r002", profile, model_dir=model_dir, revision="r002"), reuse.get("r002")
+    )
     return {
         "build": {
             "text": manifest["text"],
@@ -211,8 +243,23 @@ def measure_base(out: Path, name: str, profile: Profile) -> dict:
     }
 
 
-def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> dict:
-    """Measure every base in `bases`; write out/results.json (refused if it exists)."""
+def reuse_by_revision(runs) -> dict:
+    """{revision: run folder} of finished lab runs (their revision read from run.json); one per revision."""
+    out: dict = {}
+    for run in runs or []:
+        record = Path(run) / "run.json"
+        if not record.is_file():
+            raise BaseStudyError(f"{run} is not a lab run folder (no run.json)")
+        revision = read_json(record)["identity"]["revision"]
+        if revision in out:
+            raise BaseStudyError(f"two runs of revision {revision} given: {out[revision]} and {run}")
+        out[revision] = Path(run)
+    return out
+
+
+def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES), reuse=None) -> dict:
+    """Measure every base in `bases`; write out/results.json (refused if it exists). `reuse`: lab
+    run folders whose SFT (r001) or judge (r002) stands for the embedded base's (trained_in_lab)."""
     out = Path(out)
     if (out / "results.json").exists():
         raise FileExistsError(f"{out / 'results.json'} exists: the base study already ran (use a new --out)")
@@ -220,7 +267,8 @@ def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES)) -> d
     if profile.model.kind != "embedded":
         raise BaseStudyError(f"the base study measures embedded bases, not profile {profile.name}")
     t0 = time.perf_counter()
-    measured = {name: measure_base(out, name, profile) for name in bases}
+    by_revision = reuse_by_revision(reuse)
+    measured = {name: measure_base(out, name, profile, by_revision if name == "embedded" else None) for name in bases}
     result = {
         "study": STUDY,
         "version": VERSION,
