@@ -172,6 +172,8 @@ def rollout(
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
     oracle = None
     if cfg.reward_design == "oracle":
+        if oracle_actions is None:
+            raise ValueError("the oracle reward design needs each prompt's action")
         verdicts = [
             rubric.evaluate(*decode_response(tokenizer, ids, eos_id), action)
             for ids, action in zip(gen.responses, oracle_actions)

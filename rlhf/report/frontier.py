@@ -202,7 +202,7 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
         f"{esc(sel['default']['arm'])} at iteration {sel['default']['iteration']}.</p>",
     ]
     sections = [
-        ("Frontier", body + (["@frontier", "@iterations"] if plots else [])),
+        ("Frontier", [*body, "@frontier", "@iterations"]),
         (
             "Arms",
             [
@@ -233,9 +233,11 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
     for name, blocks in sections:
         out.append(f'<section id="{esc(name.lower().replace(" ", "-"))}"><h2>{esc(name)}</h2>')
         for b in blocks:
-            if b == "@frontier":
+            if plots is None and b.startswith("@"):
+                continue
+            if plots is not None and b == "@frontier":
                 out.append(_img(plots["frontier"], "gold and proxy against sqrt(KL)"))
-            elif b == "@iterations":
+            elif plots is not None and b == "@iterations":
                 out.append(_img(plots["iterations"], "gold against iteration"))
             else:
                 out.append(b)

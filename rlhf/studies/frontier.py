@@ -55,7 +55,7 @@ from rlhf.roles import load_role
 from rlhf.studies import StudyError
 from rlhf.studies.derivation import MAX_RUNS, profile_source, seed_changes, write_run_profile
 from rlhf.studies.sft_budget import budget_changes
-from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_fit
+from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_fit, metric_bounds
 from rlhf.studies.validation import KL_ESTIMATOR, best_of_n, measure_policy, score_spread, validation_prompts
 
 FORMAT = "rlhf-frontier-1"
@@ -91,7 +91,11 @@ class Arm:
     actor_lr: float | None = None  # the actor's peak learning rate, when not the profile's
 
     def kl_coef(self, sigma: float) -> float:
-        return self.raw if self.raw is not None else self.c * sigma
+        if self.raw is not None:
+            return self.raw
+        if self.c is None:
+            raise ValueError(f"arm {self.name}: neither a raw KL coefficient nor one in units of sigma")
+        return self.c * sigma
 
     def changes(self, spread: dict) -> dict:
         """{(table, key): value} of this arm's profile, from the seed's measured spreads."""
@@ -195,7 +199,7 @@ def prepare_seed(seed_dir, revision: str, settings: Settings, *, confirm: bool =
                 ctx,
                 seed=seeds["best_of_n"],
             )
-            record = {"spread": {"validation": val}}
+            record: dict = {"spread": {"validation": val}}
         else:
             bon = best_of_n(sft.model, judge, view, ctx, ns=settings.bon_ns, seed=seeds["best_of_n"])
             iteration0 = measure_policy(sft.model, sft.model, judge, view, ctx, kl_samples=1, seed=seeds["kl"])
@@ -374,7 +378,7 @@ def run_tasks(
     failed = []
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, max_tasks_per_child=1) as pool:
-        pending = {
+        pending: dict = {
             pool.submit(prepare_seed, str(f), revision, settings, confirm=confirm): ("seed", i, None)
             for i, f in enumerate(folders)
         }
@@ -645,13 +649,6 @@ def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int], ...], revision: str, log
                 },
             )
     return str(seed_dir)
-
-
-def metric_bounds(key: str) -> tuple[float, float] | None:
-    """The range a confirmation metric cannot leave (rates 0..1, their differences -1..1)."""
-    if key.startswith("rubric_success."):
-        return (-1.0, 1.0) if key.endswith("ppo_minus_sft") else (0.0, 1.0)
-    return None
 
 
 def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) -> dict:

@@ -173,7 +173,7 @@ def best_of_n(sft_model, judge: Role, view: LearningView, ctx, *, ns: tuple[int,
     records = validation_prompts(view, ctx.profile.evaluation.max_units)
     prompt_ids = encode_records(records, ctx)
     generator = torch.Generator().manual_seed(seed)
-    samples = []  # [n_max][P]
+    samples: list[dict] = []  # [n_max] of {"verdicts": [P], "scores": [P]}
     for _ in range(max(ns)):
         resp = answers(sft_model, prompt_ids, ctx, generator)
         samples.append(
