@@ -304,3 +304,36 @@ def test_confirmation_needs_the_choice_made_on_validation(tmp_path):
 
     with pytest.raises(StudyError, match="chosen on validation first"):
         frontier.run_confirmation(tmp_path / "nothing", n=5)
+
+
+def test_confirmation_runs_the_choice_and_the_default_on_fresh_seeds(small_frontier, tmp_path):
+    from rlhf.studies import frontier
+
+    out, result = small_frontier
+    study = tmp_path / "study"
+    shutil.copytree(out, study)
+    record = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
+    sel = result["selection"]
+    want = [("spec-default", 4)] + (
+        [] if (sel["arm"], sel["iteration"]) == ("spec-default", 4) else [(sel["arm"], sel["iteration"])]
+    )
+    assert [(p["arm"], p["iteration"]) for p in record["points"]] == want
+    frontier_seeds = {load_profile(str(study / s["folder"] / "profile.toml")).seeds for s in result["seeds"]}
+    confirm_seeds = {load_profile(str(f / "profile.toml")).seeds for f in sorted((study / "confirm").glob("seed-*"))}
+    assert len(confirm_seeds) == 2 and not confirm_seeds & frontier_seeds  # fresh training seeds
+    for p in record["points"]:
+        for row in p["seeds"]:
+            rec = json.loads(
+                (
+                    study / "confirm" / row["folder"] / "arms" / p["arm"] / f"test-iter-{p['iteration']:04d}.json"
+                ).read_text()
+            )
+            ppo = [r for r in rec["ppo_rows"] if r["population"] == "test"]
+            success = sum(r["rubric"]["rubric_success"] for r in ppo) / len(ppo)
+            assert row["metrics"]["rubric_success.test.ppo"] == pytest.approx(success, abs=1e-12)
+        diffs = [row["metrics"]["rubric_success.test.ppo_minus_sft"] for row in p["seeds"]]
+        assert p["across"]["rubric_success.test.ppo_minus_sft"]["mean"] == pytest.approx(sum(diffs) / 2, abs=1e-12)
+        assert -1.0 <= p["across"]["rubric_success.test.ppo_minus_sft"]["t95"][0]
+    assert (study / "confirmation.html").is_file()
+    again = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
+    assert again == json.loads((study / "confirmation.json").read_text())
