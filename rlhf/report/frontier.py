@@ -29,37 +29,56 @@ def _arm_label(name: str, arm: dict) -> str:
     return f"{name} ({arm['describe']})"
 
 
+def _fit_curve(fit: dict, form: str, d_max: float):
+    """Points of a Gao fit that describes its points (None otherwise), from d = 0 to d_max."""
+    import math
+
+    if not fit.get("describes"):
+        return None
+    ds = [d_max * k / 50 for k in range(1, 51)]
+    f2 = (lambda d: -d * math.log(d)) if form == "rl" else (lambda d: -d * d)
+    return ds, [fit["alpha"] * d + fit["beta"] * f2(d) for d in ds]
+
+
 def frontier_plot(result: dict) -> bytes:
-    """Gold and standardised proxy against d = sqrt(KL): one line per arm (mean over seeds, bars:
-    seed SD), best-of-n at its bound, the SFT level."""
-    fig = _figure((12, 5))
-    for k, (key, title) in enumerate(
-        (("gold", "gold: validation rubric success"), ("proxy_std", "proxy: judge score, standardised per judge"))
-    ):
-        ax = fig.add_subplot(1, 2, k + 1)
-        for name, arm in result["arms"].items():
-            curve = arm["curve"]
-            xs = [r["d"]["mean"] for r in curve]
-            ys = [r[key]["mean"] for r in curve]
-            err = [r[key]["sd"] or 0.0 for r in curve]
-            style = "--" if arm["design"] != "judge" else "-"
-            ax.errorbar(xs, ys, yerr=err, fmt=style, marker="o", markersize=3, capsize=2, linewidth=1, label=name)
-        bon = result["best_of_n"]["points"]
-        ax.errorbar(
-            [p["d_bound"] for p in bon],
-            [p[key]["mean"] for p in bon],
-            yerr=[p[key]["sd"] or 0.0 for p in bon],
-            fmt=":",
-            color="black",
-            marker="s",
-            markersize=4,
-            capsize=2,
-            label="best-of-n (d: upper bound)",
-        )
-        if key == "gold":
-            ax.axhline(result["sft_level"]["mean"], color="grey", linewidth=1, label="SFT (greedy)")
-        ax.set(title=title, xlabel="d = sqrt(KL from SFT)")
-        if k == 1:
+    """Gold (top) and standardised proxy (bottom) against d = sqrt(KL): the SPEC's reward at each
+    KL coefficient (left), the reward designs (right); mean over seeds, bars: seed SD; best-of-n
+    at its bound; the SFT level; a Gao fit, dotted, where it describes the points."""
+    fig = _figure((13, 10))
+    arms = result["arms"]
+    groups = (
+        ("the SPEC's reward at each KL coefficient", [n for n, a in arms.items() if a["design"] == "judge"]),
+        ("reward designs (raw KL coefficient 0.02)", [n for n, a in arms.items() if a["raw"] is not None]),
+    )
+    bon = result["best_of_n"]["points"]
+    d_max = max([p["d_bound"] for p in bon] + [r["d"]["mean"] for a in arms.values() for r in a["curve"]])
+    for row, (key, what) in enumerate((("gold", "validation rubric success"), ("proxy_std", "judge score (SD units)"))):
+        for col, (title, names) in enumerate(groups):
+            ax = fig.add_subplot(2, 2, 2 * row + col + 1)
+            for name in names:
+                curve = arms[name]["curve"]
+                xs = [r["d"]["mean"] for r in curve]
+                ys = [r[key]["mean"] for r in curve]
+                err = [r[key]["sd"] or 0.0 for r in curve]
+                line = ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3, capsize=2, linewidth=1, label=name)
+                fitted = _fit_curve(arms[name]["fit"], "rl", d_max) if key == "gold" else None
+                if fitted:
+                    base = result["sft_level"]["mean"]
+                    ax.plot(fitted[0], [base + g for g in fitted[1]], ":", color=line[0].get_color(), linewidth=1)
+            ax.errorbar(
+                [p["d_bound"] for p in bon],
+                [p[key]["mean"] for p in bon],
+                yerr=[p[key]["sd"] or 0.0 for p in bon],
+                fmt="--",
+                color="black",
+                marker="s",
+                markersize=4,
+                capsize=2,
+                label=f"best-of-n (n = {bon[0]['n']}..{bon[-1]['n']}; d: upper bound)",
+            )
+            if key == "gold":
+                ax.axhline(result["sft_level"]["mean"], color="grey", linewidth=1, label="SFT, greedy")
+            ax.set(title=f"{what}: {title}", xlabel="d = sqrt(KL from SFT)")
             ax.legend(fontsize=7, loc="best")
     return _png(fig)
 
