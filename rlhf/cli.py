@@ -230,6 +230,11 @@ def cmd_frontier(args) -> int:
     from rlhf.studies.frontier import run_confirmation, run_frontier
 
     t0 = time.perf_counter()
+    if args.summarise_to:
+        from rlhf.studies.frontier import summarise_to
+
+        summarise_to(args.out, args.summarise_to)
+        return 0
     if args.confirm:
         record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
         for p in record["points"]:
@@ -570,6 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="after the study: run the chosen point and the SPEC's default on N fresh seeds, on test",
+    )
+    p.add_argument(
+        "--summarise-to",
+        metavar="NEWDIR",
+        help="write the summary of a finished study (frontier.json, report.html, the confirmation's) into a new "
+        "folder, recomputed from its stored measurements by this code; nothing is trained or measured",
     )
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.set_defaults(func=cmd_frontier)

@@ -73,8 +73,10 @@ def test_bon_fit_recovers_known_alpha_beta_and_refuses_a_poor_one():
     noise = [(d, (-1) ** k * 0.3) for k, d in enumerate((0.2, 0.5, 0.8, 1.1, 1.4, 1.7))]
     poor = gao_fit(noise, "bon")
     assert not poor["describes"] and poor["why_not"]
-    rising = gao_fit([(d, d) for d in (0.5, 1, 2, 3)], "rl")
-    assert not rising["describes"] and "no peak" in rising["why_not"]
+    falling = gao_fit([(d, -0.2 * d - 0.01 * d * math.log(d)) for d in (0.5, 1, 2, 3, 4)], "rl")
+    assert falling["describes"] and falling["d_star"] is None and "no peak above SFT" in falling["peak"]
+    few = gao_fit([(d, d * (0.4 - 0.25 * d)) for d in (0.5, 1, 2)], "bon")
+    assert not few["describes"] and few["why_not"] == "only 3 points"
 
 
 def test_seed_interval_of_a_bounded_quantity_stays_inside_its_bounds():
@@ -337,3 +339,27 @@ def test_confirmation_runs_the_choice_and_the_default_on_fresh_seeds(small_front
     assert (study / "confirmation.html").is_file()
     again = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
     assert again == json.loads((study / "confirmation.json").read_text())
+
+
+def test_summary_is_recomputed_from_the_stored_measurements_into_a_new_folder(small_frontier, tmp_path):
+    from rlhf.studies import StudyError, frontier
+
+    out, result = small_frontier
+    dest = tmp_path / "summary"
+    again = frontier.summarise_to(out, dest, say=lambda line: None)
+    assert again["selection"] == result["selection"] and again["measured_by"]["code"] == result["study"]["code"]
+    for name, arm in again["arms"].items():
+        for new, old in zip(arm["curve"], result["arms"][name]["curve"]):
+            assert {k: new[k] for k in ("gold", "d", "truncations")} == {
+                k: old[k] for k in ("gold", "d", "truncations")
+            }
+            endings = new["cut_at_limit"]["mean"] + new["undecodable"]["mean"]
+            assert endings == pytest.approx(new["truncations"]["mean"])  # every answer without EOS, split in two
+    assert (dest / "report.html").is_file()
+    with pytest.raises(FileExistsError, match="new folder"):
+        frontier.summarise_to(out, dest, say=lambda line: None)
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(out, unfinished)
+    (unfinished / "seed-0" / "arms" / "oracle" / "validation" / "iter-0004.json").unlink()
+    with pytest.raises(StudyError, match="not finished.*seed-0/oracle"):
+        frontier.summarise_to(unfinished, tmp_path / "other", say=lambda line: None)

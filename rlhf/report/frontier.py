@@ -121,7 +121,7 @@ def arms_table(result: dict) -> Table:
                 f"{fmt(last['gold']['mean'])} ± {fmt(last['gold']['sd'])}",
                 fmt(last["d"]["mean"], 2),
                 fmt_signed(last["proxy_std"]["mean"], 2),
-                fmt(last["truncations"]["mean"], 1),
+                _endings(last),
                 fmt(last["uncertified"]["mean"], 1),
             ]
         )
@@ -133,11 +133,21 @@ def arms_table(result: dict) -> Table:
             "gold at the last iteration (± seed SD)",
             "d there",
             "proxy (SD units)",
-            "truncations of 180",
-            "UNCERTIFIED of 180",
+            "cut at the limit / undecodable / closing repeated (of the answers)",
+            "UNCERTIFIED",
         ],
         rows,
+        "Mean over seeds; counts are of the greedy answers to the validation prompts at the arm's last iteration.",
     )
+
+
+def _endings(point: dict) -> str:
+    """Cut at the limit / undecodable / polite closing repeated, means over seeds (older summaries:
+    answers without EOS only)."""
+    if "cut_at_limit" not in point:
+        return f"{fmt(point['truncations']['mean'], 1)} without EOS"
+    keys = ("cut_at_limit", "undecodable", "repeats_polite_closing")
+    return " / ".join(fmt(point[k]["mean"], 1) for k in keys)
 
 
 def fits_table(result: dict) -> Table:
@@ -147,7 +157,7 @@ def fits_table(result: dict) -> Table:
         if "alpha" not in f:
             rows.append([name, "—", "—", "—", "—", "—", f["why_not"]])
             continue
-        shown = "shown" if f["describes"] else f"not shown: {f['why_not']}"
+        shown = f"shown; {f.get('peak', '')}" if f["describes"] else f"not shown: {f['why_not']}"
         rows.append(
             [
                 name,

@@ -44,7 +44,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf import lab
+from rlhf import lab, rubric
 from rlhf.checkpoint import load_state
 from rlhf.config import load_profile, profile_hash
 from rlhf.corpus import load_corpus
@@ -66,6 +66,18 @@ GRID = (0.005, 0.01, 0.02, 0.05, 0.1)
 BON_NS = (1, 2, 4, 8, 16)
 KL_SAMPLES = 2
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
+POINT_STATS = (
+    "gold",
+    "proxy_std",
+    "d",
+    "kl",
+    "gain",
+    "truncations",
+    "cut_at_limit",
+    "undecodable",
+    "repeats_polite_closing",
+    "uncertified",
+)
 BON_KL = "KL(best-of-n || SFT) <= log n - (n - 1)/n: an upper bound (Beirami et al. 2024); d_bound is its square root"
 GOLD = (
     "greedy rubric success on the validation prompts (best-of-n: the rubric success of the kept temperature-1 sample)"
@@ -454,6 +466,54 @@ def run_frontier(
     return result
 
 
+def settings_of(identity: dict) -> Settings:
+    """The Settings a study's identity records."""
+    rec = identity["settings"]
+    return Settings(
+        arms=tuple(Arm(**a) for a in rec["arms"]),
+        bon_ns=tuple(rec["bon_ns"]),
+        kl_samples=rec["kl_samples_per_prompt"],
+    )
+
+
+def summarise_to(out, dest, say=print) -> dict:
+    """The summary of a study's stored measurements (out/seed-i/frontier/, out/seed-i/arms/*/
+    validation/) recomputed by this code into a new folder `dest`: frontier.json and report.html,
+    and the confirmation's record and page when there is one. Nothing is trained or measured, so
+    a later version of the summary (its fits, its counts) applies to measurements already made;
+    `measured_by` names the code that measured, `summarised_by` the code that summarised."""
+    out, dest = Path(out), Path(dest)
+    if (dest / "frontier.json").exists():
+        raise FileExistsError(f"{dest / 'frontier.json'} exists: summarise into a new folder")
+    identity = read_json(out / "study.json")["identity"]
+    settings = settings_of(identity)
+    folders = [out / f"seed-{i}" for i in range(identity["n"])]
+    profile = load_profile(str(folders[0] / "profile.toml"))
+    missing = [f"{f.name}/{a.name}" for f in folders for a in settings.arms if not arm_complete(f, a, profile)] + [
+        f.name for f in folders if not (f / "frontier" / "sft.json").is_file()
+    ]
+    if missing:
+        raise StudyError(f"the study in {out} is not finished ({', '.join(missing)}): run it to the end first")
+    result = {
+        "study": identity,
+        **collect(folders, settings),
+        "command": frontier_command(out, identity),
+        "measured_by": {"code": identity["code"], "folder": str(out)},
+        "summarised_by": {"code": code_sha256()},
+    }
+    from rlhf.report.frontier import write_confirmation_report, write_frontier_report
+
+    dest.mkdir(parents=True, exist_ok=True)
+    write_frontier_report(dest, result)
+    write_json(dest / "frontier.json", result)
+    if (out / "confirmation.json").is_file():
+        record = read_json(out / "confirmation.json")
+        write_confirmation_report(dest, record, result)
+        write_json(dest / "confirmation.json", record)
+    say(f"summary of {out}: {dest / 'frontier.json'} and {dest / 'report.html'}")
+    return result
+
+
 def frontier_command(out: Path, identity: dict) -> str:
     cmd = f"rlhf frontier --out {out} --n {identity['n']} --revision {identity['revision']}"
     cmd += f" --sft-budget {identity['sft_budget']}"
@@ -474,6 +534,21 @@ def standardised(score: float, spread: dict) -> float:
     return (score - spread["mean"]) / spread["sd"]
 
 
+def _point(m: dict) -> dict:
+    """One measurement's numbers, its answers' endings counted from its rows ("truncations":
+    every answer without EOS, cut at the limit or holding an undecodable id)."""
+    rows = m["rows"]
+    return {
+        "gold": m["gold"],
+        "proxy": m["proxy"],
+        "truncations": m["truncations"],
+        "uncertified": m["uncertified"],
+        "cut_at_limit": sum(r["finish_reason"] == "length" for r in rows),
+        "undecodable": sum(r["finish_reason"] == "undecodable" for r in rows),
+        "repeats_polite_closing": sum(r["response"].count(rubric.POLITE_CLOSING) >= 2 for r in rows),
+    }
+
+
 def collect(folders: list[Path], settings: Settings) -> dict:
     """Per seed, arm and iteration: gold, proxy (raw and standardised per judge), d, truncations;
     their mean and spread over seeds; best-of-n; Gao's fits; the chosen operating point."""
@@ -490,35 +565,16 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             "sigma_validation": spread["sd"],
             "mean_validation": spread["mean"],
             "train_spread": sft["spread"]["train"],
-            "sft": {
-                "gold": it0["gold"],
-                "proxy": it0["proxy"],
-                "proxy_std": standardised(it0["proxy"], spread),
-                "truncations": it0["truncations"],
-                "uncertified": it0["uncertified"],
-            },
+            "sft": {**_point(it0), "proxy_std": standardised(it0["proxy"], spread)},
             "best_of_n": [{**p, "proxy_std": standardised(p["proxy"], spread)} for p in sft["best_of_n"]["points"]],
             "arms": {},
         }
         for arm in settings.arms:
             arm_profile = load_profile(str(f / "arms" / arm.name / "profile.toml"))
-            points = [
-                {
-                    "iteration": 0,
-                    "gold": it0["gold"],
-                    "proxy": it0["proxy"],
-                    "kl": 0.0,
-                    "kl_se": 0.0,
-                    "d": 0.0,
-                    "truncations": it0["truncations"],
-                    "uncertified": it0["uncertified"],
-                }
-            ]
+            points = [{**_point(it0), "iteration": 0, "kl": 0.0, "kl_se": 0.0, "d": 0.0}]
             for it in iterations:
                 m = read_json(f / "arms" / arm.name / "validation" / f"iter-{it:04d}.json")
-                points.append(
-                    {k: m[k] for k in ("iteration", "gold", "proxy", "kl", "kl_se", "d", "truncations", "uncertified")}
-                )
+                points.append({**_point(m), **{k: m[k] for k in ("iteration", "kl", "kl_se", "d")}})
             for p in points:
                 p["proxy_std"] = standardised(p["proxy"], spread)
                 p["gain"] = p["gold"] - it0["gold"]
@@ -537,10 +593,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             rows.append(
                 {
                     "iteration": it,
-                    **{
-                        key: _stats([p[key] for p in pts])
-                        for key in ("gold", "proxy_std", "d", "kl", "gain", "truncations", "uncertified")
-                    },
+                    **{key: _stats([p[key] for p in pts]) for key in POINT_STATS},
                 }
             )
         fit_points = [
@@ -667,11 +720,7 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
         say(f"confirmation already complete in {out} (confirmation.json): nothing recomputed")
         return read_json(done)
     study = result["study"]
-    settings = Settings(
-        arms=tuple(Arm(**a) for a in study["settings"]["arms"]),
-        bon_ns=tuple(study["settings"]["bon_ns"]),
-        kl_samples=study["settings"]["kl_samples_per_prompt"],
-    )
+    settings = settings_of(study)
     by_name = {a.name: a for a in settings.arms}
     sel = result["selection"]
     points = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]

@@ -162,9 +162,10 @@ def gao_fit(points: list[tuple[float, float]], form: str) -> dict:
     there) and are left out. Linear in (alpha, beta): gain = alpha f1 + beta f2 with f1 = d and
     f2 = -d log d (rl) or -d^2 (bon), solved by the 2 x 2 normal equations.
 
-    The peak d* solves gain'(d) = 0: exp(alpha / beta - 1) (rl) or alpha / (2 beta) (bon), and
-    exists only for beta > 0. `describes` is True when there are at least 4 points, beta > 0 and
-    R^2 (about the points' mean) >= MIN_R2; `why_not` says otherwise."""
+    `describes` is True when there are at least 4 points and R^2 (about the points' mean) >=
+    MIN_R2; `why_not` says otherwise. The peak d* solves gain'(d) = 0: exp(alpha / beta - 1) (rl)
+    or alpha / (2 beta) (bon). It is a peak above SFT only when the curve first rises, alpha > 0,
+    and then falls, beta > 0; otherwise d_star is None and `peak` says which way the curve goes."""
     if form not in GAO_FORMS:
         raise ValueError(f"unknown form {form!r}; one of {', '.join(GAO_FORMS)}")
     pts = [(d, g) for d, g in points if d > 0]
@@ -189,14 +190,17 @@ def gao_fit(points: list[tuple[float, float]], form: str) -> dict:
     ss_res = sum(r * r for r in residuals)
     r2 = 1 - ss_res / ss_tot if ss_tot > 0 else None
     d_star = None
-    if beta > 0:
+    if alpha > 0 and beta > 0:
         d_star = math.exp(alpha / beta - 1) if form == "rl" else alpha / (2 * beta)
+        shape = "rises, peaks at d*, then falls"
+    elif alpha <= 0:
+        shape = "falls below SFT from the start (alpha <= 0): no peak above SFT"
+    else:
+        shape = "rises without a peak (beta <= 0)"
     peak = None if d_star is None else alpha * d_star + beta * f2(d_star)
     why_not = None
     if len(pts) < 4:
         why_not = f"only {len(pts)} points"
-    elif beta <= 0:
-        why_not = f"beta = {beta:.4g} <= 0: the fitted curve has no peak"
     elif r2 is None or r2 < MIN_R2:
         why_not = f"R^2 = {r2 if r2 is None else round(r2, 3)} < {MIN_R2}: the form does not describe the points"
     return {
@@ -205,6 +209,7 @@ def gao_fit(points: list[tuple[float, float]], form: str) -> dict:
         "beta": beta,
         "d_star": d_star,
         "gain_at_d_star": peak,
+        "peak": shape,
         "r2": r2,
         "rms_residual": math.sqrt(ss_res / len(pts)),
         "residuals": residuals,
