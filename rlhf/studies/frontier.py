@@ -3,6 +3,7 @@ best-of-n, chosen on validation prompts, confirmed once on test.
 
 `rlhf frontier --out DIR [--revision r002] [--sft-budget sft-e7] [--n 3] [--workers W]`
 `rlhf frontier --out DIR --confirm 5`     (after the study: the chosen point and the default on test)
+`rlhf frontier --out DIR --summarise-to NEWDIR`   (the summary recomputed from stored measurements)
 
 Per training seed i (study seed 1 of rlhf.studies.derivation; the confirmation uses study seed 2,
 so its seeds are fresh), DIR/seed-i is a lab run folder (its own profile.toml) where:
@@ -22,7 +23,7 @@ beta = c * sigma for c in GRID (c: beta in units of the judge's spread, what bet
 judge of SD 1); and three declared reward designs at the SPEC's 0.02 (`ppo.reward_design`,
 rlhf.ppo_math.design_score): the judge standardised once on train-prompt SFT samples, an answer
 without EOS paid the penalty instead of the score, and the oracle control (the rubric's success
-on the train prompt; a control, never selected).
+on the train prompt; a control, never selected), also at a tenth of the actor learning rate.
 
 Nothing on this path reads a test prompt: SFT, judge and PPO read the learning view, and every
 measurement takes the learning view only (rlhf.studies.validation). The best (arm, iteration)
