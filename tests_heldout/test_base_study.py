@@ -27,10 +27,15 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread"), pytest.ma
 
 
 @pytest.fixture(scope="module")
-def base_study(tmp_path_factory, lab_run, lab_run_r002):
-    """The study, its embedded SFT and judge taken from the session's two labs (the same bytes)."""
+def base_study(tmp_path_factory, request):
+    """The study, its embedded SFT and judge taken from the session's two labs (the same bytes).
+    The control base is measured first, while another worker may still be building the labs."""
     out = tmp_path_factory.mktemp("base_study") / "study"
-    return {"out": out, "result": bs.run_base_study(out, reuse=[lab_run.run, lab_run_r002.run])}
+
+    def labs():
+        return [request.getfixturevalue("lab_run").run, request.getfixturevalue("lab_run_r002").run]
+
+    return {"out": out, "result": bs.run_base_study(out, bases=("control", "embedded"), reuse=labs)}
 
 
 def _headline(m: dict) -> dict:

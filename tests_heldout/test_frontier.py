@@ -20,7 +20,8 @@ from rlhf.ppo_math import design_score
 from rlhf.studies.statistics import across_seeds, gao_fit
 from rlhf.studies.validation import bon_kl_bound, validation_prompts
 
-pytestmark = pytest.mark.unit
+# One xdist worker runs the module: the small study is built once, and no worker waits for another's.
+pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("frontier")]
 
 
 # ------------------------------------------------------------------------------ arithmetic

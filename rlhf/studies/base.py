@@ -258,8 +258,10 @@ def reuse_by_revision(runs) -> dict:
 
 
 def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES), reuse=None) -> dict:
-    """Measure every base in `bases`; write out/results.json (refused if it exists). `reuse`: lab
-    run folders whose SFT (r001) or judge (r002) stands for the embedded base's (trained_in_lab)."""
+    """Measure every base in `bases`, in that order; write out/results.json (refused if it
+    exists). `reuse`: lab run folders whose SFT (r001) or judge (r002) stands for the embedded
+    base's (trained_in_lab), or a callable returning them, called when the embedded base is
+    measured (the test suite measures the control first while its labs are being built)."""
     out = Path(out)
     if (out / "results.json").exists():
         raise FileExistsError(f"{out / 'results.json'} exists: the base study already ran (use a new --out)")
@@ -267,8 +269,10 @@ def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES), reus
     if profile.model.kind != "embedded":
         raise BaseStudyError(f"the base study measures embedded bases, not profile {profile.name}")
     t0 = time.perf_counter()
-    by_revision = reuse_by_revision(reuse)
-    measured = {name: measure_base(out, name, profile, by_revision if name == "embedded" else None) for name in bases}
+    measured = {}
+    for name in bases:
+        runs = (reuse() if callable(reuse) else reuse) if name == "embedded" else None
+        measured[name] = measure_base(out, name, profile, reuse_by_revision(runs))
     result = {
         "study": STUDY,
         "version": VERSION,
