@@ -11,7 +11,7 @@ from rlhf.io import write_text
 from rlhf.report import wording
 from rlhf.report.formatting import esc, fmt, fmt_signed
 from rlhf.report.plots import _figure, _png
-from rlhf.report.render import CSS
+from rlhf.report.render import page_html
 from rlhf.report.tables import Table
 
 LEARNING_RATES = (
@@ -252,27 +252,12 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
         ("Seeds and spreads", [seeds_table(result).html()]),
         ("Honesty", ['<ul class="honesty">' + "".join(f"<li>{esc(x)}</li>" for x in wording.HONESTY) + "</ul>"]),
     ]
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{esc(title)}</title>",
-        f"<style>{CSS}</style></head><body><main>",
-        f"<h1>{esc(title)}</h1>",
-    ]
-    for name, blocks in sections:
-        out.append(f'<section id="{esc(name.lower().replace(" ", "-"))}"><h2>{esc(name)}</h2>')
-        for b in blocks:
-            if plots is None and b.startswith("@"):
-                continue
-            if plots is not None and b == "@frontier":
-                out.append(_img(plots["frontier"], "gold and proxy against sqrt(KL)"))
-            elif plots is not None and b == "@iterations":
-                out.append(_img(plots["iterations"], "gold against iteration"))
-            else:
-                out.append(b)
-        out.append("</section>")
-    out.append("</main></body></html>")
-    return "\n".join(out) + "\n"
+    plots = plots or {}
+    figures = {
+        "frontier": (plots.get("frontier"), "gold and proxy against sqrt(KL)"),
+        "iterations": (plots.get("iterations"), "gold against iteration"),
+    }
+    return page_html(title, sections, figures)
 
 
 def write_frontier_report(out, result: dict) -> Path:
@@ -304,27 +289,19 @@ def confirmation_table(point: dict) -> Table:
 def render_confirmation_html(record: dict, result: dict) -> str:
     st = record["study"]
     title = f"RLHF with PPO — the frontier's choice confirmed on test ({st['n']} fresh seeds, {st['revision']})"
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{esc(title)}</title>",
-        f"<style>{CSS}</style></head><body><main>",
-        f"<h1>{esc(title)}</h1>",
-    ]
     iv = record["interval"]
-    out.append(
+    intro = (
         "<p>The operating point was chosen on validation prompts before any test prompt was read (report.html). "
         "Each point below "
         f"ran on {st['n']} fresh training seeds (study seed {st['study_seed']}) and was evaluated on test as SPEC §8. "
         f"{esc(iv['name'])}: {esc(iv['formula'])}; intervals of bounded quantities are cut to their bounds. "
         f"{esc(LEARNING_RATES)}</p>"
     )
-    for p in record["points"]:
-        out.append(f"<section><h2>{esc(p['arm'])} at iteration {p['iteration']} ({esc(p['describe'])})</h2>")
-        out.append(confirmation_table(p).html())
-        out.append("</section>")
-    out.append("</main></body></html>")
-    return "\n".join(out) + "\n"
+    sections = [("How the points were chosen", [intro])] + [
+        (f"{p['arm']} at iteration {p['iteration']} ({p['describe']})", [confirmation_table(p).html()])
+        for p in record["points"]
+    ]
+    return page_html(title, sections, {})
 
 
 def write_confirmation_report(out, record: dict, result: dict) -> Path:

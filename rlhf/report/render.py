@@ -110,3 +110,29 @@ def _html_blocks(blocks, images) -> list[str]:
                     f'<figure><img src="{uri}" alt="{esc_attr(b[2])}"><figcaption>{esc(b[2])}</figcaption></figure>'
                 )
     return out
+
+
+def page_html(title: str, sections: list[tuple[str, list[str]]], figures: dict[str, tuple[bytes | None, str]]) -> str:
+    """A self-contained study page: the lab's CSS, one <section> per (name, HTML blocks). A block
+    "@NAME" stands for figures[NAME] = (PNG bytes, alt text), inlined as a data URI (left out when
+    the bytes are None, as in the wording check of the page's own text)."""
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        f"<h1>{esc(title)}</h1>",
+    ]
+    for name, blocks in sections:
+        out.append(f'<section id="{esc_attr(name.lower().replace(" ", "-"))}"><h2>{esc(name)}</h2>')
+        for b in blocks:
+            if b.startswith("@"):
+                png, alt = figures[b[1:]]
+                if png:
+                    uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+                    out.append(f'<figure><img src="{uri}" alt="{esc_attr(alt)}"></figure>')
+            else:
+                out.append(b)
+        out.append("</section>")
+    out.append("</main></body></html>")
+    return "\n".join(out) + "\n"

@@ -8,15 +8,14 @@ It shows both kinds of uncertainty side by side: each run's single-run bootstrap
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 from rlhf.io import write_text
 from rlhf.report import wording
-from rlhf.report.formatting import esc, esc_attr, fmt, fmt_signed
+from rlhf.report.formatting import esc, fmt, fmt_signed
 from rlhf.report.labels import POPULATION_LABELS
 from rlhf.report.plots import _figure, _png
-from rlhf.report.render import CSS
+from rlhf.report.render import page_html
 from rlhf.report.tables import Table, _show_token, _sign_style
 
 PLOTTED = (("rubric_success", "test"), ("rubric_success", "all_unique_contexts"), ("learned_reward", "test"))
@@ -241,25 +240,7 @@ def _sections(result: dict) -> list[tuple[str, list[str]]]:
 def render_study_html(result: dict, plot: bytes | None) -> str:
     st = result["study"]
     title = f"RLHF with PPO — {st['n']}-seed study on {st['revision']} (SFT budget {st['sft_budget']})"
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{esc(title)}</title>",
-        f"<style>{CSS}</style></head><body><main>",
-        f"<h1>{esc(title)}</h1>",
-    ]
-    for name, blocks in _sections(result):
-        out.append(f'<section id="{esc_attr(name.lower().replace(" ", "-"))}"><h2>{esc(name)}</h2>')
-        for b in blocks:
-            if b == "@plot":
-                if plot:
-                    uri = "data:image/png;base64," + base64.b64encode(plot).decode("ascii")
-                    out.append(f'<figure><img src="{uri}" alt="PPO − SFT per seed and across seeds"></figure>')
-            else:
-                out.append(b)
-        out.append("</section>")
-    out.append("</main></body></html>")
-    return "\n".join(out) + "\n"
+    return page_html(title, _sections(result), {"plot": (plot, "PPO − SFT per seed and across seeds")})
 
 
 def write_study_report(out, result: dict) -> Path:

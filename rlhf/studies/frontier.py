@@ -47,14 +47,15 @@ from pathlib import Path
 
 from rlhf import lab, rubric
 from rlhf.checkpoint import load_state
-from rlhf.config import load_profile, profile_hash
+from rlhf.config import load_profile
 from rlhf.corpus import load_corpus
 from rlhf.evaluate import bootstrap_differences, generate_heldout, rubric_rows, score_rows, summarise_populations
 from rlhf.identities import code_sha256, describe_change
 from rlhf.io import read_json, write_json
 from rlhf.roles import load_role
 from rlhf.studies import StudyError
-from rlhf.studies.derivation import MAX_RUNS, profile_source, seed_changes, write_run_profile
+from rlhf.studies.derivation import profile_source, seed_changes, write_run_profile
+from rlhf.studies.seeds import identity_of_study
 from rlhf.studies.sft_budget import budget_changes
 from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_fit, metric_bounds
 from rlhf.studies.validation import KL_ESTIMATOR, best_of_n, measure_policy, score_spread, validation_prompts
@@ -318,23 +319,8 @@ def arm_complete(seed_dir: Path, arm: Arm, profile) -> bool:
 def study_identity(
     profile_name: str, revision: str, n: int, sft_budget: str, settings: Settings, study_seed: int
 ) -> dict:
-    base = load_profile(profile_name)
-    if base.model.kind != "embedded":
-        raise StudyError(f"the frontier runs the embedded lab, not profile {base.name}")
-    if not 1 <= n <= MAX_RUNS:
-        raise StudyError(f"--n must be between 1 and {MAX_RUNS}, not {n}")
-    budget_changes(base, sft_budget)  # refuses an unknown name
-    return {
-        "format": FORMAT,
-        "profile": base.name,
-        "profile_sha256": profile_hash(base),
-        "revision": revision,
-        "n": n,
-        "study_seed": study_seed,
-        "sft_budget": sft_budget,
-        "settings": settings.record(),
-        "code": code_sha256(),
-    }
+    ident = identity_of_study(FORMAT, "the frontier", profile_name, revision, n, study_seed, sft_budget)
+    return {**ident, "settings": settings.record()}
 
 
 def _check_record(path: Path, identity: dict) -> None:

@@ -115,15 +115,32 @@ def seed_row(folder: Path, index: int) -> dict:
 
 
 def study_identity(profile_name: str, revision: str, n: int, study_seed: int, sft_budget: str) -> dict:
+    return identity_of_study(
+        FORMAT,
+        "a seed study",
+        profile_name,
+        revision,
+        n,
+        study_seed,
+        sft_budget,
+        (2, " (across-seed statistics need 2)"),
+    )
 
+
+def identity_of_study(
+    fmt: str, kind: str, profile_name: str, revision: str, n: int, study_seed: int, sft_budget: str, least=(1, "")
+) -> dict:
+    """What a study over N runs of the embedded lab is (a rerun must match it): its format, the
+    profile and its hash, the revision, N, the study seed, the SFT budget and the code. `least`:
+    (the smallest N, why); refuses another profile kind, an N out of range, an unknown budget."""
     base = load_profile(profile_name)
     if base.model.kind != "embedded":
-        raise StudyError(f"a seed study runs the embedded lab, not profile {base.name}")
-    if not 2 <= n <= MAX_RUNS:
-        raise StudyError(f"--n must be between 2 and {MAX_RUNS} (across-seed statistics need 2), not {n}")
+        raise StudyError(f"{kind} runs the embedded lab, not profile {base.name}")
+    if not least[0] <= n <= MAX_RUNS:
+        raise StudyError(f"--n must be between {least[0]} and {MAX_RUNS}{least[1]}, not {n}")
     budget_changes(base, sft_budget)  # refuses an unknown name
     return {
-        "format": FORMAT,
+        "format": fmt,
         "profile": base.name,
         "profile_sha256": profile_hash(base),
         "revision": revision,
