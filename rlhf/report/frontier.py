@@ -13,6 +13,7 @@ from rlhf.report.formatting import esc, fmt, fmt_signed
 from rlhf.report.plots import _figure, _png
 from rlhf.report.render import page_html
 from rlhf.report.tables import Table
+from rlhf.studies.statistics import gao_gain
 
 LEARNING_RATES = (
     "The embedded profile's PPO learning rates are actor 1e-4 and critic 1e-3 (the SPEC's: 5e-6 and 1e-5; "
@@ -31,13 +32,10 @@ def _arm_label(name: str, arm: dict) -> str:
 
 def _fit_curve(fit: dict, form: str, d_max: float):
     """Points of a Gao fit that describes its points (None otherwise), from d = 0 to d_max."""
-    import math
-
     if not fit.get("describes"):
         return None
     ds = [d_max * k / 50 for k in range(1, 51)]
-    f2 = (lambda d: -d * math.log(d)) if form == "rl" else (lambda d: -d * d)
-    return ds, [fit["alpha"] * d + fit["beta"] * f2(d) for d in ds]
+    return ds, [gao_gain(fit["alpha"], fit["beta"], d, form) for d in ds]
 
 
 def frontier_plot(result: dict) -> bytes:

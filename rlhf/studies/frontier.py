@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import multiprocessing
 import os
 import time
@@ -216,7 +215,8 @@ def prepare_seed(seed_dir, revision: str, settings: Settings, *, confirm: bool =
             record: dict = {"spread": {"validation": val}}
         else:
             bon = best_of_n(sft.model, judge, view, ctx, ns=settings.bon_ns, seed=seeds["best_of_n"])
-            iteration0 = measure_policy(sft.model, sft.model, judge, view, ctx, kl_samples=1, seed=seeds["kl"])
+            # The SFT policy itself: its KL from SFT is 0 by construction, so no sample is drawn for it.
+            iteration0 = measure_policy(sft.model, sft.model, judge, view, ctx, kl_samples=0, seed=seeds["kl"])
             record = {
                 "best_of_n": bon,
                 "iteration_0": iteration0,
@@ -510,12 +510,6 @@ def frontier_command(out: Path, identity: dict) -> str:
 # ------------------------------------------------------------------------------ collecting
 
 
-def _stats(values: list[float]) -> dict:
-    m = sum(values) / len(values)
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
-    return {"mean": m, "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
-
-
 def standardised(score: float, spread: dict) -> float:
     """A judge's score on the scale of its own SFT samples (mean 0, SD 1)."""
     return (score - spread["mean"]) / spread["sd"]
@@ -580,7 +574,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             rows.append(
                 {
                     "iteration": it,
-                    **{key: _stats([p[key] for p in pts]) for key in POINT_STATS},
+                    **{key: across_seeds([p[key] for p in pts]) for key in POINT_STATS},
                 }
             )
         fit_points = [
@@ -604,11 +598,11 @@ def collect(folders: list[Path], settings: Settings) -> dict:
                 "n": n,
                 "kl_bound": pts[0]["kl_bound"],
                 "d_bound": pts[0]["d_bound"],
-                **{key: _stats([p[key] for p in pts]) for key in ("gold", "proxy_std", "truncations")},
+                **{key: across_seeds([p[key] for p in pts]) for key in ("gold", "proxy_std", "truncations")},
             }
         )
     bon_points = [(p["d_bound"], p["gold"] - s["best_of_n"][0]["gold"]) for s in per_seed for p in s["best_of_n"]]
-    sft_level = _stats([s["sft"]["gold"] for s in per_seed])
+    sft_level = across_seeds([s["sft"]["gold"] for s in per_seed])
     return {
         "interval": INTERVAL,
         "kl_estimator": KL_ESTIMATOR,

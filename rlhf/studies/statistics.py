@@ -156,6 +156,16 @@ GAO_FORMS = {
 MIN_R2 = 0.5  # a fit that explains less of the points' variance than this is not shown
 
 
+def _second_term(d: float, form: str) -> float:
+    """-d log d (rl) or -d^2 (bon): what beta multiplies in Gao's forms."""
+    return -d * math.log(d) if form == "rl" else -d * d
+
+
+def gao_gain(alpha: float, beta: float, d: float, form: str) -> float:
+    """Gao's gold gain at d = sqrt(KL): d (alpha - beta log d) (rl) or d (alpha - beta d) (bon)."""
+    return alpha * d + beta * _second_term(d, form)
+
+
 def gao_fit(points: list[tuple[float, float]], form: str) -> dict:
     """Least squares of gold gain over SFT against d = sqrt(KL) in one of Gao's two forms
     (GAO_FORMS), over (d, gain) points; points at d = 0 carry no information (both forms are 0
@@ -172,7 +182,10 @@ def gao_fit(points: list[tuple[float, float]], form: str) -> dict:
     base = {"form": GAO_FORMS[form], "n": len(pts)}
     if len(pts) < 2:
         return {**base, "describes": False, "why_not": f"{len(pts)} point(s) with d > 0: nothing to fit"}
-    f2 = (lambda d: -d * math.log(d)) if form == "rl" else (lambda d: -d * d)
+
+    def f2(d: float) -> float:
+        return _second_term(d, form)
+
     a11 = sum(d * d for d, _ in pts)
     a12 = sum(d * f2(d) for d, _ in pts)
     a22 = sum(f2(d) ** 2 for d, _ in pts)

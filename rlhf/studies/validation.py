@@ -111,7 +111,8 @@ def _sd(xs) -> float:
 def measure_policy(model, sft_model, judge: Role, view: LearningView, ctx, *, kl_samples: int, seed: int) -> dict:
     """One policy on the validation prompts: greedy gold (rubric success), proxy (the judge's
     score of the same greedy answers), truncations, UNCERTIFIED, and the KL from SFT estimated on
-    `kl_samples` temperature-1 samples per prompt drawn from a generator seeded `seed`."""
+    `kl_samples` temperature-1 samples per prompt drawn from a generator seeded `seed` (0: none,
+    KL 0, for the SFT policy itself)."""
     records = validation_prompts(view, ctx.profile.evaluation.max_units)
     prompt_ids = encode_records(records, ctx)
     greedy = answers(model, prompt_ids, ctx)
