@@ -51,6 +51,7 @@ _hypothesis_settings.load_profile("rlhf")
 
 _RECORDS: dict[str, dict] = {}
 _OUTCOMES: dict[str, dict] = {}
+_SESSION_START = time.time()  # results.json: each test's start, in seconds from here
 
 
 def pytest_addoption(parser):
@@ -257,6 +258,9 @@ def record_result(request):
 def pytest_runtest_logreport(report):
     entry = _OUTCOMES.setdefault(report.nodeid, {"outcome": "passed", "duration_s": 0.0})
     entry["duration_s"] = round(entry["duration_s"] + report.duration, 4)
+    if report.when == "setup":  # where and when it ran: a timeline of the run's two workers
+        entry["worker"] = getattr(report, "worker_id", "main")
+        entry["started_s"] = round(report.start - _SESSION_START, 2)
     if report.failed:
         entry["outcome"] = "failed" if report.when == "call" else "error"
     elif report.skipped and entry["outcome"] == "passed":
