@@ -6,7 +6,7 @@ evaluation stage if the run has none yet, then `write_reports`. Every report fil
 of forbidden wording, and headless Chromium must render report.html with its tables and
 decoded images. The screenshot is kept as reports/report_screenshot.png.
 
-Chromium is a system package: `bash setup.sh` installs Debian's `chromium`. Without it this
+Chromium is a system package: `bash setup.sh --tests` installs Debian's `chromium`. Without it this
 test fails (it is never skipped).
 """
 
@@ -58,7 +58,7 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_reports_render_in_headless_chromium(lab_run, tmp_path, request, record_result):
     if not CHROMIUM.is_file():
         pytest.fail(
-            f"{CHROMIUM} is missing: run `bash setup.sh` (it installs Debian's chromium) "
+            f"{CHROMIUM} is missing: run `bash setup.sh --tests` (it installs Debian's chromium) "
             f"to render and check report.html"
         )
     run = tmp_path / "run"

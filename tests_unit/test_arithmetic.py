@@ -3,7 +3,7 @@ pin is broken, it names the first operation where two machines part, and a CPU o
 vendor computes the lab's arithmetic bit for bit alike.
 
 The other vendor is an emulated one: `qemu-x86_64 -cpu MODEL` (Debian's qemu-user, installed by
-setup.sh) runs this Python on a virtual Intel CPU where the machine is an AMD one, and on a
+`bash setup.sh --tests`) runs this Python on a virtual Intel CPU where the machine is an AMD one, and on a
 virtual AMD CPU where it is an Intel one. The emulator computes every IEEE operation exactly as
 the hardware does; what it cannot copy is a processor's approximate instructions (reciprocal and
 reciprocal square root estimates), whose low bits each vendor defines for itself. So the test
@@ -148,7 +148,7 @@ def test_a_cpu_of_the_other_vendor_computes_the_same_class(tmp_path, here, recor
     entry; the control (MKL's vector square root) shows the emulated CPU does compute differently
     where an operation leans on approximate instructions. About a minute."""
     qemu = shutil.which("qemu-x86_64")
-    assert qemu, "qemu-x86_64 is missing: bash setup.sh installs Debian's qemu-user (apt-get install qemu-user)"
+    assert qemu, "qemu-x86_64 is missing: bash setup.sh --tests installs Debian's qemu-user (apt-get install qemu-user)"
     model, intel = other_vendor_model()
     emulated, _ = fingerprint_in_subprocess(tmp_path, model, qemu, "-cpu", model)
     record_result("emulated_cpu", {"model": model, "class": emulated["class"], "here": here["class"]})

@@ -94,6 +94,14 @@ def test_ci_runs_both_and_fails_when_either_fails(tmp_path, unit_rc, smoke_rc):
     assert out.returncode == (unit_rc or smoke_rc), (out.returncode, out.stdout + out.stderr)
 
 
+def test_setup_refuses_an_unknown_option(tmp_path):
+    """A mistyped option (say `--test`) must not fall through to a partial set-up that looks done."""
+    shutil.copy(ROOT / "setup.sh", tmp_path / "setup.sh")
+    out = subprocess.run(["bash", "setup.sh", "--test"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown option --test" in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / "setup.sh"]  # nothing created
+
+
 def test_torch_is_pinned_to_the_local_cpu_wheel():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"torch==2.13.0"' in text
