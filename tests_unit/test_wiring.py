@@ -142,6 +142,15 @@ def test_tests_of_the_lab_run_share_one_xdist_worker(tmp_path):
     lab_workers = {w for kind, _, w in marks if kind == "lab"}
     assert len([m for m in marks if m[0] == "lab"]) == 6
     assert len(lab_workers) == 1 and lab_workers != {"none"}, f"lab tests ran on {sorted(lab_workers)}"
+    # results.json's timeline: each test's worker (the one it ran on) and its start in the session
+    timeline = json.loads((tmp_path / "rep" / "results.json").read_text())["tests"]
+    ran_on = {kind + "-" + i: w for kind, i, w in marks}
+    for nodeid, entry in timeline.items():
+        kind, i = nodeid.rsplit("::test_", 1)[1].split("@")[0].split("_")
+        assert entry["worker"] == ran_on[f"{kind}-{i}"], nodeid
+        assert 0 < entry["started_s"] < 120, nodeid
+    others = sorted(e["started_s"] for n, e in timeline.items() if "test_other_" in n and e["worker"] == "gw0")
+    assert all(b - a >= 0.19 for a, b in zip(others, others[1:])), others  # each sleeps 0.2 s (times kept to 0.01 s)
 
 
 def run_in_copy(tmp_path, files: dict, *args, keep_xdist=False):
