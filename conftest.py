@@ -258,7 +258,7 @@ def record_result(request):
 def pytest_runtest_logreport(report):
     entry = _OUTCOMES.setdefault(report.nodeid, {"outcome": "passed", "duration_s": 0.0})
     entry["duration_s"] = round(entry["duration_s"] + report.duration, 4)
-    if report.when == "setup":  # where and when it ran: a timeline of the run's two workers
+    if report.when == "setup":  # where and when it ran: the run's timeline, worker by worker
         entry["worker"] = getattr(report, "worker_id", "main")
         entry["started_s"] = round(report.start - _SESSION_START, 2)
     if report.failed:
