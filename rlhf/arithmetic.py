@@ -375,7 +375,7 @@ def verdict(fp: dict, known: dict[str, dict] | None = None) -> dict:
     if not fp["env"]["arithmetic"]["comparable"]:
         line = f"the golden numbers do not apply here: {fp['env']['arithmetic']['note']}"
     elif matches:
-        line = f"the golden numbers apply on this machine: arithmetic class {fp['class']} ({matches[0]})"
+        line = f"the golden numbers apply on this machine: arithmetic class {fp['class']} ({', '.join(matches)})"
     elif known:
         parts = "; ".join(f"{name} from {entry}" for name, entry in first.items() if entry)
         line = (

@@ -103,9 +103,10 @@ def check_against_golden(section: str, run: Path, request, record_result, finger
     current["pinned_arithmetic"] = runtime.identity_tag()
     entry = {
         "class": fp["class"],
-        "cpu": f"{cpu_model()} ({fp['env'].get('vendor', '?')} {fp['env'].get('family_model', '')})",
+        "cpu": f"{cpu_model()} ({fp['env'].get('vendor', '?')} family/model {fp['env'].get('family_model', '')})",
+        "fingerprint": verdict["verified"],  # None: record one (rlhf arithmetic --out rlhf/fingerprints/NAME.json)
     }
-    if entry not in current["verified_on"]:
+    if not any(e["class"] == entry["class"] and e["cpu"] == entry["cpu"] for e in current["verified_on"]):
         current["verified_on"] = current["verified_on"] + [entry]
     write_text(measured_file, json.dumps(current, indent=1, sort_keys=True) + "\n", overwrite=True)
     write_text(reports / "fingerprint.json", json.dumps(fp, indent=1) + "\n", overwrite=True)
@@ -183,4 +184,4 @@ def test_golden_file_holds_both_revisions_and_every_quantity():
         assert 0.0 <= g["judge_test_accuracy"] <= 1.0
     assert golden["pinned_arithmetic"].startswith("pinned:x86_64:aten-avx2:mkl-compatible")
     assert golden["verified_on"], "the file says on which CPUs the hashes were verified"
-    assert all(set(e) == {"class", "cpu"} and len(e["class"]) == 16 for e in golden["verified_on"])
+    assert all(set(e) == {"class", "cpu", "fingerprint"} and len(e["class"]) == 16 for e in golden["verified_on"])

@@ -100,12 +100,16 @@ def test_the_verdict_names_the_first_differing_operation(here):
 
 
 def test_the_committed_fingerprints_are_the_golden_files_classes():
-    """Every verified class has its fingerprint in rlhf/fingerprints/, and each file is named in
-    the golden file: the two cannot drift apart."""
+    """Every verified CPU has its fingerprint in rlhf/fingerprints/, and each file is named in
+    the golden file with its class and CPU: the two cannot drift apart."""
     golden = read_json(GOLDEN)
     known = arithmetic.verified()
     assert known, "no verified fingerprint is committed"
-    assert sorted(v["class"] for v in known.values()) == sorted({e["class"] for e in golden["verified_on"]})
+    entries = {e["fingerprint"]: e for e in golden["verified_on"]}
+    assert sorted(entries) == sorted(known), "verified_on and rlhf/fingerprints/ name different CPUs"
+    for name, fp in known.items():
+        assert entries[name]["class"] == fp["class"], f"{name}: verified_on says class {entries[name]['class']}"
+        assert fp["env"]["family_model"] in entries[name]["cpu"], f"{name}: verified_on names another CPU"
     for name, fp in known.items():
         assert fp["class"] == arithmetic.class_of(fp), f"{name}: its class is not the hash of its entries"
         assert fp["env"]["arithmetic"]["comparable"], f"{name} was measured unpinned"
