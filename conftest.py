@@ -138,6 +138,23 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(line)
 
 
+def cpu_and_dtype() -> dict:
+    """The CPU's flags that decide kernels and dtypes, and the dtype a BF16 profile computes in
+    on this CPU (rlhf.runtime.choose_dtype): recorded by the benchmark tier."""
+    from rlhf import runtime
+
+    flags = runtime.cpu_flags() or frozenset()
+    return {
+        "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))),
+        "bf16_weights_compute_in": runtime.choose_dtype("bfloat16", "cpu"),
+    }
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """pytest-benchmark's machine_info in benchmark.json: the CPU's flags and the dtype chosen."""
+    machine_info.update(cpu_and_dtype())
+
+
 _PROVENANCE: dict = {}
 
 

@@ -142,3 +142,66 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
         "updates": updates if stage in ("sft", "judge") else None,
         "iterations": iterations if stage == "ppo" else None,
     }
+
+
+# ------------------------------------------------------------------------------ BF16 against float32
+
+
+def dtype_scoring(layers: int = 2, rounds: int = 2) -> dict:
+    """Teacher-forced scoring (rlhf.scoring.response_logprobs) of Qwen2.5-0.5B's full width with
+    `layers` of its 24 layers (random weights rounded to BF16, as stored), 4 x 256 tokens (192
+    prompt + 64 response), all cores, in float32 and in bfloat16: the best of `rounds` rounds
+    each, the two dtypes interleaved round by round so that both see the same machine. Meant to
+    run in a fresh process with the pin released, as a BF16 profile runs on the CPU (the pin
+    caps oneDNN at AVX2, which has no BF16 instructions). Returns GFLOP/s of each, their ratio,
+    the CPU's flags that decide, and the dtype `rlhf.runtime.choose_dtype` picks here."""
+    import os
+
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from rlhf import flops, runtime
+    from rlhf.config import load_profile, override
+    from rlhf.models import qwen2_config
+    from rlhf.scoring import response_logprobs
+    from rlhf.tokens import collate
+
+    prof = override(load_profile("qwen2.5-0.5b"), {("model", "num_hidden_layers"): layers})
+    config = qwen2_config(prof)
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    bf16 = Qwen2ForCausalLM(config).to(torch.bfloat16)  # the weights as a checkpoint holds them
+    fp32 = Qwen2ForCausalLM(config)
+    fp32.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})  # widened exactly
+    models = {"float32": fp32, "bfloat16": bf16}
+    for m in models.values():
+        m.eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 151000, (4, 256), generator=g).tolist()
+    batch = collate([r[:192] for r in ids], [r[192:] for r in ids], pad_id=151643)
+    best = {k: float("inf") for k in models}
+    logp = {}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for name, model in models.items():
+                t = time.perf_counter()
+                logp[name] = response_logprobs(model, batch)
+                best[name] = min(best[name], time.perf_counter() - t)
+    shape = flops.Shape.from_config(config)
+    model_flops = flops.scoring_flops(shape, batch, 0)["model_flops"]
+    flags = runtime.cpu_flags() or frozenset()
+    return {
+        "layers": layers,
+        "tokens": 4 * 256,
+        "model_flops": model_flops,
+        "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "best_seconds": best,
+        "gflop_s": {k: model_flops / s / 1e9 for k, s in best.items()},
+        "bf16_over_fp32": best["float32"] / best["bfloat16"],
+        "max_abs_logp_difference": float((logp["float32"] - logp["bfloat16"]).abs().max()),
+        "finite": all(bool(torch.isfinite(v).all()) for v in logp.values()),
+        "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))),
+        "dtype_chosen": runtime.choose_dtype("bfloat16", "cpu"),
+        "arithmetic": runtime.describe()["note"],
+    }

@@ -222,6 +222,9 @@ def summary_table(request):
         )
     session = getattr(request.config, "_benchmarksession", None)  # pytest-benchmark's own verdict
     timed = not (session.disabled if session is not None else request.config.option.benchmark_disable)
+    from conftest import cpu_and_dtype
+
+    SUMMARY["cpu"] = cpu_and_dtype()  # the flags that decide kernels and the dtype a BF16 profile gets here
     if not timed:  # each benchmark ran once: the figures below are no measurement
         SUMMARY["untimed_smoke_run"] = "each benchmark ran once (--benchmark-disable): no figure here is a measurement"
     yield
@@ -1218,6 +1221,59 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
     row["goal_met"] = goal["met"]
     benchmark.extra_info["goal_met"] = goal["met"]
     model = None  # free the full-shape weights now (a del here confuses the closure above for linters)
+
+
+def test_full_width_scoring_bf16_against_fp32(benchmark, record_result):
+    """Teacher-forced scoring at Qwen2.5-0.5B's full width (2 of its 24 layers, random weights
+    stored in BF16), 4 x 256 tokens, all cores, in float32 and in bfloat16 side by side
+    (bench_harness.dtype_scoring, rounds interleaved) in a fresh process with the pin released,
+    as a BF16 profile runs on the CPU: GFLOP/s of each on this machine, with the CPU flags that
+    decide and the dtype the lab chooses here (rlhf.runtime.choose_dtype). A CPU without native
+    BF16 emulates it; that is the measurement behind the choice, recorded whichever way it goes."""
+    from rlhf import runtime
+
+    rounds = 2 if benchmark.enabled else 1
+    code = (
+        "import json, sys; import rlhf; from rlhf import runtime; "
+        "runtime.release('BF16 against float32, as a BF16 profile runs on the CPU'); "
+        "sys.path.insert(0, sys.argv[1]); from bench_harness import dtype_scoring; "
+        "print('DTYPES=' + json.dumps(dtype_scoring(rounds=int(sys.argv[2]))))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in runtime.PIN and k != runtime.SWITCH}
+    harness_dir = str(Path(bench_harness.__file__).resolve().parent)
+    measured: dict = {}
+
+    def run():
+        out = subprocess.run(
+            [sys.executable, "-c", code, harness_dir, str(rounds)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=900,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        measured.update(json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("DTYPES=")][-1][7:]))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    assert measured["finite"], "non-finite log-probs"
+    # The two dtypes scored the same weights: they agree to BF16's rounding of the activations.
+    assert measured["max_abs_logp_difference"] < 0.5, measured["max_abs_logp_difference"]
+    for dtype in ("float32", "bfloat16"):
+        _check_seconds(f"{dtype} scoring", [measured["best_seconds"][dtype]])
+        _check_finite(f"{dtype} scoring", measured["gflop_s"][dtype])
+    assert "unpinned" in measured["arithmetic"] or "not comparable" in measured["arithmetic"].lower()
+    assert measured["dtype_chosen"] == runtime.choose_dtype("bfloat16", "cpu")  # this machine's flags, both processes
+    SUMMARY["full_width_scoring_bf16_vs_fp32"] = measured
+    benchmark.extra_info.update(
+        {
+            "gflop_s": measured["gflop_s"],
+            "bf16_over_fp32": measured["bf16_over_fp32"],
+            "cpu_flags": measured["cpu_flags"],
+            "dtype_chosen": measured["dtype_chosen"]["dtype"],
+        }
+    )
+    record_result("full_width_scoring_bf16_vs_fp32", measured)
 
 
 # ------------------------------------------------------------------------------ memory
