@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlhf.config import DEFAULT_PROFILE, PROFILES, load_profile
+from rlhf.config import DEFAULT_PROFILE, PROFILES, load_profile, override
 
 PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
@@ -75,12 +75,20 @@ def cmd_arithmetic(args) -> int:
     return 0 if arithmetic.verdict(fp)["verified"] else 1
 
 
+def _profile(args):
+    """The profile named by --profile, with --dtype (where the command has it) written in."""
+    profile = load_profile(args.profile)
+    if getattr(args, "dtype", None):
+        profile = override(profile, {("runtime", "compute_dtype"): args.dtype})
+    return profile
+
+
 def _context(args):
     from rlhf.lab import open_context
 
     return open_context(
         args.run if hasattr(args, "run") else args.out,
-        args.profile,
+        _profile(args) if hasattr(args, "dtype") else args.profile,
         getattr(args, "model_dir", None),
         getattr(args, "revision", "r001"),
     )
@@ -137,6 +145,7 @@ def cmd_lab(args) -> int:
     continues from its last checkpoint."""
     from rlhf import lab
     from rlhf.arithmetic import golden_line
+    from rlhf.models import precision_line
     from rlhf.report import print_summary
 
     if args.dry_run:
@@ -149,6 +158,7 @@ def cmd_lab(args) -> int:
     ctx = _context(args)
     arithmetic = json.loads((ctx.run / lab.RUN_FILE).read_text())["arithmetic"]
     print(f"arithmetic: {arithmetic['note']} ({arithmetic['cpu_capability']} kernels, {arithmetic['threads']} threads)")
+    print(precision_line(ctx.precision))
     print(golden_line(ctx.profile))
     print(f"corpus {ctx.corpus.dataset} {ctx.corpus.revision} audit:")
     print(json.dumps(ctx.corpus.manifest["audit"], indent=1, sort_keys=True))
@@ -178,7 +188,7 @@ def cmd_dry_run(args) -> int:
     if args.model_dir is None:
         raise ValueError("--dry-run needs --model-dir DIR (the model the real run will use)")
     dry_run(
-        load_profile(args.profile),
+        _profile(args),
         args.model_dir,
         out=args.out,
         layers=args.layers,
@@ -310,6 +320,10 @@ def _command(sub, name: str, summary: str, description: str, example: str) -> ar
 PIN_HELP = (
     "keep the CPU arithmetic pinned for a BF16 profile on the CPU (by default such runs are unpinned: "
     "the pin caps oneDNN's BF16 matmuls at AVX2, tens of times slower, and no golden numbers exist for them)"
+)
+DTYPE_HELP = (
+    "the dtype the base model computes in (default: its stored dtype, except BF16 weights on a CPU "
+    "without native BF16 instructions, which compute in float32; run.json records the choice and why)"
 )
 REVISION_HELP = "corpus revision: r001 (OfficeHelpPrefs-v1, the default) or r002 (the corrected v2)"
 MODEL_DIR_HELP = (
@@ -475,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--dry-run only: accept a random-weight model directory (rlhf.models.write_random_model_dir)",
     )
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help=DTYPE_HELP)
     p.add_argument("--pin", action="store_true", help=PIN_HELP)
     p.set_defaults(func=cmd_lab)
 
@@ -643,8 +658,10 @@ def _on_sigint(signum, frame) -> None:
 
 
 def _unpin_bf16_on_cpu(argv: list[str]) -> None:
-    """A BF16 profile on the CPU runs unpinned unless --pin: capped at AVX2, oneDNN's BF16 matmuls
-    are tens of times slower, and golden numbers exist for the embedded FP32 profile only.
+    """A profile with BF16 weights on the CPU runs unpinned unless --pin: golden numbers exist for
+    the embedded FP32 profile only, and the pin costs such a run its speed whichever dtype it
+    computes in (capped at AVX2, oneDNN's BF16 matmuls are tens of times slower; MKL's compatible
+    branch halved the full-width float32 vocabulary projection on an AMD EPYC Zen 3).
 
     Decided from the command line alone, before anything imports torch (building the full parser
     does): rlhf.runtime.release, recorded in the run's identity."""
@@ -662,7 +679,7 @@ def _unpin_bf16_on_cpu(argv: list[str]) -> None:
     except Exception:  # noqa: BLE001 - a bad profile is reported by the command itself
         return
     if profile.model.dtype == "bfloat16" and (profile.device == "cpu" or known.cpu):
-        runtime.release(f"profile {profile.name} runs BF16 on the CPU (--pin keeps the pin)")
+        runtime.release(f"profile {profile.name} has BF16 weights and runs on the CPU (--pin keeps the pin)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,17 @@ class Runtime:
         "(qwen2.5-0.5b; off for the embedded profile, whose golden hashes used all)",
         default=False,
     )
+    compute_dtype: str = doc(
+        "dtype the frozen base computes in: 'auto' (the stored dtype, except BF16 weights on a CPU "
+        "without native BF16 instructions: float32; rlhf.runtime.choose_dtype), 'float32' or 'bfloat16'",
+        default="auto",
+    )
+
+    def __post_init__(self):
+        if self.compute_dtype not in ("auto", "float32", "bfloat16"):
+            raise ProfileError(
+                f"[runtime] compute_dtype must be 'auto', 'float32' or 'bfloat16', not {self.compute_dtype!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,13 @@ class Profile:
     evaluation: Evaluation = doc("[evaluation] table (optional: only miniature budgets set it)", default=Evaluation())
     # The file it was read from: not part of the configuration (nor of its hash).
     source: Path | None = field(default=None, compare=False, metadata={"doc": "file the profile was read from"})
+
+    def __post_init__(self):
+        if self.runtime.compute_dtype == "bfloat16" and self.model.dtype == "float32":
+            raise ProfileError(
+                f"profile {self.name}: [runtime] compute_dtype 'bfloat16' would round the model's float32 "
+                "weights (use 'auto' or 'float32')"
+            )
 
     def to_dict(self) -> dict:
         """The configuration as plain data (tuples as lists), without `source`."""

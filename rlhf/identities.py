@@ -8,6 +8,7 @@ An identity is a flat dict of parts (name -> short value, mostly SHA-256 hex). T
     base_model   `base_model_sha256(files)`: the base model directory's file hashes
                  (rlhf.models.directory_identity), as one hash
     arithmetic   rlhf.runtime.identity_tag(): pinned or not, on which machine kind and thread count
+    dtype        the dtype the base computes in (rlhf.models.compute_dtype; a run and its stages)
 
 A stage's state adds its revision and stage inputs (`identity_of`); run.json adds the profile
 name and revision (`run_identity`); a study has its own parts (rlhf.studies.seeds). Whatever
@@ -51,7 +52,9 @@ def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, ex
     return ident
 
 
-def run_identity(profile_name: str, profile_sha256: str, revision: str, corpus_sha256: str, base_files: dict) -> dict:
+def run_identity(
+    profile_name: str, profile_sha256: str, revision: str, corpus_sha256: str, base_files: dict, dtype: str
+) -> dict:
     """What a run is (run.json): a rerun in the same folder must match every part."""
     return {
         "profile": profile_name,
@@ -61,6 +64,7 @@ def run_identity(profile_name: str, profile_sha256: str, revision: str, corpus_s
         "code": code_sha256(),
         "base_model": base_model_sha256(base_files),
         "arithmetic": runtime.identity_tag(),
+        "dtype": dtype,
     }
 
 

@@ -48,9 +48,9 @@ from rlhf.config import PROFILES, Profile, load_profile, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.evaluate import stage_evaluate
-from rlhf.io import read_json, sha256_file, sweep_incomplete, write_json
+from rlhf.io import read_json, read_verified, sha256_file, sweep_incomplete, write_json, write_with_sidecar
 from rlhf.judge import train_judge
-from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
+from rlhf.models import check_tokenizer, compute_dtype, directory_identity, load_tokenizer
 from rlhf.ppo import STATE_KEYS, train_ppo
 from rlhf.report import write_reports
 from rlhf.roles import ROLE_KINDS, PpoRoles, Role, assert_role_isolation, fingerprint, load_role, new_role, save_role
@@ -74,6 +74,9 @@ class Context:
         self.base_identity = {"files": directory_identity(self.model_dir)}
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_id, self.pad_id = check_tokenizer(profile, self.tokenizer)
+        # The dtype the base computes in here and why (BF16 weights on a CPU without native BF16
+        # compute in float32): part of every identity, so states of two dtypes never mix.
+        self.precision = compute_dtype(profile)
         configure_torch(profile)
         # Before any role exists: cuBLAS reads its workspace setting when its handle is created.
         self.determinism = configure_determinism(profile)
@@ -83,7 +86,7 @@ class Context:
             profile_hash(self.profile),
             sha256_file(self.corpus.root / "manifest.json"),
             self.base_identity,
-            {"revision": self.corpus.revision, **extra},
+            {"revision": self.corpus.revision, "dtype": self.precision["dtype"], **extra},
         )
 
     def role(self, kind: str):
@@ -199,6 +202,7 @@ def run_identity(ctx: Context) -> dict:
         ctx.corpus.revision,
         sha256_file(ctx.corpus.root / "manifest.json"),
         ctx.base_identity["files"],
+        ctx.precision["dtype"],
     )
 
 
@@ -212,6 +216,7 @@ def check_run_record(ctx: Context) -> dict:
             "identity": current,
             "arithmetic": runtime.describe(),
             "device": ctx.device,
+            "precision": ctx.precision,
             "determinism": ctx.determinism,
             "stages": {},
         }
@@ -380,6 +385,42 @@ def run_protocol(
     return ProtocolResult(state_c, tm_c, time.perf_counter() - t, sha256_final=check["sha256_continuous"], check=check)
 
 
+def adopt_continuous_leg(ctx: Context, source, stage: str) -> bool:
+    """Copy `stage`'s finished continuous leg (state-continuous.pt.gz and its manifest) from the
+    run folder `source` into this run, so that the protocol loads it instead of computing it
+    again: the dry run measures each stage once, then rehearses the protocol around the same
+    legs. The copy is hash-checked as it is read, written like any state (data, then manifest),
+    and identity-checked when the protocol loads it, so a state of other inputs is refused there.
+    Returns False when this run has its own already."""
+    target = ctx.run / stage / "state-continuous.pt.gz"
+    if target.is_file() and Path(str(target) + ".json").is_file():
+        return False
+    data, manifest = read_verified(Path(source) / stage / target.name, StateError, "state")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sweep_incomplete(target.parent)  # a copy a crash cut short
+    write_with_sidecar(target, data, {k: v for k, v in manifest.items() if k not in ("sha256", "bytes")})
+    return True
+
+
+def adopt_evaluation(ctx: Context, source) -> bool:
+    """Take the held-out evaluation (evaluation/results.json) of the run folder `source` over,
+    as the dry run's rehearsal does: allowed only when this run's final PPO state is the very
+    state that evaluation read (the same SHA-256 in both run.json records), so the numbers are
+    the ones this run would compute. Returns False when this run has its own already."""
+    target = ctx.run / "evaluation" / "results.json"
+    if target.is_file():
+        return False
+    mine = read_json(ctx.run / RUN_FILE)["stages"].get("ppo", {}).get("sha256_final")
+    theirs = read_json(Path(source) / RUN_FILE)["stages"].get("ppo", {}).get("sha256_final")
+    if mine is None or mine != theirs:
+        raise StateError(
+            f"cannot take the evaluation of {source} over: its final PPO state ({str(theirs)[:12]}) "
+            f"is not this run's ({str(mine)[:12]})"
+        )
+    write_json(target, read_json(Path(source) / "evaluation" / "results.json"))
+    return True
+
+
 def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity: dict, every: int, compared=False):
     """One leg of the protocol, crash-safe. Returns (final state, timings, seconds).
 
@@ -511,21 +552,29 @@ def ppo_roles(ctx: Context) -> PpoRoles:
     return roles
 
 
-def ppo_identity(ctx: Context, initial_roles: PpoRoles) -> dict:
+def ppo_fingerprints(ctx: Context) -> dict:
+    """{role: rlhf.roles.fingerprint} of PPO's four roles as they start. The roles themselves are
+    freed on return: four backbones (8 GB at the full Qwen width in float32) need not stay
+    alive beside the ones PPO trains."""
+    return {k: fingerprint(r) for k, r in ppo_roles(ctx).by_kind().items()}
+
+
+def ppo_identity(ctx: Context, initial: dict) -> dict:
     """What a PPO state is computed from: the run's identity, the SFT and judge files it starts
-    from, and the initial roles' fingerprints (what its checkpoints are loaded against)."""
+    from, and the initial roles' fingerprints (`ppo_fingerprints`; what its checkpoints are
+    loaded against)."""
     return ctx.identity(
         stage="ppo",
         sft=sha256_file(ctx.trained_in / "sft" / "actor.safetensors"),
         judge=sha256_file(ctx.trained_in / "judge" / "judge.safetensors"),
-        initial=initial_fingerprints(initial_roles.by_kind()),
+        initial={k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in initial.items()},
     )
 
 
 def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> ProtocolResult:
     view = ctx.corpus.learning_view()
-    initial_roles = ppo_roles(ctx)
-    identity = ppo_identity(ctx, initial_roles)
+    initial = ppo_fingerprints(ctx)
+    identity = ppo_identity(ctx, initial)
     cfg = ctx.profile.ppo
     bar, tick = _progress("PPO", cfg.iterations)
 
@@ -582,7 +631,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
             final.by_kind()[kind].load_learned_state(result.state[key])
         # From the initial roles and the final state, so that a rerun after a crash writes the same.
         fingerprints = {
-            "before": _short({k: fingerprint(r) for k, r in initial_roles.by_kind().items()}),
+            "before": _short(initial),
             "after": _short({k: fingerprint(r) for k, r in final.by_kind().items()}),
         }
         check_fingerprints(fingerprints["before"], fingerprints["after"])
@@ -602,6 +651,8 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
 
 # ------------------------------------------------------------------------- the whole lab
 
+STAGES = ("sft", "judge", "ppo", "evaluate", "shortcut_audit", "report")  # run_lab's order
+
 
 def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
     """Every stage in order, skipping those run.json records as complete; returns results.json.
@@ -609,37 +660,57 @@ def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
     sft -> judge -> ppo (each with the interrupt/resume protocol unless `protocol=False`) ->
     evaluate -> shortcut_audit -> report. Stages without checkpoints (evaluation, audit,
     reports) write their results whole and last, so a crash inside one reruns that one."""
+    run_stages(ctx, protocol=protocol)
+    if not stage_complete(ctx, "report"):
+        sweep_incomplete(ctx.run, sidecar_patterns=())
+        write_reports(ctx.run, keep_existing=True)
+        mark_complete(ctx, "report")
+    return read_json(ctx.run / "results.json")
+
+
+def run_stages(ctx: Context, *, protocol: bool = True, until: str = "shortcut_audit", done=None) -> None:
+    """run_lab's stages from SFT up to and including `until`, skipping those run.json records as
+    complete; `done(stage)` is called after each stage this call ran (the dry run prints each
+    stage's measurement as it comes)."""
+    if until not in STAGES[:-1]:
+        raise ValueError(f"until must be one of {', '.join(STAGES[:-1])}, not {until!r}")
     for name, fn in (("sft", stage_sft), ("judge", stage_judge), ("ppo", stage_ppo)):
         if stage_complete(ctx, name):
             _say(f"{name}: already complete in {ctx.run} (skipped)")
-            continue
-        result = fn(ctx, protocol=protocol)
-        check = result.check or {}  # a full run always records its check
-        _say(
-            f"{name}: {result.seconds:.1f} s; interrupt/resume identical: {check.get('identical')} "
-            f"({check.get('tensors_compared')} tensors; state sha256 resumed {str(check.get('sha256_resumed'))[:12]}"
-            f" = continuous {str(check.get('sha256_continuous'))[:12]})"
-        )
-        _stop_if_requested(ctx)
+        else:
+            result = fn(ctx, protocol=protocol)
+            check = result.check or {}  # a full run always records its check
+            if check.get("protocol"):
+                _say(
+                    f"{name}: {result.seconds:.1f} s; interrupt/resume identical: {check.get('identical')} "
+                    f"({check.get('tensors_compared')} tensors; state sha256 resumed "
+                    f"{str(check.get('sha256_resumed'))[:12]} = continuous {str(check.get('sha256_continuous'))[:12]})"
+                )
+            else:
+                _say(
+                    f"{name}: {result.seconds:.1f} s (one continuous run; state sha256 {str(result.sha256_final)[:12]})"
+                )
+            _stop_if_requested(ctx)
+        if name == until:
+            return
     for name, folder, write_results in (
         ("evaluate", "evaluation", stage_evaluate),
         ("shortcut_audit", "shortcut_audit", run_shortcut_audit),
     ):
         if stage_complete(ctx, name):
             _say(f"{name}: already complete in {ctx.run} (skipped)")
-            continue
-        t = time.perf_counter()
-        sweep_incomplete(ctx.run / folder)
-        if not (ctx.run / folder / "results.json").exists():  # written whole and last: there means done
-            write_results(ctx)
-        mark_complete(ctx, name)
-        _say(f"{name}: {time.perf_counter() - t:.1f} s")
-        _stop_if_requested(ctx)
-    if not stage_complete(ctx, "report"):
-        sweep_incomplete(ctx.run, sidecar_patterns=())
-        write_reports(ctx.run, keep_existing=True)
-        mark_complete(ctx, "report")
-    return read_json(ctx.run / "results.json")
+        else:
+            t = time.perf_counter()
+            sweep_incomplete(ctx.run / folder)
+            if not (ctx.run / folder / "results.json").exists():  # written whole and last: there means done
+                write_results(ctx)
+            mark_complete(ctx, name)
+            _say(f"{name}: {time.perf_counter() - t:.1f} s")
+            _stop_if_requested(ctx)
+            if done is not None:
+                done(name)
+        if name == until:
+            return
 
 
 def _stop_if_requested(ctx: Context) -> None:

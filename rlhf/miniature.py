@@ -41,6 +41,7 @@ from rlhf import lab
 from rlhf.config import Profile, override
 from rlhf.evaluate import EXPECTED_ROWS
 from rlhf.io import read_json, write_json
+from rlhf.models import precision_line
 from rlhf.tokens import max_new_tokens
 
 # SFT and the judge get the same cut: 2 epochs of 1 update, validation cut to 4.
@@ -124,6 +125,7 @@ def stage_units(profile: Profile) -> dict[str, int]:
 
 
 STAGE_FOLDERS = {"sft": "sft", "judge": "judge", "ppo": "ppo"}
+UNIT_NAMES = {"sft": "update", "judge": "update", "ppo": "iteration"}
 # What each timed part of the evaluation (rlhf.evaluate.stage_evaluate's "seconds", without the
 # policy prefix) grows with, and that count in the full evaluation. Loading the roles, the
 # bootstrap and the politeness exercise do not grow with a cut: the exercise is mostly its
@@ -228,41 +230,90 @@ def dry_run(
     layers: int | None = None,
     cpu: bool = False,
     random_weights: bool = False,
-    say=print,
+    say=None,
 ) -> dict:
-    """Run the miniature of `profile` on `model_dir` through every stage (lab.run_lab with the
-    interrupt/resume protocol) in `out` (default: a new temporary folder, kept for inspection),
-    then write and return dry_run.json: the measured step times and the projection of each
-    full stage (`project`)."""
+    """Measure, project, then rehearse: the miniature of `profile` on `model_dir` in `out`
+    (default: a new temporary folder, kept for inspection), in two run folders:
 
+        measure/    each training stage once (its continuous leg) and the held-out evaluation;
+                    from their step times the projection of every full stage (`project`) is
+                    printed and written to dry_run.json as soon as they are measured
+        rehearsal/  the whole lab with the interrupt/resume protocol (rlhf.lab.run_lab), its
+                    continuous legs taken over from measure/ (rlhf.lab.adopt_continuous_leg:
+                    identity-checked, not computed twice), and so the evaluation of the same
+                    final PPO state (rlhf.lab.adopt_evaluation: its hash checked); then the
+                    shortcut audit and the reports: every stage ran, the protocol held
+
+    Returns dry_run.json's record."""
+
+    if say is None:
+        say = _say
     mini = miniature_profile(profile, layers=layers, cpu=cpu, random_weights=random_weights)
-    run = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="rlhf-dry-run-")) / "run"
+    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="rlhf-dry-run-"))
+    measure, rehearsal = root / "measure", root / "rehearsal"
     t = time.perf_counter()
-    ctx = lab.open_context(run, mini, model_dir=model_dir)
-    lab.run_lab(ctx, protocol=True)
-    wall = time.perf_counter() - t
-    step = measured_step_seconds(run, mini)
-    projection = project(step, profile)
+    ctx = lab.open_context(measure, mini, model_dir=model_dir)
+    say(
+        f"dry run of {profile.name} on {ctx.device}: measuring each stage once at the miniature budgets "
+        f"(every stage of the projection is printed as it is measured), then rehearsing the whole lab"
+    )
+    say(precision_line(ctx.precision))
+    full_units = stage_units(profile)
+
+    def measured(stage: str) -> None:
+        if stage not in STAGE_FOLDERS:
+            return
+        seconds = read_json(measure / stage / "resume_check.json")["continuous_s"]
+        per_unit = seconds / stage_units(mini)[stage]
+        say(
+            f"  measured {stage}: {per_unit:.2f} s per {UNIT_NAMES[stage]} "
+            f"(x {full_units[stage]} in the full run: {per_unit * full_units[stage] / 3600:.2f} h"
+            + (", before the rollouts' cut tokens are added)" if stage == "ppo" else ")")
+        )
+
+    lab.run_stages(ctx, protocol=False, until="evaluate", done=measured)
+    step = measured_step_seconds(measure, mini)
     record = {
         "profile": profile.name,
         "miniature": mini.name,
         "device": ctx.device,
         "model_dir": str(model_dir),
-        "run": str(run),
-        "wall_s": wall,
+        "run": str(root),
+        "measured_s": time.perf_counter() - t,
         "measured": step,
-        "projection": projection,
-        "arithmetic": read_json(run / lab.RUN_FILE)["arithmetic"]["note"],
-        "formula": "projected stage seconds = measured seconds per update/iteration (continuous leg) "
+        "projection": project(step, profile),
+        "arithmetic": read_json(measure / lab.RUN_FILE)["arithmetic"]["note"],
+        "precision": ctx.precision,
+        "formula": "projected stage seconds = measured seconds per update/iteration (one continuous run) "
         "x the full profile's updates/iterations; a PPO iteration adds the rollout's "
         "generation seconds per token x the tokens the miniature cut; evaluation = "
         "generation seconds per new token (grown to 260 rows per policy) x full answer length + the rest, "
         "each part grown to its full count of rows or test pairs",
     }
-    write_json(run / "dry_run.json", record)
+    write_json(root / "dry_run.json", record, overwrite=True)  # a rerun after a crash measures nothing again
     for line in dry_run_lines(record):
         say(line)
+    say("rehearsing the whole lab with the interrupt/resume protocol (the projection above is final)")
+    ctx = lab.open_context(rehearsal, mini, model_dir=model_dir)
+    for stage in STAGE_FOLDERS:
+        lab.adopt_continuous_leg(ctx, measure, stage)
+    lab.run_stages(ctx, protocol=True, until="ppo")
+    lab.adopt_evaluation(ctx, measure)  # the same final PPO state (checked): the same numbers
+    lab.run_lab(ctx, protocol=True)
+    record["wall_s"] = time.perf_counter() - t
+    record["rehearsal"] = {
+        stage: read_json(rehearsal / stage / "resume_check.json")["identical"] for stage in STAGE_FOLDERS
+    }
+    write_json(root / "dry_run.json", record, overwrite=True)
+    say(
+        f"dry run finished in {record['wall_s']:.1f} s: every stage ran, the interrupt/resume protocol held; "
+        f"everything is in {root} (a throw-away folder; dry_run.json holds these numbers)"
+    )
     return record
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # progress: shown as it is measured, also when the output is a pipe
 
 
 def dry_run_lines(record: dict) -> list[str]:
@@ -275,9 +326,9 @@ def dry_run_lines(record: dict) -> list[str]:
         "evaluation": "evaluation new tokens per answer",
     }
     lines = [
-        f"dry run of {record['profile']} ({record['miniature']}) on {record['device']} "
-        f"finished in {record['wall_s']:.1f} s: every stage ran, the interrupt/resume protocol held; "
+        f"measured {record['miniature']} on {record['device']} in {record['measured_s']:.1f} s; "
         f"arithmetic: {record['arithmetic']}",
+        precision_line(record["precision"]),
         f"projected time of the full {record['profile']} run on this machine ({record['formula']}):",
     ]
     for stage in ("sft", "judge", "ppo", "evaluation"):
@@ -290,5 +341,4 @@ def dry_run_lines(record: dict) -> list[str]:
         f"  one leg of each stage + evaluation: {p['one_leg_total_s'] / 3600:.2f} h; the lab with its "
         f"interrupt/resume protocol (training stages twice): {p['lab_with_protocol_s'] / 3600:.2f} h"
     )
-    lines.append(f"  everything is in {record['run']} (a throw-away folder; dry_run.json holds these numbers)")
     return lines

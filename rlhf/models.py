@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlhf import runtime
 from rlhf.config import Profile
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, read_json, sha256_file, write_text
 
@@ -119,14 +120,28 @@ def check_tokenizer(profile: Profile, tokenizer) -> tuple[int, int]:
     return eos_id, pad_id
 
 
-def check_model(profile: Profile, model) -> None:
-    dtype = DTYPES[profile.model.dtype]
+def compute_dtype(profile: Profile) -> dict:
+    """The dtype the profile's base computes in on its device, and why (rlhf.runtime.choose_dtype:
+    [runtime] compute_dtype, `--dtype`; BF16 weights on a CPU without native BF16 compute in
+    float32). Recorded in run.json and in every identity."""
+    return runtime.choose_dtype(profile.model.dtype, profile.device, profile.runtime.compute_dtype)
+
+
+def precision_line(precision: dict) -> str:
+    """What `rlhf lab` and the dry run print about the dtype the base computes in."""
+    force = f"; {precision['force']} forces the other" if precision["force"] else ""
+    return f"precision: {precision['dtype']} (weights stored in {precision['stored']}; {precision['reason']}{force})"
+
+
+def check_model(profile: Profile, model, dtype_name: str | None = None) -> None:
+    """Tied embeddings, and every parameter in `dtype_name` (default: the compute dtype)."""
+    dtype = DTYPES[dtype_name or compute_dtype(profile)["dtype"]]
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     if emb.untyped_storage().data_ptr() != head.untyped_storage().data_ptr():
         raise ModelCheckError("lm_head and embed_tokens do not share one tensor (tying broken)")
     for name, p in model.named_parameters():
         if p.dtype != dtype:
-            raise ModelCheckError(f"parameter {name} has dtype {p.dtype}, profile requires {dtype}")
+            raise ModelCheckError(f"parameter {name} has dtype {p.dtype}, profile {profile.name} computes in {dtype}")
 
 
 def freeze(model) -> None:
@@ -213,7 +228,8 @@ def load_base(
     revision = check_revision(profile, model_dir) if profile.model.revision is not None else None
     tokenizer = load_tokenizer(model_dir) if tokenizer is None else tokenizer
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
-    dtype = DTYPES[profile.model.dtype]
+    # Loaded in the compute dtype: BF16 weights widened to float32 where the CPU has no native BF16.
+    dtype = DTYPES[compute_dtype(profile)["dtype"]]
     model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
     model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     check_model(profile, model)
@@ -237,8 +253,12 @@ def qwen2_config(profile: Profile, **extra):
     return Qwen2Config(**shape, **{**settings, "rms_norm_eps": 1e-6, **extra})
 
 
-def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cpu") -> Base:
-    """The profile's full shape with random weights (time/memory runs without the download)."""
+def random_base(
+    profile: Profile, tokenizer, *, seed: int = 0, device: str = "cpu", dtype_name: str | None = None
+) -> Base:
+    """The profile's full shape with random weights (time/memory runs without the download),
+    rounded to the stored dtype, then held in `dtype_name` (default: the compute dtype; a model
+    directory is written in the stored one)."""
     from transformers import Qwen2ForCausalLM
 
     spec = profile.model
@@ -255,7 +275,9 @@ def random_base(profile: Profile, tokenizer, *, seed: int = 0, device: str = "cp
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(DTYPES[spec.dtype])  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     check_config(profile, model.config)
-    check_model(profile, model)
+    dtype_name = dtype_name or compute_dtype(profile)["dtype"]
+    model.to(DTYPES[dtype_name])  # type: ignore[arg-type]  # widening BF16 to float32 is exact
+    check_model(profile, model, dtype_name)
     freeze(model)
     return Base(
         model=model,
@@ -308,7 +330,7 @@ def write_random_model_dir(profile: Profile, out_dir, tokenizer_file, *, seed: i
         tokenizer = PreTrainedTokenizerFast(
             tokenizer_file=str(tokenizer_file), eos_token="<|im_end|>", pad_token="<|endoftext|>"
         )
-    base = random_base(profile, tokenizer, seed=seed)
+    base = random_base(profile, tokenizer, seed=seed, dtype_name=profile.model.dtype)  # stored as the profile says
     with atomic_folder(out_dir) as tmp:
         base.model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

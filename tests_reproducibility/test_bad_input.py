@@ -1,6 +1,8 @@
 """Bad input on resume (changed identity, damaged state files, a CUDA profile without CUDA) is refused
 with a message naming the problem, and nothing existing is overwritten."""
 
+import shutil
+
 import pytest
 
 from rlhf import identities, lab
@@ -37,10 +39,10 @@ def test_resume_with_changed_config_is_refused(stopped_run):
     assert sha256_file(stopped_run.run / "run.json") == before
 
 
-@pytest.mark.parametrize("part", ["revision", "code", "arithmetic", "profile"])
+@pytest.mark.parametrize("part", ["revision", "code", "arithmetic", "profile", "dtype"])
 def test_rerun_with_another_revision_code_pin_or_profile_is_refused(stopped_run, part, monkeypatch):
-    """run.json: a rerun whose revision, code version, CPU pin or profile differs is refused,
-    naming what changed and the command that starts afresh."""
+    """run.json: a rerun whose revision, code version, CPU pin, profile or compute dtype differs
+    is refused, naming what changed and the command that starts afresh."""
     from rlhf import runtime
 
     if part == "revision":
@@ -51,18 +53,46 @@ def test_rerun_with_another_revision_code_pin_or_profile_is_refused(stopped_run,
         monkeypatch.setattr(identities, "code_sha256", lambda: "f" * 64)
     elif part == "arithmetic":
         monkeypatch.setattr(runtime, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
+    elif part == "dtype":  # e.g. a run continued on a machine that computes the base in another dtype
+        real = lab.compute_dtype
+        monkeypatch.setattr(lab, "compute_dtype", lambda profile: {**real(profile), "dtype": "bfloat16"})
     profile = override(bad_input_profile(), {(None, "name"): "renamed"}) if part == "profile" else bad_input_profile()
     with pytest.raises(StateError, match=rf"identity changed in [a-z, ]*{part}.*start afresh"):
         lab.open_context(stopped_run.run, profile)
 
 
-@pytest.mark.parametrize("part", ["corpus", "code", "base_model"])
+@pytest.mark.parametrize("part", ["corpus", "code", "base_model", "dtype"])
 def test_resume_with_changed_corpus_code_or_base_is_refused(stopped_run, part):
     path = stopped_run.run / "sft" / "state-stop001.pt.gz"
     identity = stopped_run.identity(stage="sft", initial=read_json(str(path) + ".json")["identity"]["initial"])
     load_state(path, identity)  # the run's own identity loads
+    assert identity["dtype"] == "float32"
     with pytest.raises(StateError, match=f"identity changed in {part}"):
         load_state(path, {**identity, part: "0" * 64})
+
+
+def test_an_adopted_continuous_leg_is_hash_and_identity_checked(stopped_run, tmp_path):
+    """rlhf.lab.adopt_continuous_leg (the dry run's rehearsal takes its measured legs over): a
+    damaged source is refused as it is read, a state of other inputs when the protocol loads it,
+    and a run's own leg is never replaced."""
+    source = tmp_path / "source" / "sft"
+    source.mkdir(parents=True)
+    state = stopped_run.run / "sft" / "state-stop001.pt.gz"
+    for suffix in ("", ".json"):
+        shutil.copy(str(state) + suffix, str(source / "state-continuous.pt.gz") + suffix)
+    other = lab.open_context(tmp_path / "run", override(bad_input_profile(), {("sft", "lr"): 1e-3}))
+    assert lab.adopt_continuous_leg(other, source.parent, "sft") is True
+    assert lab.adopt_continuous_leg(other, source.parent, "sft") is False  # its own is kept
+    assert sha256_file(other.run / "sft" / "state-continuous.pt.gz") == sha256_file(state)
+    with pytest.raises(StateError, match="identity changed in config"):
+        lab.stage_sft(other, protocol=False)
+    data = bytearray((source / "state-continuous.pt.gz").read_bytes())
+    data[100] ^= 0xFF
+    (source / "state-continuous.pt.gz").write_bytes(bytes(data))
+    fresh = lab.open_context(tmp_path / "run2", bad_input_profile())
+    with pytest.raises(StateError, match="hash mismatch"):
+        lab.adopt_continuous_leg(fresh, source.parent, "sft")
+    assert not (fresh.run / "sft" / "state-continuous.pt.gz").exists()
 
 
 def test_resume_with_a_different_base_model_is_refused(stopped_run, tmp_path):

@@ -141,3 +141,21 @@ def test_a_role_whose_adapters_differ_from_the_profile_is_refused(embedded_profi
         r"with 22,529",
     ):
         new_role("actor", wrong, embedded_dir)
+
+
+def test_the_compute_dtype_is_declared_checked_and_never_rounds_float32_weights(tmp_path):
+    """[runtime] compute_dtype ('auto' in both profiles; `rlhf lab --dtype` writes it in): an
+    unknown value and BF16 over float32 weights are refused, by the profile and by the command,
+    before anything is written."""
+    from rlhf.cli import main
+
+    embedded, qwen = load_profile("embedded"), load_profile("qwen2.5-0.5b")
+    assert embedded.runtime.compute_dtype == "auto" and qwen.runtime.compute_dtype == "auto"
+    forced = override(qwen, {("runtime", "compute_dtype"): "float32"})
+    assert forced.runtime.compute_dtype == "float32" and profile_hash(forced) != profile_hash(qwen)
+    with pytest.raises(ProfileError, match="would round the model's float32 weights"):
+        override(embedded, {("runtime", "compute_dtype"): "bfloat16"})
+    with pytest.raises(ProfileError, match="compute_dtype must be 'auto', 'float32' or 'bfloat16', not 'float16'"):
+        override(qwen, {("runtime", "compute_dtype"): "float16"})
+    assert main(["lab", "--dtype", "bfloat16", "--out", str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()

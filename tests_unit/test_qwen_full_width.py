@@ -19,10 +19,15 @@ instead of 64 (a cut row is truncated like a row at 64), and every held-out set 
 say so: the name, `device = "cpu"` (a CUDA profile run on the CPU on purpose, recorded in
 run.json) and `allow_random_weights`.
 
-Arithmetic: a BF16 profile on the CPU runs unpinned by default (rlhf.cli, `--pin` keeps the
-pin). The pin limits oneDNN to AVX2, which has no BF16 instructions: the 151,936 x 896 BF16
-vocabulary projection ran at 4.2 GFLOP/s pinned against 281 GFLOP/s unpinned (AMX) on an Intel
-Xeon. Nothing here is compared with a golden hash; run.json records the run as unpinned and why.
+Arithmetic: a profile with BF16 weights on the CPU runs unpinned by default (rlhf.cli, `--pin`
+keeps the pin), and computes in the dtype this CPU's flags choose (rlhf.runtime.choose_dtype):
+BF16 where the CPU has native BF16 instructions, else float32 (BF16 matrix products are emulated
+there: one SFT update of this 2-layer model took minutes in BF16 on an AMD EPYC Zen 2, seconds
+in float32). Both choices are exercised with the flags faked. Nothing here is compared with a
+golden hash; run.json records the run as unpinned, the dtype and why.
+
+The dry run measures each stage once, prints the projection, then rehearses the whole lab with
+the interrupt/resume protocol around the measured legs (rlhf.miniature.dry_run).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlhf import runtime
 from rlhf.config import load_profile, override, profile_hash
@@ -76,12 +82,13 @@ def the_miniature() -> dict:
 
 @pytest.fixture(scope="module")
 def full_width(tmp_path_factory):
-    """(run folder, model dir, wall seconds of the dry run, its stdout)."""
+    """(the rehearsal's run folder, model dir, wall seconds of the dry run, its stdout); the
+    measurement's run folder is its sibling `measure/`, dry_run.json their parent's."""
     from rlhf.models import write_random_model_dir
 
     root = tmp_path_factory.mktemp("qwen_full_width")
     model_dir = write_random_model_dir(the_miniature(), root / "model", tokenizer_file())
-    run = root / "run"
+    out = root / "dry-run"
     # This process pinned its arithmetic by setting rlhf.runtime.PIN in os.environ; the child starts
     # from the user's environment, as the command would: its own default decides (unpinned).
     env = {k: v for k, v in os.environ.items() if k not in runtime.PIN and k != runtime.SWITCH}
@@ -103,7 +110,7 @@ def full_width(tmp_path_factory):
             str(LAYERS),
             "--random-weights",
             "--out",
-            str(run),
+            str(out),
         ],
         capture_output=True,
         text=True,
@@ -112,7 +119,7 @@ def full_width(tmp_path_factory):
     )
     wall = time.perf_counter() - t
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run, model_dir, wall, proc.stdout
+    return out / "rehearsal", model_dir, wall, proc.stdout
 
 
 def test_only_layers_budgets_and_labels_differ_from_the_real_profile():
@@ -161,14 +168,20 @@ def test_tokenizer_is_qwen_bpe_and_the_lab_renders_its_chat_template(full_width)
 
 
 def test_every_stage_ran_and_run_json_records_the_cpu_on_purpose(full_width, record_result):
-    run, _, wall, _ = full_width
+    run, _, wall, stdout = full_width
     record = read_json(run / "run.json")
     assert set(record["stages"]) == {"sft", "judge", "ppo", "evaluate", "shortcut_audit", "report"}
     assert record["identity"]["profile"] == "qwen2.5-0.5b-miniature"
     assert record["identity"]["config"] == profile_hash(the_miniature())  # exactly this profile ran
     assert record["device"] == "cpu" and record["determinism"]["applied"] is False
-    assert record["arithmetic"]["status"] == "released"  # a BF16 profile on the CPU: unpinned by default
-    assert "runs BF16 on the CPU" in record["arithmetic"]["note"]
+    assert record["arithmetic"]["status"] == "released"  # BF16 weights on the CPU: unpinned by default
+    assert "has BF16 weights and runs on the CPU" in record["arithmetic"]["note"]
+    # The dtype chosen by this CPU's flags (BF16 where it computes BF16 natively, else float32),
+    # recorded with its reason, in the identity, and printed by the dry run.
+    choice = runtime.choose_dtype("bfloat16", "cpu")
+    assert record["precision"] == choice and record["identity"]["dtype"] == choice["dtype"]
+    assert f"precision: {choice['dtype']} (weights stored in bfloat16; {choice['reason']}" in stdout
+    assert read_json(run.parent / "dry_run.json")["precision"] == choice
     assert record["arithmetic"]["environment"] == {k: None for k in runtime.PIN}  # the user's own (none)
     assert record["identity"]["arithmetic"].startswith("unpinned:") and record["identity"]["arithmetic"].endswith(
         ":released"
@@ -176,6 +189,49 @@ def test_every_stage_ran_and_run_json_records_the_cpu_on_purpose(full_width, rec
     for name in ("results.json", "report.md", "report.html"):
         assert (run / name).stat().st_size > 0
     record_result("full_width_dry_run_wall_s", round(wall, 1))
+
+
+@pytest.mark.parametrize("flags,dtype", [("avx2-only", "float32"), ("avx512-bf16", "bfloat16")])
+def test_the_compute_dtype_follows_the_cpu_flags_at_full_width(full_width, monkeypatch, flags, dtype):
+    """With the CPU's flags faked: an AVX2-only CPU loads the BF16 checkpoint widened to float32
+    (exactly: the same numbers), one with native BF16 keeps BF16; both score the same answer alike
+    (to BF16's rounding). Catches a choice that ignores the flags and a widening that changes a weight."""
+    from rlhf.models import load_base
+    from rlhf.scoring import response_logprobs
+    from rlhf.tokens import collate, encode_example
+
+    _, model_dir, _, _ = full_width
+    fake = {
+        "avx2-only": frozenset({"avx", "avx2", "fma"}),
+        "avx512-bf16": frozenset({"avx2", "avx512f", "avx512_bf16"}),
+    }
+    monkeypatch.setattr(runtime, "cpu_flags", lambda path=None: fake[flags])
+    profile = the_miniature()
+    base = load_base(profile, model_dir)
+    assert {p.dtype for p in base.model.parameters()} == {getattr(torch, dtype)}
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        stored = f.get_tensor("model.layers.0.mlp.down_proj.weight")
+    assert stored.dtype == torch.bfloat16
+    assert torch.equal(base.model.model.layers[0].mlp.down_proj.weight.to(torch.bfloat16), stored)  # widened exactly
+    prompt, response = encode_example(
+        base.tokenizer, "Printer jam on floor 3?", "Open tray 2.", base.eos_id, profile.limits, "x"
+    )
+    with torch.no_grad():
+        logp = response_logprobs(base.model, collate([prompt], [response], base.pad_id))
+    other = {"float32": "bfloat16", "bfloat16": "float32"}[dtype]
+    monkeypatch.setattr(
+        runtime, "cpu_flags", lambda path=None: fake["avx512-bf16" if dtype == "float32" else "avx2-only"]
+    )
+    base_other = load_base(profile, model_dir)
+    assert {p.dtype for p in base_other.model.parameters()} == {getattr(torch, other)}
+    with torch.no_grad():
+        logp_other = response_logprobs(base_other.model, collate([prompt], [response], base.pad_id))
+    # Random weights give near-uniform log-probs (about -log 151,936 = -11.9); BF16 rounds the
+    # activations to 8 bits of mantissa, so the two agree to a few hundredths, not bit for bit.
+    assert torch.allclose(logp, logp_other, atol=0.1), (logp, logp_other)
+    assert not torch.equal(logp, logp_other)  # two dtypes really ran
 
 
 @pytest.mark.parametrize("stage,units", [("sft", 2), ("judge", 2), ("ppo", 2)])
@@ -243,12 +299,15 @@ def test_evaluation_covers_the_first_two_units_of_each_set_and_metrics_recompute
 
 def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(full_width, record_result):
     """Catches a projection that does not follow its stated formula, or counts of the miniature."""
-    run, _, _, stdout = full_width
-    dry = read_json(run / "dry_run.json")
+    rehearsal, _, _, stdout = full_width
+    run = rehearsal.parent / "measure"  # each stage measured once, then projected
+    dry = read_json(rehearsal.parent / "dry_run.json")
     full = load_profile("qwen2.5-0.5b")
     assert stage_units(full) == {"sft": 63, "judge": 210, "ppo": 100, "ppo_rollout_tokens": 64, "evaluation": 64}
     for stage, folder in (("sft", "sft"), ("judge", "judge"), ("ppo", "ppo")):
-        continuous_s = read_json(run / folder / "resume_check.json")["continuous_s"]
+        check = read_json(run / folder / "resume_check.json")
+        assert check["protocol"] is False  # one continuous run: the measurement
+        continuous_s = check["continuous_s"]
         assert dry["measured"][stage]["per_unit"] == pytest.approx(continuous_s / 2)
         if stage != "ppo":
             assert dry["projection"][stage]["projected_s"] == pytest.approx(continuous_s / 2 * stage_units(full)[stage])
@@ -269,7 +328,14 @@ def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(ful
         generation / 2 * 260 / 18 * 64 + ev["total"] - generation + grown
     )
     assert project(dry["measured"], full) == dry["projection"]
-    assert "projected time of the full qwen2.5-0.5b run" in stdout
+    # Printed before the rehearsal starts: the projection does not wait for the protocol's legs.
+    projected_at = stdout.index("projected time of the full qwen2.5-0.5b run")
+    assert projected_at < stdout.index("rehearsing the whole lab with") < stdout.index("sft: interrupted run")
+    assert (
+        stdout.index("measured sft:") < stdout.index("measured judge:") < stdout.index("measured ppo:") < projected_at
+    )
+    assert dry["rehearsal"] == {"sft": True, "judge": True, "ppo": True}
+    record_result("dry_run_time_to_projection_s", round(dry["measured_s"], 1))
     record_result(
         "qwen_cpu_projection_h",
         {k: round(v["projected_s"] / 3600, 2) for k, v in dry["projection"].items() if isinstance(v, dict)},

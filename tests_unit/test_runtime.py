@@ -57,3 +57,61 @@ def test_importing_rlhf_does_not_import_torch():
     torch_loaded, status = json.loads(done.stdout)
     assert torch_loaded is False
     assert status in ("pinned", "off")
+
+
+# ----------------------------------------------------------------- the compute dtype, by the CPU's flags
+
+AVX2_ONLY = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"})  # AMD EPYC Zen 2/3, most laptops
+AVX512_NO_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl"}  # e.g. Intel Skylake-SP
+ZEN5 = AVX512_NO_BF16 | {"avx512_bf16"}
+SAPPHIRE_RAPIDS = ZEN5 | {"amx_bf16", "amx_tile"}
+
+
+@pytest.mark.parametrize(
+    "flags,dtype",
+    [(AVX2_ONLY, "float32"), (AVX512_NO_BF16, "float32"), (ZEN5, "bfloat16"), (SAPPHIRE_RAPIDS, "bfloat16")],
+)
+def test_bf16_weights_compute_in_bf16_only_where_the_cpu_has_native_bf16(flags, dtype):
+    """Catches a choice made from the vendor or from AVX-512 alone (Skylake has AVX-512 and no
+    BF16), and a choice that is not said."""
+    choice = runtime.choose_dtype("bfloat16", "cpu", flags=flags)
+    assert choice["dtype"] == dtype and choice["stored"] == "bfloat16" and choice["requested"] == "auto"
+    other = "float32" if dtype == "bfloat16" else "bfloat16"
+    assert choice["force"] == f"--dtype {other}"
+    if dtype == "float32":
+        assert "no native BF16" in choice["reason"] and "avx512_bf16" in choice["reason"]
+    else:
+        native = sorted(flags & {"avx512_bf16", "amx_bf16"})
+        assert choice["reason"] == f"this CPU has native BF16 instructions ({', '.join(native)})"
+
+
+def test_the_dtype_asked_for_wins_and_float32_weights_are_never_rounded():
+    for flags in (AVX2_ONLY, SAPPHIRE_RAPIDS):
+        for asked in ("float32", "bfloat16"):
+            choice = runtime.choose_dtype("bfloat16", "cpu", asked, flags=flags)
+            assert choice["dtype"] == asked and choice["reason"] == f"asked for (--dtype {asked})"
+    assert runtime.choose_dtype("bfloat16", "cuda", flags=AVX2_ONLY)["dtype"] == "bfloat16"  # the GPU, not the CPU
+    for device in ("cpu", "cuda"):
+        fp32 = runtime.choose_dtype("float32", device, flags=SAPPHIRE_RAPIDS)
+        assert fp32["dtype"] == "float32" and fp32["force"] is None
+    with pytest.raises(ValueError, match="would round them"):
+        runtime.choose_dtype("float32", "cpu", "bfloat16", flags=SAPPHIRE_RAPIDS)
+    with pytest.raises(ValueError, match="compute dtype must be one of"):
+        runtime.choose_dtype("bfloat16", "cpu", "float16", flags=AVX2_ONLY)
+    unknown = runtime.choose_dtype("bfloat16", "cpu", flags=frozenset())
+    assert unknown["dtype"] == "float32"
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path, monkeypatch):
+    """The flags come from the kernel's report of the CPU (first `flags` line), not the vendor;
+    an unreadable file means no native BF16 is assumed."""
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n"
+        "processor\t: 1\nflags\t\t: fpu\n"
+    )
+    assert runtime.cpu_flags(info) == {"fpu", "avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+    assert runtime.cpu_flags(tmp_path / "missing") is None
+    monkeypatch.setattr(runtime, "cpu_flags", lambda path=None: None)
+    choice = runtime.choose_dtype("bfloat16", "cpu")
+    assert choice["dtype"] == "float32" and "cannot be read" in choice["reason"]

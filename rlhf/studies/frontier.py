@@ -266,7 +266,7 @@ def actor_at(ctx: lab.Context, iteration: int):
         if iteration == last
         else folder / "checkpoints" / f"continuous-{iteration:04d}.pt.gz"
     )
-    state = load_state(path, lab.ppo_identity(ctx, lab.ppo_roles(ctx)))
+    state = load_state(path, lab.ppo_identity(ctx, lab.ppo_fingerprints(ctx)))
     actor = ctx.role("actor")
     load_role(actor, ctx.trained_in / "sft" / "actor.safetensors")
     actor.load_learned_state(state["actor"])
