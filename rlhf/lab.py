@@ -691,6 +691,8 @@ def run_stages(ctx: Context, *, protocol: bool = True, until: str = "shortcut_au
                     f"{name}: {result.seconds:.1f} s (one continuous run; state sha256 {str(result.sha256_final)[:12]})"
                 )
             _stop_if_requested(ctx)
+            if done is not None:
+                done(name)
         if name == until:
             return
     for name, folder, write_results in (
