@@ -298,7 +298,8 @@ def dry_run(
     for stage in STAGE_FOLDERS:
         lab.adopt_continuous_leg(ctx, measure, stage)
     lab.run_stages(ctx, protocol=True, until="ppo")
-    lab.adopt_evaluation(ctx, measure)  # the same final PPO state (checked): the same numbers
+    if lab.adopt_evaluation(ctx, measure):  # the same final PPO state (checked): the same numbers
+        say("evaluation: taken over from measure/ (the same final PPO state, by its SHA-256)")
     lab.run_lab(ctx, protocol=True)
     record["wall_s"] = time.perf_counter() - t
     record["rehearsal"] = {

@@ -171,3 +171,27 @@ def test_a_run_folder_of_the_old_layout_is_refused_naming_why(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["reward"]
     (run / "judge").mkdir()  # a new-layout folder that merely has a reward/ beside it is not refused for it
     lab.refuse_old_layout(run)
+
+
+def test_an_evaluation_is_taken_over_only_for_the_same_final_ppo_state(tmp_path):
+    """rlhf.lab.adopt_evaluation (the dry run's rehearsal): refused, and nothing written, unless
+    both runs' final PPO states have one SHA-256; a run's own evaluation is never replaced."""
+    from types import SimpleNamespace
+
+    from rlhf.io import write_json
+
+    def run(name, ppo_sha):
+        folder = tmp_path / name
+        write_json(folder / "run.json", {"stages": {"ppo": {"complete": True, "sha256_final": ppo_sha}}})
+        return folder
+
+    source = run("measure", "a" * 64)
+    write_json(source / "evaluation" / "results.json", {"policies": {"ppo": {"metrics": {"x": 1}}}})
+    other = SimpleNamespace(run=run("other", "b" * 64))
+    with pytest.raises(StateError, match="is not this run's"):
+        lab.adopt_evaluation(other, source)
+    assert not (other.run / "evaluation").exists()
+    same = SimpleNamespace(run=run("same", "a" * 64))
+    assert lab.adopt_evaluation(same, source) is True
+    assert read_json(same.run / "evaluation" / "results.json") == read_json(source / "evaluation" / "results.json")
+    assert lab.adopt_evaluation(same, source) is False

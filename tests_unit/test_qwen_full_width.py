@@ -335,6 +335,15 @@ def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(ful
         stdout.index("measured sft:") < stdout.index("measured judge:") < stdout.index("measured ppo:") < projected_at
     )
     assert dry["rehearsal"] == {"sft": True, "judge": True, "ppo": True}
+    # The rehearsal computed no continuous leg and no evaluation again: it took them over.
+    for stage in ("sft", "judge", "ppo"):
+        assert read_json(rehearsal / stage / "resume_check.json")["continuous_s"] == 0.0
+        assert (
+            read_json(rehearsal / stage / "resume_check.json")["sha256_continuous"]
+            == (read_json(run / stage / "resume_check.json")["sha256_continuous"])
+        )
+    assert read_json(rehearsal / "evaluation" / "results.json") == read_json(run / "evaluation" / "results.json")
+    assert "evaluation: taken over from measure/" in stdout
     record_result("dry_run_time_to_projection_s", round(dry["measured_s"], 1))
     record_result(
         "qwen_cpu_projection_h",
