@@ -19,6 +19,7 @@ off autograd, only explicit `torch.no_grad()` blocks do.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -195,6 +196,36 @@ def tensor_sha256(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
+# A frozen tensor's hash, remembered with everything that a write through torch changes: its
+# version counter (every in-place op bumps it, under no_grad too: an optimizer step, copy_,
+# load_state_dict), its storage address, dtype, shape and strides. A role is fingerprinted
+# many times (built, loaded, saved, before and after PPO), and at full width each frozen base
+# is 0.5-2 GB of float32: hashed once per tensor, not once per fingerprint. Writes that bypass
+# the version counter (through `.data` or a numpy view of the storage) are not seen; nothing in
+# the lab writes to a frozen tensor that way.
+_FROZEN_HASHES: dict[int, tuple[weakref.ref, tuple, str]] = {}
+
+
+def _forgetter(key: int):
+    """The callback that drops a dead tensor's entry (its id may be reused)."""
+
+    def forget(_ref) -> None:
+        _FROZEN_HASHES.pop(key, None)
+
+    return forget
+
+
+def frozen_tensor_sha256(t: torch.Tensor) -> str:
+    """tensor_sha256 of a frozen tensor, computed again only when torch has written to it."""
+    state = (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), str(t.device))
+    entry = _FROZEN_HASHES.get(id(t))
+    if entry is not None and entry[0]() is t and entry[1] == state:
+        return entry[2]
+    digest = tensor_sha256(t)
+    _FROZEN_HASHES[id(t)] = (weakref.ref(t, _forgetter(id(t))), state, digest)
+    return digest
+
+
 def manifest_sha256(named: dict[str, str]) -> str:
     return sha256_bytes(dumps_json(named).encode())
 
@@ -204,7 +235,7 @@ def fingerprint(role: Role, *, frozen: bool = True) -> dict:
     learned = {k: tensor_sha256(v) for k, v in sorted(role.learned_state().items())}
     out = {"role": role.kind, "learned": learned, "learned_sha256": manifest_sha256(learned)}
     if frozen:
-        base = {k: tensor_sha256(v) for k, v in sorted(role.frozen_named_tensors())}
+        base = {k: frozen_tensor_sha256(v) for k, v in sorted(role.frozen_named_tensors())}
         out.update(frozen=base, frozen_sha256=manifest_sha256(base))
     return out
 

@@ -93,6 +93,9 @@ def full_width(tmp_path_factory):
     # from the user's environment, as the command would: its own default decides (unpinned).
     env = {k: v for k, v in os.environ.items() if k not in runtime.PIN and k != runtime.SWITCH}
     env.update({"TOKENIZERS_PARALLELISM": "false"})
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # the other workers have the other cores: one share each, no oversubscription
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
     t = time.perf_counter()
     proc = subprocess.run(
         [

@@ -23,6 +23,7 @@ from rlhf.roles import (
     RoleIsolationError,
     assert_role_isolation,
     fingerprint,
+    frozen_tensor_sha256,
     new_head,
     new_role,
     tensor_sha256,
@@ -169,6 +170,38 @@ def test_tensor_sha256_covers_dtype_shape_and_bytes():
     u = t.clone()
     u[3] = torch.nextafter(u[3], torch.tensor(10.0))  # one ulp
     assert tensor_sha256(t) != tensor_sha256(u)
+
+
+def test_a_frozen_tensor_is_hashed_again_after_every_write_through_torch(monkeypatch):
+    """frozen_tensor_sha256 remembers a hash until torch writes to the tensor: in-place ops
+    (under no_grad too), copy_, a replaced storage, a changed dtype; a mere read hashes nothing."""
+    from rlhf import roles
+
+    calls = []
+    real = roles.tensor_sha256
+    monkeypatch.setattr(roles, "tensor_sha256", lambda t: calls.append(1) or real(t))
+    p = nn.Parameter(torch.arange(6, dtype=torch.float32), requires_grad=False)
+    first = frozen_tensor_sha256(p)
+    assert first == real(p) and frozen_tensor_sha256(p) == first and len(calls) == 1  # remembered
+    _ = p * 2, p.sum()  # reads
+    assert frozen_tensor_sha256(p) == first and len(calls) == 1
+    writes = [
+        lambda: p.add_(1.0),
+        lambda: p.copy_(torch.zeros(6)),
+        lambda: p.__setitem__(0, 7.0),
+        lambda: setattr(p, "data", torch.ones(6)),  # a new storage
+        lambda: setattr(p, "data", p.data.double()),  # another dtype
+    ]
+    seen = {first}
+    for i, write in enumerate(writes, start=2):
+        with torch.no_grad():
+            write()
+        digest = frozen_tensor_sha256(p)
+        assert digest == real(p) and len(calls) == i, f"write {i - 1} was not seen"
+        seen.add(digest)
+    assert len(seen) == len(writes) + 1
+    q = p.detach().clone()  # another tensor with the same bytes: hashed for itself
+    assert frozen_tensor_sha256(q) == real(p) and len(calls) == len(writes) + 2
 
 
 def test_learned_change_moves_only_the_learned_fingerprint(embedded_profile, embedded_dir):
