@@ -66,8 +66,8 @@ def cmd_arithmetic(args) -> int:
 
     if args.out and Path(args.out).exists():
         raise FileExistsError(f"{args.out} exists; a fingerprint file is never overwritten (choose a new name)")
+    other = arithmetic.load(args.compare) if args.compare else None  # refused before measuring
     fp = arithmetic.measure()
-    other = arithmetic.load(args.compare) if args.compare else None
     print(arithmetic.report(fp, other, args.compare or ""))
     if args.out:
         write_json(args.out, fp)

@@ -71,6 +71,18 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def output_folder(path: str | os.PathLike) -> Path:
+    """`path` as a folder to write into (a new one, or a run or study to continue): refused,
+    naming it, when it exists and is not a folder. Nothing is written either way."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(
+            f"{path} is a file, not a folder: name a new folder, or the folder of a run or study to continue "
+            "(nothing was written)"
+        )
+    return path
+
+
 def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False, keep_existing: bool = False) -> Path:
     """Atomically write `data` to `path` (temp file + fsync + rename); refuse to overwrite.
 

@@ -48,7 +48,15 @@ from rlhf.config import PROFILES, Profile, load_profile, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.evaluate import stage_evaluate
-from rlhf.io import read_json, read_verified, sha256_file, sweep_incomplete, write_json, write_with_sidecar
+from rlhf.io import (
+    output_folder,
+    read_json,
+    read_verified,
+    sha256_file,
+    sweep_incomplete,
+    write_json,
+    write_with_sidecar,
+)
 from rlhf.judge import train_judge
 from rlhf.models import check_tokenizer, compute_dtype, directory_identity, load_tokenizer
 from rlhf.ppo import STATE_KEYS, train_ppo
@@ -123,7 +131,7 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     `profile_name` is a profile name, a TOML path, or an already loaded Profile (tests pass
     small budgets made with `config.override`).
     """
-    run = Path(run)
+    run = output_folder(run)
     profile = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
     profile_device(profile)  # refused before anything is prepared
     refuse_old_layout(run)

@@ -195,3 +195,57 @@ def test_an_evaluation_is_taken_over_only_for_the_same_final_ppo_state(tmp_path)
     assert lab.adopt_evaluation(same, source) is True
     assert read_json(same.run / "evaluation" / "results.json") == read_json(source / "evaluation" / "results.json")
     assert lab.adopt_evaluation(same, source) is False
+
+
+@pytest.mark.parametrize("command", ["lab", "seeds", "frontier", "base-study"])
+def test_an_output_folder_that_is_a_file_is_refused_in_one_line(tmp_path, command, capsys, monkeypatch):
+    """`--out FILE` (an existing file where a run or study folder belongs): one line naming the
+    file and the problem, exit 2, the file unchanged and nothing written beside it."""
+    from rlhf import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("notes\n")
+    assert cli.main([command, "--out", "README.md"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"rlhf {command}: error: README.md is a file, not a folder: name a new folder, or the folder of a run or "
+        "study to continue (nothing was written)"
+    ]
+    assert (tmp_path / "README.md").read_text() == "notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [
+        (b"root:x:0:0:root:/root:/bin/bash\n", r"is not a fingerprint file: not JSON \(Expecting value"),
+        (b"\xff\xfe binary", r"is not a fingerprint file: not JSON"),
+        (b'{"ops": []}', r"is not a fingerprint file: JSON without the sections model \(`rlhf arithmetic --out FILE`"),
+        (b"[1, 2]", r"is not a fingerprint file: JSON without the sections ops, model"),
+        (None, r"cannot read fingerprint file .*: Is a directory"),
+        ("missing", r"cannot read fingerprint file .*: No such file or directory"),
+    ],
+)
+def test_a_compare_file_that_is_not_a_fingerprint_is_refused_before_measuring(
+    tmp_path, content, problem, capsys, monkeypatch
+):
+    """`rlhf arithmetic --compare FILE`: not JSON, JSON of another shape, a folder, a missing
+    path: one line naming the file and what is wrong, exit 2, and nothing measured or written."""
+    import re
+
+    from rlhf import arithmetic, cli
+
+    def measure():
+        raise AssertionError("measured although the compare file is unusable")
+
+    monkeypatch.setattr(arithmetic, "measure", measure)
+    path = tmp_path / "other.json"
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    assert cli.main(["arithmetic", "--compare", str(path), "--out", str(tmp_path / "mine.json")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlhf arithmetic: error: ") and str(path) in lines[0], lines
+    assert re.search(problem, lines[0]), lines[0]
+    assert not (tmp_path / "mine.json").exists()

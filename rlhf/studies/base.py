@@ -41,7 +41,7 @@ from rlhf.config import EpochStage, Profile, load_profile, profile_hash
 from rlhf.embedded import EXPECTED_BUILD, build_embedded
 from rlhf.evaluate import expected_actions, heldout_prompts, judge_test_accuracy, policy_responses
 from rlhf.identities import describe_change
-from rlhf.io import read_json, write_json
+from rlhf.io import output_folder, read_json, write_json
 from rlhf.judge import train_judge
 from rlhf.lab import initial_fingerprints, open_context, train_role
 from rlhf.roles import save_role
@@ -262,7 +262,7 @@ def run_base_study(out, profile_name: str = "embedded", bases=tuple(BASES), reus
     exists). `reuse`: lab run folders whose SFT (r001) or judge (r002) stands for the embedded
     base's (trained_in_lab), or a callable returning them, called when the embedded base is
     measured (the test suite measures the control first while its labs are being built)."""
-    out = Path(out)
+    out = output_folder(out)
     if (out / "results.json").exists():
         raise FileExistsError(f"{out / 'results.json'} exists: the base study already ran (use a new --out)")
     profile = load_profile(profile_name)

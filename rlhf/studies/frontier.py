@@ -50,7 +50,7 @@ from rlhf.config import load_profile
 from rlhf.corpus import load_corpus
 from rlhf.evaluate import bootstrap_differences, generate_heldout, rubric_rows, score_rows, summarise_populations
 from rlhf.identities import code_sha256, describe_change
-from rlhf.io import read_json, write_json
+from rlhf.io import output_folder, read_json, write_json
 from rlhf.roles import load_role
 from rlhf.studies import StudyError
 from rlhf.studies.derivation import profile_source, seed_changes, write_run_profile
@@ -420,7 +420,7 @@ def run_frontier(
     say=print,
 ) -> dict:
     """The whole validation study (module docstring); returns frontier.json's content."""
-    out = Path(out)
+    out = output_folder(out)
     identity = study_identity(profile_name, revision, n, sft_budget, settings, STUDY_SEED)
     done = out / "frontier.json"
     if done.is_file():

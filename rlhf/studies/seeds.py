@@ -30,7 +30,7 @@ from pathlib import Path
 from rlhf import lab
 from rlhf.config import load_profile, profile_hash
 from rlhf.identities import code_sha256, describe_change
-from rlhf.io import dumps_json, read_json, sha256_text, write_json
+from rlhf.io import dumps_json, output_folder, read_json, sha256_text, write_json
 from rlhf.report.study import write_study_report
 from rlhf.studies import StudyError
 from rlhf.studies.changed_answer import answer_kinds, changed_answer_view, study_answers
@@ -274,7 +274,7 @@ def run_study(
 ) -> dict:
     """The whole study (module docstring); returns seeds.json's content."""
 
-    out = Path(out)
+    out = output_folder(out)
     identity = study_identity(profile_name, revision, n, study_seed, sft_budget)
     done = out / "seeds.json"
     if done.is_file():
