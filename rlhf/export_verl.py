@@ -331,7 +331,8 @@ def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
         ("limits.context_tokens", limits.context_tokens, [], "exact",
          "implied: prompt + response limits sum to the context limit"),
         ("ppo.temperature", ppo.temperature, [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1", f"{R}.top_p=1.0"],
-         "exact", "full vocabulary, no top-k/top-p"),
+         "approximate", "no top-k/top-p; the lab draws only the tokenizer's ids, verl's rollout every vocabulary row "
+         "(the rows past the tokenizer's last id are padding, unlikely but not impossible to draw)"),
         ("ppo.prompts_per_iteration", batch,
          [f"data.train_batch_size={verl_batch}", f"{R}.n=1", f"{A}.ppo_mini_batch_size={verl_batch}",
           f"{C}.ppo_mini_batch_size={verl_batch}"],

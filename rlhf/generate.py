@@ -5,8 +5,9 @@ counted along real tokens, so padding never shifts a row. At each step the behav
 log-prob of the drawn token is recorded: under PPO these are the `logp_old` values, used as
 they were drawn (never replaced by a later teacher-forced rescoring).
 
-Sampling is temperature 1 over the full vocabulary (no top-k / top-p) from an explicit
-`torch.Generator`; greedy takes the argmax. A row stops at EOS or after `max_new_tokens`.
+Sampling is temperature 1 over the tokenizer's whole vocabulary (no top-k / top-p; the embedding
+rows past the tokenizer's last id are never drawn: rlhf.scoring.real_token_logits) from an
+explicit `torch.Generator`; greedy takes the argmax. A row stops at EOS or after `max_new_tokens`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from rlhf.scoring import real_token_logits, token_count
 
 
 @dataclass
@@ -62,13 +65,15 @@ def _decode_mask(mask: torch.Tensor) -> dict:
     return {"full_attention": None if bool(mask.all()) else mask.bool()[:, None, None, :]}
 
 
-def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generator):
-    """logits [B, V] -> (token [B], log-prob of the token under the sampling distribution [B]).
+def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generator, n_tokens: int):
+    """logits [B, V] -> (token [B], log-prob of the token under the sampling distribution [B]),
+    over the ids below n_tokens only (rlhf.scoring.real_token_logits).
 
     The division by a temperature of 1 (and greedy's 1) is skipped: x / 1.0 is x exactly.
     """
     if logits.dtype != torch.float32:
         logits = logits.float()
+    logits = real_token_logits(logits, n_tokens)
     if not greedy and temperature != 1.0:
         logits = logits / temperature
     logp = F.log_softmax(logits, dim=-1)
@@ -109,6 +114,7 @@ def generate(
     if not greedy and generator is None:
         raise ValueError("sampling needs an explicit torch.Generator (seeded by the caller)")
     device = next(model.parameters()).device
+    n_tokens = token_count(model)
     ids, mask, T = _left_pad(prompts, pad_id, max_new_tokens, device)  # [B, T + N] each
     B = ids.shape[0]
     seen = mask.sum(-1)  # [B] real tokens in mask[:, :L]; the last one sits at seen - 1
@@ -145,7 +151,7 @@ def generate(
                 use_cache=use_cache,
             )
         past = out.cache if use_cache else None
-        token, logp = _next_token(out.logits[:, -1, :], greedy, temperature, generator)
+        token, logp = _next_token(out.logits[:, -1, :], greedy, temperature, generator, n_tokens)
         token = token.masked_fill(done, pad_id)
         tokens.append(token)
         logps.append(logp)

@@ -9,6 +9,8 @@ An identity is a flat dict of parts (name -> short value, mostly SHA-256 hex). T
                  (rlhf.models.directory_identity), as one hash
     arithmetic   rlhf.runtime.identity_tag(): pinned or not, on which machine kind and thread count
     dtype        the dtype the base computes in (rlhf.models.compute_dtype; a run and its stages)
+    real_tokens  the tokenizer's size: the ids that may be sampled and scored (rlhf.scoring;
+                 a run and its stages)
 
 A stage's state adds its revision and stage inputs (`identity_of`); run.json adds the profile
 name and revision (`run_identity`); a study has its own parts (rlhf.studies.seeds). Whatever
@@ -53,7 +55,13 @@ def identity_of(profile_sha256: str, corpus_sha256: str, base_identity: dict, ex
 
 
 def run_identity(
-    profile_name: str, profile_sha256: str, revision: str, corpus_sha256: str, base_files: dict, dtype: str
+    profile_name: str,
+    profile_sha256: str,
+    revision: str,
+    corpus_sha256: str,
+    base_files: dict,
+    dtype: str,
+    real_tokens: int,
 ) -> dict:
     """What a run is (run.json): a rerun in the same folder must match every part."""
     return {
@@ -65,6 +73,7 @@ def run_identity(
         "base_model": base_model_sha256(base_files),
         "arithmetic": runtime.identity_tag(),
         "dtype": dtype,
+        "real_tokens": real_tokens,
     }
 
 

@@ -82,6 +82,9 @@ class Context:
         self.base_identity = {"files": directory_identity(self.model_dir)}
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_id, self.pad_id = check_tokenizer(profile, self.tokenizer)
+        # Ids at or past the tokenizer's size are embedding padding: never sampled or scored
+        # (rlhf.scoring.real_token_logits). Part of every identity.
+        self.real_tokens = len(self.tokenizer)
         # The dtype the base computes in here and why (BF16 weights on a CPU without native BF16
         # compute in float32): part of every identity, so states of two dtypes never mix.
         self.precision = compute_dtype(profile)
@@ -94,7 +97,12 @@ class Context:
             profile_hash(self.profile),
             sha256_file(self.corpus.root / "manifest.json"),
             self.base_identity,
-            {"revision": self.corpus.revision, "dtype": self.precision["dtype"], **extra},
+            {
+                "revision": self.corpus.revision,
+                "dtype": self.precision["dtype"],
+                "real_tokens": self.real_tokens,
+                **extra,
+            },
         )
 
     def role(self, kind: str):
@@ -211,6 +219,7 @@ def run_identity(ctx: Context) -> dict:
         sha256_file(ctx.corpus.root / "manifest.json"),
         ctx.base_identity["files"],
         ctx.precision["dtype"],
+        ctx.real_tokens,
     )
 
 

@@ -21,6 +21,7 @@ import torch
 from rlhf import runtime
 from rlhf.config import Profile
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, read_json, sha256_file, write_text
+from rlhf.scoring import set_token_count
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -234,6 +235,7 @@ def load_base(
     model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
     check_model(profile, model)
     freeze(model)
+    set_token_count(model, len(tokenizer))  # type: ignore[arg-type]  # a transformers tokenizer has a length
     ident = dict(identity) if identity else {"files": directory_identity(model_dir)}
     check_recorded_files(model_dir, ident.get("files") or directory_identity(model_dir))
     ident.update({"profile": profile.name, "revision": revision, "eos_id": eos_id, "pad_id": pad_id})
@@ -279,6 +281,7 @@ def random_base(
     model.to(DTYPES[dtype_name])  # type: ignore[arg-type]  # widening BF16 to float32 is exact
     check_model(profile, model, dtype_name)
     freeze(model)
+    set_token_count(model, len(tokenizer))  # type: ignore[arg-type]  # a transformers tokenizer has a length
     return Base(
         model=model,
         tokenizer=tokenizer,

@@ -26,6 +26,10 @@ import rlhf  # noqa: F401 - first: pins the CPU arithmetic (rlhf.runtime) before
 # isort: split
 
 
+# Qwen2.5-0.5B's tokenizer size (len(tokenizer)): its 151,936 vocabulary rows past id 151,664 are
+# padding, never sampled or scored (rlhf.scoring.real_token_logits).
+QWEN_TOKENS = 151_665
+
 # ------------------------------------------------------------------------------ the CPU peak
 
 
@@ -163,7 +167,7 @@ def dtype_scoring(layers: int = 2, rounds: int = 2) -> dict:
     from rlhf import flops, runtime
     from rlhf.config import load_profile, override
     from rlhf.models import qwen2_config
-    from rlhf.scoring import response_logprobs
+    from rlhf.scoring import response_logprobs, set_token_count
     from rlhf.tokens import collate
 
     prof = override(load_profile("qwen2.5-0.5b"), {("model", "num_hidden_layers"): layers})
@@ -176,6 +180,7 @@ def dtype_scoring(layers: int = 2, rounds: int = 2) -> dict:
     models = {"float32": fp32, "bfloat16": bf16}
     for m in models.values():
         m.eval().requires_grad_(False)
+        set_token_count(m, QWEN_TOKENS)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 151000, (4, 256), generator=g).tolist()
     batch = collate([r[:192] for r in ids], [r[192:] for r in ids], pad_id=151643)

@@ -561,12 +561,26 @@ def previous(tmp_path_factory):
         sys.modules[spec.name] = mods[name]  # dataclasses look their module up while it executes
         spec.loader.exec_module(mods[name])
 
-    def previous_generate(*args, last_logits_only: bool = False, **kwargs):
+    # The one change since PREVIOUS that moves draws: only real tokens are drawn
+    # (rlhf.scoring.real_token_logits). The previous code gets it too, applied to the logits its
+    # _next_token receives, so both sides draw alike and only their speed is compared.
+    from rlhf.scoring import real_token_logits, token_count
+
+    previous_next_token = mods["generate"]._next_token
+    n_tokens = {}
+
+    def masked_next_token(logits, *args):
+        return previous_next_token(real_token_logits(logits.float(), n_tokens["n"]), *args)
+
+    mods["generate"]._next_token = masked_next_token
+
+    def previous_generate(model, *args, last_logits_only: bool = False, **kwargs):
         # The previous generate has no last_logits_only (rlhf.ppo.rollout passes the profile's
         # value); False, the embedded profile's, is what it always did: every column projected.
         if last_logits_only:
             pytest.fail("the previous generate cannot project only the last column", pytrace=False)
-        return mods["generate"].generate(*args, **kwargs)
+        n_tokens["n"] = token_count(model)
+        return mods["generate"].generate(model, *args, **kwargs)
 
     @contextlib.contextmanager
     def active():
@@ -1151,7 +1165,7 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
     from rlhf.config import load_profile
     from rlhf.lora import inject_lora
     from rlhf.models import qwen2_config
-    from rlhf.scoring import response_logprobs
+    from rlhf.scoring import response_logprobs, set_token_count
     from rlhf.tokens import collate
 
     prof = load_profile("qwen2.5-0.5b")
@@ -1160,6 +1174,7 @@ def test_full_shape_fp32_scoring(benchmark, record_result, peak, with_lora):
     try:
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config).float().eval()
+        set_token_count(model, bench_harness.QWEN_TOKENS)
         for p in model.parameters():
             p.requires_grad_(False)
         rank = 0

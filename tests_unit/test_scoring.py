@@ -20,7 +20,14 @@ import torch.nn.functional as F
 from rlhf.lora import inject_lora
 from rlhf.models import load_base
 from rlhf.roles import new_role
-from rlhf.scoring import response_logprobs, response_targets
+from rlhf.scoring import (
+    logprobs_from_hidden,
+    real_token_logits,
+    response_logprobs,
+    response_targets,
+    set_token_count,
+    token_count,
+)
 from rlhf.tokens import collate
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
@@ -49,7 +56,9 @@ def naive_logprobs(model, prompt, response):
     ids = torch.tensor([prompt + response])
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()
-    logp = F.log_softmax(logits, dim=-1)[0]
+    # The softmax over the tokenizer's 958 tokens only: the embedding's 66 padding rows cut off
+    # here, where rlhf.scoring sets their logits to -inf.
+    logp = F.log_softmax(logits[..., :958], dim=-1)[0]
     cols = torch.arange(len(prompt), len(prompt) + len(response))
     return logp[cols - 1, ids[0, cols]]
 
@@ -152,3 +161,118 @@ def test_masked_positions_are_selected_away_not_multiplied(actor):
         assert torch.equal(logprobs_from_hidden(model, h, targets, mask.long()), out)
     with pytest.raises(ValueError, match="only 0 and 1"):
         logprobs_from_hidden(model, h, targets, mask.float() * 0.5)
+
+
+# ------------------------------------------------------------------------------ only real tokens
+
+
+@pytest.fixture
+def tempted(embedded_profile, embedded_dir, move_adapters):
+    """An actor whose 66 padding rows (ids 958..1023, no token maps to them) get logits 1e4
+    above every real token's, through a hook on the vocabulary projection: unmasked, every
+    draw and every argmax would be one of them."""
+    role = new_role("actor", embedded_profile, embedded_dir)
+    move_adapters(role.model, 22)
+    n = token_count(role.model)
+    rows = role.model.get_output_embeddings().weight.shape[0]
+    bump = torch.zeros(rows)
+    bump[n:] = 1e4
+
+    def hook(_module, _inputs, output):
+        return output + bump.to(output.dtype)
+
+    role.model.lm_head.register_forward_hook(hook)
+    return role.model, n, rows
+
+
+def test_the_embedded_vocabulary_has_padding_rows_past_the_tokenizer(embedded_base):
+    model, tokenizer = embedded_base.model, embedded_base.tokenizer
+    assert token_count(model) == len(tokenizer) == 958
+    assert model.get_output_embeddings().weight.shape[0] == 1024
+    assert tokenizer.decode([957]) != "" and tokenizer.convert_ids_to_tokens(1000) is None  # no token there
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_nothing_samples_or_picks_an_id_past_the_tokenizer(tempted, embedded_base, use_cache):
+    from rlhf.generate import generate
+
+    model, n, rows = tempted
+    eos_id, pad_id = embedded_base.eos_id, embedded_base.pad_id
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, n, (k,), generator=g).tolist() for k in (5, 9, 2, 7)]
+    with torch.no_grad():  # the hook works: unmasked, the padding rows win everywhere
+        hidden = model.model(input_ids=torch.tensor([prompts[0]])).last_hidden_state
+        assert bool((model.lm_head(hidden).argmax(-1) >= n).all())
+    drawn = []
+    for greedy, seed in ((False, 0), (False, 1), (True, None)):
+        gen = generate(
+            model,
+            prompts,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            max_new_tokens=12,
+            greedy=greedy,
+            generator=None if greedy else torch.Generator().manual_seed(seed),
+            use_cache=use_cache,
+        )
+        drawn += [t for row in gen.responses for t in row]
+        assert all(lp > -50 for row in gen.logps for lp in row)  # each a real token's finite log-prob
+    assert drawn and max(drawn) < n, sorted(set(t for t in drawn if t >= n))
+
+
+def test_logprobs_sum_to_one_over_the_real_tokens_and_padding_ids_score_minus_inf(tempted):
+    model, n, rows = tempted
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.tensor([[5, 17, 300, 41]])).last_hidden_state  # [1, 4, H]
+        prefix = hidden[:, -1:, :].expand(1, rows, -1)  # one prefix, every id of the vocabulary as target
+        logp = logprobs_from_hidden(model, prefix, torch.arange(rows)[None], torch.ones(1, rows, dtype=torch.bool))[0]
+    assert float(logp[:n].exp().sum()) == pytest.approx(1.0, abs=1e-5)
+    assert bool(torch.isneginf(logp[n:]).all())
+    assert bool(torch.isfinite(logp[:n]).all())
+
+
+def test_real_token_logits_sets_exactly_the_padding_ids_to_minus_inf():
+    logits = torch.randn(2, 3, 10)
+    out = real_token_logits(logits, 7)
+    assert torch.equal(out[..., :7], logits[..., :7]) and bool(torch.isneginf(out[..., 7:]).all())
+    assert real_token_logits(logits, 10) is logits  # nothing to cut
+
+
+def test_a_model_that_does_not_say_its_token_count_is_refused(embedded_base):
+    from transformers import Qwen2ForCausalLM
+
+    bare = Qwen2ForCausalLM(embedded_base.model.config)
+    with pytest.raises(ValueError, match="how many of its vocabulary rows are real tokens"):
+        token_count(bare)
+    with pytest.raises(ValueError, match="958 tokens, the model 1024 vocabulary rows|2000 tokens"):
+        set_token_count(bare, 2000)
+    set_token_count(bare, 958)
+    assert token_count(bare) == 958
+
+
+def test_the_real_token_count_is_part_of_every_identity(tmp_path):
+    from rlhf import lab
+    from rlhf.io import read_json
+
+    ctx = lab.open_context(tmp_path / "run")
+    assert read_json(tmp_path / "run" / "run.json")["identity"]["real_tokens"] == 958
+    assert ctx.identity(stage="sft")["real_tokens"] == 958
+
+
+def test_only_the_scoring_path_and_generation_turn_logits_into_probabilities():
+    """One helper: every softmax, log-softmax, sampling draw and argmax over a model's logits is
+    in rlhf/scoring.py or rlhf/generate.py, which apply real_token_logits first (the arithmetic
+    fingerprint measures raw operations and is not a model path)."""
+    import re
+    from pathlib import Path
+
+    import rlhf
+
+    root = Path(rlhf.__file__).parent
+    pattern = re.compile(r"log_softmax|\bsoftmax\(|multinomial\(|\.logits\b|lm_head\(")
+    found = {
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if pattern.search(p.read_text()) and p.name != "arithmetic.py"
+    }
+    assert found == {"scoring.py", "generate.py"}, found
