@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 
 import pytest
@@ -78,6 +79,47 @@ def test_bon_fit_recovers_known_alpha_beta_and_refuses_a_poor_one():
     assert falling["describes"] and falling["d_star"] is None and "no peak above SFT" in falling["peak"]
     few = gao_fit([(d, d * (0.4 - 0.25 * d)) for d in (0.5, 1, 2)], "bon")
     assert not few["describes"] and few["why_not"] == "only 3 points"
+
+
+def test_a_fits_curve_is_its_formula_at_evenly_spaced_d_and_only_where_it_describes():
+    """gao_curve: d_max * k / 50 for k = 1..50, gain = d (alpha - beta log d) (rl) or
+    d (alpha - beta d) (bon), recomputed here; None for a fit that does not describe its points."""
+    from rlhf.studies.statistics import gao_curve
+
+    rl = gao_fit([(d, d * (0.3 - 0.2 * math.log(d))) for d in (0.3, 0.7, 1.2, 2.0, 3.1)], "rl")
+    curve = gao_curve(rl, 4.0)
+    assert curve["d"] == [4.0 * k / 50 for k in range(1, 51)]
+    for d, g in zip(curve["d"], curve["gain"]):
+        assert g == pytest.approx(d * (rl["alpha"] - rl["beta"] * math.log(d)), abs=1e-12)
+    assert rl["alpha"] == pytest.approx(0.3) and rl["beta"] == pytest.approx(0.2)
+    bon = gao_fit([(d, d * (0.4 - 0.25 * d)) for d in (0.2, 0.5, 0.8, 1.1, 1.4)], "bon")
+    bon_curve = gao_curve(bon, 2.0, n=4)
+    assert bon_curve == {
+        "d": [0.5, 1.0, 1.5, 2.0],
+        "gain": [pytest.approx(d * (0.4 - 0.25 * d)) for d in (0.5, 1, 1.5, 2)],
+    }
+    assert gao_curve(gao_fit([(0.5, 0.1), (1.0, 0.2)], "rl"), 3.0) is None  # 2 points: does not describe
+
+
+def test_the_frontier_writes_each_fits_curve_and_the_page_computes_none(small_frontier):
+    """The report reads every number from frontier.json: each fit that describes its points
+    carries its curve up to the study's largest d; rlhf.report imports nothing from rlhf.studies."""
+    from pathlib import Path
+
+    import rlhf
+    from rlhf.studies.statistics import gao_curve
+
+    _, result = small_frontier
+    bon = result["best_of_n"]
+    d_max = max(
+        [p["d_bound"] for p in bon["points"]] + [r["d"]["mean"] for a in result["arms"].values() for r in a["curve"]]
+    )
+    for fit in [a["fit"] for a in result["arms"].values()] + [bon["fit"]]:
+        assert "curve" in fit
+        assert fit["curve"] == gao_curve(fit, d_max)  # None exactly where it does not describe
+    report = Path(rlhf.__file__).parent / "report"
+    imports = re.compile(r"^\s*(from rlhf\.studies|import rlhf\.studies|from rlhf import studies)", re.M)
+    assert not [p.name for p in report.rglob("*.py") if imports.search(p.read_text())]
 
 
 def test_seed_interval_of_a_bounded_quantity_stays_inside_its_bounds():
@@ -205,6 +247,7 @@ def test_kl_estimate_recomputed_from_stored_rows_and_from_the_models(small_front
             total = 0.0
             for model, sign in ((actor.model, 1.0), (sft.model, -1.0)):
                 logits = model(input_ids=ids).logits[0, len(p) - 1 : -1].float()
+                logits = logits[:, : len(ctx.tokenizer)]  # the softmax over the tokenizer's real tokens
                 total += sign * float(torch.log_softmax(logits, -1).gather(1, torch.tensor(r)[:, None]).sum())
             got.append(total)
     assert got == pytest.approx(per_prompt, abs=2e-4)

@@ -315,6 +315,9 @@ def check_greedy(results: dict, ctx) -> dict:
             ids = torch.tensor([prompt + r["response_ids"]])
             with torch.no_grad():
                 logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
+            # The argmax over the tokenizer's real tokens: the embedding's padding rows past them
+            # are never drawn (rlhf.scoring.real_token_logits).
+            logits = logits[:, : len(ctx.tokenizer)]
             for j, token in enumerate(r["response_ids"]):
                 row = logits[len(prompt) - 1 + j]
                 best = int(row.argmax())

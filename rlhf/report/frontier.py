@@ -13,7 +13,6 @@ from rlhf.report.formatting import esc, fmt, fmt_signed
 from rlhf.report.plots import _figure, _png
 from rlhf.report.render import page_html
 from rlhf.report.tables import Table
-from rlhf.studies.statistics import gao_gain
 
 LEARNING_RATES = (
     "The embedded profile's PPO learning rates are actor 1e-4 and critic 1e-3 (the SPEC's: 5e-6 and 1e-5; "
@@ -30,12 +29,11 @@ def _arm_label(name: str, arm: dict) -> str:
     return f"{name} ({arm['describe']})"
 
 
-def _fit_curve(fit: dict, form: str, d_max: float):
-    """Points of a Gao fit that describes its points (None otherwise), from d = 0 to d_max."""
-    if not fit.get("describes"):
-        return None
-    ds = [d_max * k / 50 for k in range(1, 51)]
-    return ds, [gao_gain(fit["alpha"], fit["beta"], d, form) for d in ds]
+def _fit_curve(fit: dict):
+    """(d, gain) of a Gao fit's curve as the study wrote it (rlhf.studies.statistics.gao_curve);
+    None for a fit that does not describe its points."""
+    curve = fit.get("curve") if fit.get("describes") else None
+    return (curve["d"], curve["gain"]) if curve else None
 
 
 def frontier_plot(result: dict) -> bytes:
@@ -49,7 +47,6 @@ def frontier_plot(result: dict) -> bytes:
         ("reward designs (raw KL coefficient 0.02)", [n for n, a in arms.items() if a["raw"] is not None]),
     )
     bon = result["best_of_n"]["points"]
-    d_max = max([p["d_bound"] for p in bon] + [r["d"]["mean"] for a in arms.values() for r in a["curve"]])
     for row, (key, what) in enumerate((("gold", "validation rubric success"), ("proxy_std", "judge score (SD units)"))):
         for col, (title, names) in enumerate(groups):
             ax = fig.add_subplot(2, 2, 2 * row + col + 1)
@@ -59,7 +56,7 @@ def frontier_plot(result: dict) -> bytes:
                 ys = [r[key]["mean"] for r in curve]
                 err = [r[key]["sd"] or 0.0 for r in curve]
                 line = ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3, capsize=2, linewidth=1, label=name)
-                fitted = _fit_curve(arms[name]["fit"], "rl", d_max) if key == "gold" else None
+                fitted = _fit_curve(arms[name]["fit"]) if key == "gold" else None
                 if fitted:
                     base = result["sft_level"]["mean"]
                     ax.plot(fitted[0], [base + g for g in fitted[1]], ":", color=line[0].get_color(), linewidth=1)

@@ -56,7 +56,7 @@ from rlhf.studies import StudyError
 from rlhf.studies.derivation import profile_source, seed_changes, write_run_profile
 from rlhf.studies.seeds import identity_of_study
 from rlhf.studies.sft_budget import budget_changes
-from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_fit, metric_bounds
+from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_curve, gao_fit, metric_bounds
 from rlhf.studies.validation import KL_ESTIMATOR, best_of_n, measure_policy, score_spread, validation_prompts
 
 FORMAT = "rlhf-frontier-1"
@@ -602,6 +602,12 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             }
         )
     bon_points = [(p["d_bound"], p["gold"] - s["best_of_n"][0]["gold"]) for s in per_seed for p in s["best_of_n"]]
+    bon_fit = gao_fit(bon_points, "bon")
+    # Each fit that describes its points carries its curve up to the largest d of the study, so
+    # that the report plots what the study computed (rlhf.report.frontier computes nothing).
+    d_max = max([p["d_bound"] for p in bon] + [r["d"]["mean"] for a in arms.values() for r in a["curve"]])
+    for fit in [a["fit"] for a in arms.values()] + [bon_fit]:
+        fit["curve"] = gao_curve(fit, d_max)
     sft_level = across_seeds([s["sft"]["gold"] for s in per_seed])
     return {
         "interval": INTERVAL,
@@ -615,7 +621,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
         "arms": arms,
         "best_of_n": {
             "points": bon,
-            "fit": gao_fit(bon_points, "bon"),
+            "fit": bon_fit,
             "gain_over": "best-of-1 (one temperature-1 SFT sample)",
         },
         "selection": select(arms, sft_level),

@@ -166,6 +166,16 @@ def gao_gain(alpha: float, beta: float, d: float, form: str) -> float:
     return alpha * d + beta * _second_term(d, form)
 
 
+def gao_curve(fit: dict, d_max: float, n: int = 50) -> dict | None:
+    """The fitted gain at n evenly spaced d in (0, d_max], for a fit that describes its points
+    (None otherwise): what a report plots, so that it reads the curve instead of computing it."""
+    if not fit.get("describes"):
+        return None
+    form = next(k for k, v in GAO_FORMS.items() if v == fit["form"])
+    ds = [d_max * k / n for k in range(1, n + 1)]
+    return {"d": ds, "gain": [gao_gain(fit["alpha"], fit["beta"], d, form) for d in ds]}
+
+
 def gao_fit(points: list[tuple[float, float]], form: str) -> dict:
     """Least squares of gold gain over SFT against d = sqrt(KL) in one of Gao's two forms
     (GAO_FORMS), over (d, gain) points; points at d = 0 carry no information (both forms are 0
