@@ -43,6 +43,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from rlhf import lab, rubric
 from rlhf.checkpoint import load_state
@@ -567,6 +568,8 @@ def collect(folders: list[Path], settings: Settings) -> dict:
         per_seed.append(seed)
 
     arms = {}
+    fits: list[dict] = []  # each arm's Gao fit, in arm order
+    ds: list[float] = []  # every arm point's mean d
     for arm in settings.arms:
         rows = []
         for k, it in enumerate([0, *iterations]):
@@ -580,6 +583,8 @@ def collect(folders: list[Path], settings: Settings) -> dict:
         fit_points = [
             (p["d"], p["gain"]) for s in per_seed for p in s["arms"][arm.name]["points"] if p["iteration"] > 0
         ]
+        fits.append(gao_fit(fit_points, "rl"))
+        ds += [float(cast(dict, row["d"])["mean"]) for row in rows]
         arms[arm.name] = {
             "design": arm.design,
             "c": arm.c,
@@ -588,7 +593,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             "kl_coef_per_seed": [s["arms"][arm.name]["kl_coef"] for s in per_seed],
             "c_per_seed": [s["arms"][arm.name]["kl_coef"] / s["sigma_validation"] for s in per_seed],
             "curve": rows,
-            "fit": gao_fit(fit_points, "rl"),
+            "fit": fits[-1],
         }
     bon = []
     for k, n in enumerate(settings.bon_ns):
@@ -605,8 +610,8 @@ def collect(folders: list[Path], settings: Settings) -> dict:
     bon_fit = gao_fit(bon_points, "bon")
     # Each fit that describes its points carries its curve up to the largest d of the study, so
     # that the report plots what the study computed (rlhf.report.frontier computes nothing).
-    d_max = max([p["d_bound"] for p in bon] + [r["d"]["mean"] for a in arms.values() for r in a["curve"]])
-    for fit in [a["fit"] for a in arms.values()] + [bon_fit]:
+    d_max = max(ds + [float(s["best_of_n"][k]["d_bound"]) for s in per_seed[:1] for k in range(len(bon))])
+    for fit in [*fits, bon_fit]:
         fit["curve"] = gao_curve(fit, d_max)
     sft_level = across_seeds([s["sft"]["gold"] for s in per_seed])
     return {
