@@ -219,3 +219,34 @@ def test_stage_commands_stop_and_resume(tmp_path, capsys, small_profile_file):
     assert "sft epoch 2:" in out and (run / "sft" / "state-resumed.pt.gz").is_file()
     assert cli.main(["judge", "--run", str(run), *profile, "--resume"]) == 2  # nothing to resume: clear error
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_the_optimizer_is_torchs_fused_adamw_by_its_bytes():
+    """rlhf.optim.adamw steps bit for bit like torch's fused AdamW, and (on a CPU whose MKL square
+    root is not correctly rounded, which the fingerprint's probe counts) unlike the single-tensor
+    and foreach paths, whose torch.sqrt goes through MKL's vector math and so differs between
+    CPU vendors (docs/reproducibility.md). Judged by the parameters' bytes after three steps."""
+    from rlhf import arithmetic
+    from rlhf.optim import adamw
+
+    def three_steps(make) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(11)
+        params = [torch.randn(64, 64, generator=g).requires_grad_(), torch.randn(256, 32, generator=g).requires_grad_()]
+        opt = make(params)
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        return [p.detach().clone() for p in params]
+
+    def same(a, b) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+
+    lab = three_steps(lambda ps: adamw(ps, lr=3e-3, weight_decay=0.01))
+    fused = three_steps(lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.01, fused=True))
+    single = three_steps(lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.01, foreach=False, fused=False))
+    foreach = three_steps(lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.01, foreach=True, fused=False))
+    assert same(lab, fused), "the lab's optimizer is not torch's fused AdamW"
+    inexact = int(arithmetic.probes()["sqrt.vector_math_not_correctly_rounded"].split()[0])
+    if inexact:  # MKL's square root is not correctly rounded here: the other paths show it
+        assert not same(lab, single) and not same(lab, foreach), "fused and MKL-sqrt paths gave one result"
