@@ -30,6 +30,32 @@ from rlhf.config import DEFAULT_PROFILE, PROFILES, load_profile, override
 PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
 
+def _command(sub, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
+    """One subcommand: `summary` in `rlhf --help`, `description` and one example in its own --help."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+PIN_HELP = (
+    "keep the CPU arithmetic pinned for a BF16 profile on the CPU (by default such runs are unpinned: "
+    "the pin caps oneDNN's BF16 matmuls at AVX2, tens of times slower, and no golden numbers exist for them)"
+)
+DTYPE_HELP = (
+    "the dtype the base model computes in (default: its stored dtype, except BF16 weights on a CPU "
+    "without native BF16 instructions, which compute in float32; run.json records the choice and why)"
+)
+REVISION_HELP = "corpus revision: r001 (OfficeHelpPrefs-v1, the default) or r002 (the corrected v2)"
+MODEL_DIR_HELP = (
+    "the downloaded model folder (rlhf fetch-model) for the qwen2.5-0.5b profile; "
+    "the embedded profile builds its own base and needs none"
+)
+
+
 def cmd_prepare(args) -> int:
     from rlhf.corpus import prepare
 
@@ -37,6 +63,21 @@ def cmd_prepare(args) -> int:
     print(json.dumps(manifest["audit"], indent=1, sort_keys=True))
     print(f"corpus written to {args.out}")
     return 0
+
+
+def add_prepare(sub) -> None:
+    """`rlhf prepare`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "prepare",
+        "write the OfficeHelpPrefs corpus and its audit",
+        "Write the OfficeHelpPrefs corpus into a new folder: model inputs (inputs/), gold labels kept\n"
+        "apart (labels/), and manifest.json with the audit and every file's hash. Prints the audit.",
+        "rlhf prepare --out runs/corpus --revision r001",
+    )
+    p.add_argument("--out", required=True, help="new corpus folder (refused if it exists and is not empty)")
+    p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    p.set_defaults(func=cmd_prepare)
 
 
 def cmd_build_embedded(args) -> int:
@@ -50,6 +91,27 @@ def cmd_build_embedded(args) -> int:
     return 0
 
 
+def add_build_embedded(sub) -> None:
+    """`rlhf build-embedded`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "build-embedded",
+        "build the embedded base model deterministically",
+        "Build the embedded base model (a 2-layer Qwen2ForCausalLM with its own byte-level BPE) into a\n"
+        "new folder, in about a second. Two builds with the same seed and text are bit-identical.",
+        "rlhf build-embedded --out runs/base_model",
+    )
+    p.add_argument("--out", required=True, help="new folder for the base model (must not exist)")
+    p.add_argument("--seed", type=int, default=49, help="build seed of the weights and the tokenizer text (default 49)")
+    p.add_argument(
+        "--text",
+        default="office",
+        choices=["office", "control"],
+        help="tokenizer text: office (the lab's base, the default) or control (the base study's control base)",
+    )
+    p.set_defaults(func=cmd_build_embedded)
+
+
 def cmd_fetch_model(args) -> int:
     from rlhf.models import fetch_model
 
@@ -57,6 +119,26 @@ def cmd_fetch_model(args) -> int:
     out = fetch_model(profile, args.out)
     print(f"downloaded {profile.model.repo_id}@{profile.model.revision} -> {out}")
     return 0
+
+
+def add_fetch_model(sub) -> None:
+    """`rlhf fetch-model`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "fetch-model",
+        "download the pinned Qwen2.5-0.5B-Instruct revision",
+        "Download Qwen2.5-0.5B-Instruct at the revision the profile pins, and record the SHA-256 of\n"
+        "its files; the loader checks them on every later use. Needs network access to the model hub.",
+        "rlhf fetch-model --out models/qwen2.5-0.5b-instruct",
+    )
+    p.add_argument("--out", required=True, help="folder to download into (must not exist or be empty)")
+    p.add_argument(
+        "--profile",
+        default="qwen2.5-0.5b",
+        choices=["qwen2.5-0.5b"],
+        help="the profile whose model and revision to download (only qwen2.5-0.5b has one)",
+    )
+    p.set_defaults(func=cmd_fetch_model)
 
 
 def cmd_arithmetic(args) -> int:
@@ -73,6 +155,28 @@ def cmd_arithmetic(args) -> int:
         write_json(args.out, fp)
         print(f"fingerprint written to {args.out}")
     return 0 if arithmetic.verdict(fp)["verified"] else 1
+
+
+def add_arithmetic(sub) -> None:
+    """`rlhf arithmetic`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "arithmetic",
+        "this CPU's arithmetic fingerprint: do the golden numbers apply here?",
+        "Measure this machine's arithmetic fingerprint (SHA-256 of the outputs of the CPU operations\n"
+        "the embedded lab runs, under the pinned arithmetic) and compare it with the committed\n"
+        "fingerprints of every CPU class the golden numbers were verified on, naming the first\n"
+        "operation that differs. Exit status 0 when this machine belongs to a verified class, 1 when\n"
+        "not. About 3 seconds.",
+        "rlhf arithmetic --out my-cpu.json",
+    )
+    p.add_argument(
+        "--out", default=None, help="also write this machine's fingerprint to this JSON file (never overwritten)"
+    )
+    p.add_argument(
+        "--compare", default=None, help="also compare with another machine's fingerprint file (rlhf arithmetic --out)"
+    )
+    p.set_defaults(func=cmd_arithmetic)
 
 
 def _profile(args):
@@ -111,6 +215,44 @@ def cmd_stage(args) -> int:
     return 0
 
 
+def add_stage(sub) -> None:
+    """`rlhf sft`, `rlhf judge` and `rlhf ppo`: their options, beside the command they run."""
+    for name, text, unit in (
+        ("sft", "supervised fine-tuning of the actor", "epoch"),
+        ("judge", "train the judge (Bradley-Terry)", "epoch"),
+        ("ppo", "100-iteration PPO against the frozen judge", "iteration"),
+    ):
+        p = _command(
+            sub,
+            name,
+            text,
+            f"One stage of the lab: {text}.\n"
+            "It runs in a run folder (its corpus and base are prepared there on first use; the stages\n"
+            "run in the order sft, judge, ppo). A stage that run.json records as complete is skipped;\n"
+            "after a crash, the same command continues from the last checkpoint.",
+            f"rlhf {name} --run runs/lab --stop-after 1"
+            if name != "ppo"
+            else "rlhf ppo --run runs/lab --stop-after 40",
+        )
+        p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
+        p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+        p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
+        p.add_argument("--revision", default="r001", help=REVISION_HELP)
+        p.add_argument("--pin", action="store_true", help=PIN_HELP)
+        p.add_argument("--resume", action="store_true", help="continue from the state saved by --stop-after")
+        p.add_argument(
+            "--stop-after",
+            type=int,
+            default=None,
+            help=f"stop after this {unit} and save a state (continue later with --resume)",
+        )
+        if name == "ppo":
+            p.add_argument(
+                "--no-kv-cache", action="store_true", help="generate without a KV cache (same tokens, slower)"
+            )
+        p.set_defaults(func=cmd_stage)
+
+
 STAGE_OUTPUTS = {
     "sft": "sft/actor.safetensors",
     "judge": "judge/judge.safetensors",
@@ -129,12 +271,45 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def add_evaluate(sub) -> None:
+    """`rlhf evaluate`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "evaluate",
+        "held-out generation, rubric, judge accuracy, politeness exercise",
+        "Evaluate a run folder whose SFT, judge and PPO stages are complete: greedy answers of both\n"
+        "policies on the held-out prompts, the rubric, the judge's test accuracy, bootstrap intervals\n"
+        "and the politeness exercise, written to evaluation/results.json.",
+        "rlhf evaluate --run runs/lab",
+    )
+    p.add_argument("--run", required=True, help="run folder whose training stages are complete")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
+    p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    p.add_argument("--pin", action="store_true", help=PIN_HELP)
+    p.set_defaults(func=cmd_evaluate)
+
+
 def cmd_report(args) -> int:
     from rlhf.report import print_summary, write_reports
 
     paths = write_reports(args.run)
     print(print_summary(json.loads(Path(paths["results.json"]).read_text())))
     return 0
+
+
+def add_report(sub) -> None:
+    """`rlhf report`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "report",
+        "results.json, report.md and report.html of a run folder",
+        "Write results.json, report.md and report.html of a run folder from what its stages wrote,\n"
+        "and print the summary table.",
+        "rlhf report --run runs/lab",
+    )
+    p.add_argument("--run", required=True, help="run folder with its evaluation written")
+    p.set_defaults(func=cmd_report)
 
 
 def cmd_lab(args) -> int:
@@ -180,276 +355,8 @@ def cmd_lab(args) -> int:
     return 0
 
 
-def cmd_dry_run(args) -> int:
-    """The miniature path (rlhf.miniature) on --model-dir in a throw-away folder, then the
-    projected time of each full stage from the measured step times."""
-    from rlhf.miniature import dry_run
-
-    if args.model_dir is None:
-        raise ValueError("--dry-run needs --model-dir DIR (the model the real run will use)")
-    dry_run(
-        _profile(args),
-        args.model_dir,
-        out=args.out,
-        layers=args.layers,
-        cpu=args.cpu,
-        random_weights=args.random_weights,
-    )
-    return 0
-
-
-def cmd_base_study(args) -> int:
-    from rlhf.studies.base import run_base_study, summary_lines
-
-    result = run_base_study(args.out, reuse=args.reuse)
-    print("\n".join(summary_lines(result)))
-    for name, checks in result["verdict"].items():
-        if name == result["chosen"]:
-            print(
-                f"{name}: "
-                + ", ".join(f"{k} {v['value']:.3f} >= {v['at_least']}: {v['holds']}" for k, v in checks.items())
-            )
-    print(f"base study finished in {result['seconds']:.1f} s; everything is in {args.out}")
-    return 0
-
-
-def cmd_seeds(args) -> int:
-    from rlhf.studies.seeds import run_study
-
-    t0 = time.perf_counter()
-    result = run_study(
-        args.out,
-        n=args.n,
-        revision=args.revision,
-        workers=args.workers,
-        sft_budget=args.sft_budget,
-        study_seed=args.study_seed,
-        profile_name=args.profile,
-    )
-    for key in ("rubric_success.test", "rubric_success.all_unique_contexts"):
-        s = result["across"][f"{key}.ppo_minus_sft"]
-        print(
-            f"PPO - SFT {key}: mean {s['mean']:+.3f}, SD {s['sd']:.3f}, 95% t-interval over {s['n']} seeds "
-            f"[{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], positive in {s['positive']} of {s['n']}"
-        )
-    print(f"seeds finished in {time.perf_counter() - t0:.1f} s; {args.out}/seeds.json and {args.out}/report.html")
-    return 0
-
-
-def cmd_frontier(args) -> int:
-    from rlhf.studies.frontier import run_confirmation, run_frontier
-
-    t0 = time.perf_counter()
-    if args.summarise_to:
-        from rlhf.studies.frontier import summarise_to
-
-        summarise_to(args.out, args.summarise_to)
-        return 0
-    if args.confirm:
-        record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
-        for p in record["points"]:
-            s = p["across"]["rubric_success.test.ppo_minus_sft"]
-            print(
-                f"{p['arm']} at iteration {p['iteration']}: PPO - SFT test rubric success mean {s['mean']:+.3f}, "
-                f"95% t-interval over {s['n']} seeds [{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], "
-                f"positive in {s['positive']} of {s['n']}"
-            )
-        print(
-            f"confirmation finished in {time.perf_counter() - t0:.1f} s; "
-            f"{args.out}/confirmation.json and {args.out}/confirmation.html"
-        )
-        return 0
-    result = run_frontier(
-        args.out,
-        n=args.n,
-        revision=args.revision,
-        sft_budget=args.sft_budget,
-        workers=args.workers,
-        profile_name=args.profile,
-    )
-    sel = result["selection"]
-    print(
-        f"chosen on validation: {sel['arm']} at iteration {sel['iteration']}, mean validation rubric success "
-        f"{sel['mean_validation_gold']:.3f} (SFT {sel['sft_mean_validation_gold']:.3f})"
-    )
-    print(f"frontier finished in {time.perf_counter() - t0:.1f} s; {args.out}/frontier.json and {args.out}/report.html")
-    return 0
-
-
-def cmd_choose_sft_budget(args) -> int:
-    from rlhf.studies.sft_budget import choose_sft_budget
-
-    budgets = args.budgets.split(",") if args.budgets else None
-    record = choose_sft_budget(
-        args.out, args.work, revision=args.revision, profile_name=args.profile, budgets=budgets, previous=args.previous
-    )
-    print(f"chosen SFT budget: {record['chosen']} ({record['rule']}); written to {args.out}")
-    return 0
-
-
-def cmd_export_verl(args) -> int:
-    from rlhf.export_verl import export_verl
-
-    manifest = export_verl(
-        args.run,
-        args.out,
-        nnodes=args.nnodes,
-        gpus_per_node=args.gpus_per_node,
-        seeds=args.seeds,
-        profile=args.profile,
-        model_dir=args.model_dir,
-    )
-    print(
-        f"verl hand-off of {args.run} ({len(manifest['files'])} files) -> {args.out}; "
-        f"launch with: bash {Path(args.out) / 'launch' / 'launch.sh'}"
-    )
-    return 0
-
-
-def _command(sub, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
-    """One subcommand: `summary` in `rlhf --help`, `description` and one example in its own --help."""
-    return sub.add_parser(
-        name,
-        help=summary,
-        description=description,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
-PIN_HELP = (
-    "keep the CPU arithmetic pinned for a BF16 profile on the CPU (by default such runs are unpinned: "
-    "the pin caps oneDNN's BF16 matmuls at AVX2, tens of times slower, and no golden numbers exist for them)"
-)
-DTYPE_HELP = (
-    "the dtype the base model computes in (default: its stored dtype, except BF16 weights on a CPU "
-    "without native BF16 instructions, which compute in float32; run.json records the choice and why)"
-)
-REVISION_HELP = "corpus revision: r001 (OfficeHelpPrefs-v1, the default) or r002 (the corrected v2)"
-MODEL_DIR_HELP = (
-    "the downloaded model folder (rlhf fetch-model) for the qwen2.5-0.5b profile; "
-    "the embedded profile builds its own base and needs none"
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rlhf",
-        description=__doc__,
-        epilog="Each command explains its options and shows an example: rlhf COMMAND --help",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = _command(
-        sub,
-        "prepare",
-        "write the OfficeHelpPrefs corpus and its audit",
-        "Write the OfficeHelpPrefs corpus into a new folder: model inputs (inputs/), gold labels kept\n"
-        "apart (labels/), and manifest.json with the audit and every file's hash. Prints the audit.",
-        "rlhf prepare --out runs/corpus --revision r001",
-    )
-    p.add_argument("--out", required=True, help="new corpus folder (refused if it exists and is not empty)")
-    p.add_argument("--revision", default="r001", help=REVISION_HELP)
-    p.set_defaults(func=cmd_prepare)
-
-    p = _command(
-        sub,
-        "build-embedded",
-        "build the embedded base model deterministically",
-        "Build the embedded base model (a 2-layer Qwen2ForCausalLM with its own byte-level BPE) into a\n"
-        "new folder, in about a second. Two builds with the same seed and text are bit-identical.",
-        "rlhf build-embedded --out runs/base_model",
-    )
-    p.add_argument("--out", required=True, help="new folder for the base model (must not exist)")
-    p.add_argument("--seed", type=int, default=49, help="build seed of the weights and the tokenizer text (default 49)")
-    p.add_argument(
-        "--text",
-        default="office",
-        choices=["office", "control"],
-        help="tokenizer text: office (the lab's base, the default) or control (the base study's control base)",
-    )
-    p.set_defaults(func=cmd_build_embedded)
-
-    p = _command(
-        sub,
-        "fetch-model",
-        "download the pinned Qwen2.5-0.5B-Instruct revision",
-        "Download Qwen2.5-0.5B-Instruct at the revision the profile pins, and record the SHA-256 of\n"
-        "its files; the loader checks them on every later use. Needs network access to the model hub.",
-        "rlhf fetch-model --out models/qwen2.5-0.5b-instruct",
-    )
-    p.add_argument("--out", required=True, help="folder to download into (must not exist or be empty)")
-    p.add_argument(
-        "--profile",
-        default="qwen2.5-0.5b",
-        choices=["qwen2.5-0.5b"],
-        help="the profile whose model and revision to download (only qwen2.5-0.5b has one)",
-    )
-    p.set_defaults(func=cmd_fetch_model)
-
-    for name, text, unit in (
-        ("sft", "supervised fine-tuning of the actor", "epoch"),
-        ("judge", "train the judge (Bradley-Terry)", "epoch"),
-        ("ppo", "100-iteration PPO against the frozen judge", "iteration"),
-    ):
-        p = _command(
-            sub,
-            name,
-            text,
-            f"One stage of the lab: {text}.\n"
-            "It runs in a run folder (its corpus and base are prepared there on first use; the stages\n"
-            "run in the order sft, judge, ppo). A stage that run.json records as complete is skipped;\n"
-            "after a crash, the same command continues from the last checkpoint.",
-            f"rlhf {name} --run runs/lab --stop-after 1"
-            if name != "ppo"
-            else "rlhf ppo --run runs/lab --stop-after 40",
-        )
-        p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
-        p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-        p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
-        p.add_argument("--revision", default="r001", help=REVISION_HELP)
-        p.add_argument("--pin", action="store_true", help=PIN_HELP)
-        p.add_argument("--resume", action="store_true", help="continue from the state saved by --stop-after")
-        p.add_argument(
-            "--stop-after",
-            type=int,
-            default=None,
-            help=f"stop after this {unit} and save a state (continue later with --resume)",
-        )
-        if name == "ppo":
-            p.add_argument(
-                "--no-kv-cache", action="store_true", help="generate without a KV cache (same tokens, slower)"
-            )
-        p.set_defaults(func=cmd_stage)
-
-    p = _command(
-        sub,
-        "evaluate",
-        "held-out generation, rubric, judge accuracy, politeness exercise",
-        "Evaluate a run folder whose SFT, judge and PPO stages are complete: greedy answers of both\n"
-        "policies on the held-out prompts, the rubric, the judge's test accuracy, bootstrap intervals\n"
-        "and the politeness exercise, written to evaluation/results.json.",
-        "rlhf evaluate --run runs/lab",
-    )
-    p.add_argument("--run", required=True, help="run folder whose training stages are complete")
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-    p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
-    p.add_argument("--revision", default="r001", help=REVISION_HELP)
-    p.add_argument("--pin", action="store_true", help=PIN_HELP)
-    p.set_defaults(func=cmd_evaluate)
-
-    p = _command(
-        sub,
-        "report",
-        "results.json, report.md and report.html of a run folder",
-        "Write results.json, report.md and report.html of a run folder from what its stages wrote,\n"
-        "and print the summary table.",
-        "rlhf report --run runs/lab",
-    )
-    p.add_argument("--run", required=True, help="run folder with its evaluation written")
-    p.set_defaults(func=cmd_report)
-
+def add_lab(sub) -> None:
+    """`rlhf lab`: its options, beside the command it runs."""
     p = _command(
         sub,
         "lab",
@@ -493,25 +400,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin", action="store_true", help=PIN_HELP)
     p.set_defaults(func=cmd_lab)
 
-    p = _command(
-        sub,
-        "arithmetic",
-        "this CPU's arithmetic fingerprint: do the golden numbers apply here?",
-        "Measure this machine's arithmetic fingerprint (SHA-256 of the outputs of the CPU operations\n"
-        "the embedded lab runs, under the pinned arithmetic) and compare it with the committed\n"
-        "fingerprints of every CPU class the golden numbers were verified on, naming the first\n"
-        "operation that differs. Exit status 0 when this machine belongs to a verified class, 1 when\n"
-        "not. About 3 seconds.",
-        "rlhf arithmetic --out my-cpu.json",
-    )
-    p.add_argument(
-        "--out", default=None, help="also write this machine's fingerprint to this JSON file (never overwritten)"
-    )
-    p.add_argument(
-        "--compare", default=None, help="also compare with another machine's fingerprint file (rlhf arithmetic --out)"
-    )
-    p.set_defaults(func=cmd_arithmetic)
 
+def cmd_dry_run(args) -> int:
+    """The miniature path (rlhf.miniature) on --model-dir in a throw-away folder, then the
+    projected time of each full stage from the measured step times."""
+    from rlhf.miniature import dry_run
+
+    if args.model_dir is None:
+        raise ValueError("--dry-run needs --model-dir DIR (the model the real run will use)")
+    dry_run(
+        _profile(args),
+        args.model_dir,
+        out=args.out,
+        layers=args.layers,
+        cpu=args.cpu,
+        random_weights=args.random_weights,
+    )
+    return 0
+
+
+def cmd_base_study(args) -> int:
+    from rlhf.studies.base import run_base_study, summary_lines
+
+    result = run_base_study(args.out, reuse=args.reuse)
+    print("\n".join(summary_lines(result)))
+    for name, checks in result["verdict"].items():
+        if name == result["chosen"]:
+            print(
+                f"{name}: "
+                + ", ".join(f"{k} {v['value']:.3f} >= {v['at_least']}: {v['holds']}" for k, v in checks.items())
+            )
+    print(f"base study finished in {result['seconds']:.1f} s; everything is in {args.out}")
+    return 0
+
+
+def add_base_study(sub) -> None:
+    """`rlhf base-study`: its options, beside the command it runs."""
     p = _command(
         sub,
         "base-study",
@@ -531,6 +455,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_base_study)
 
+
+def cmd_seeds(args) -> int:
+    from rlhf.studies.seeds import run_study
+
+    t0 = time.perf_counter()
+    result = run_study(
+        args.out,
+        n=args.n,
+        revision=args.revision,
+        workers=args.workers,
+        sft_budget=args.sft_budget,
+        study_seed=args.study_seed,
+        profile_name=args.profile,
+    )
+    for key in ("rubric_success.test", "rubric_success.all_unique_contexts"):
+        s = result["across"][f"{key}.ppo_minus_sft"]
+        print(
+            f"PPO - SFT {key}: mean {s['mean']:+.3f}, SD {s['sd']:.3f}, 95% t-interval over {s['n']} seeds "
+            f"[{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], positive in {s['positive']} of {s['n']}"
+        )
+    print(f"seeds finished in {time.perf_counter() - t0:.1f} s; {args.out}/seeds.json and {args.out}/report.html")
+    return 0
+
+
+def add_seeds(sub) -> None:
+    """`rlhf seeds`: its options, beside the command it runs."""
     from rlhf.studies.sft_budget import SFT_BUDGETS
 
     p = _command(
@@ -558,6 +508,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.set_defaults(func=cmd_seeds)
+
+
+def cmd_frontier(args) -> int:
+    from rlhf.studies.frontier import run_confirmation, run_frontier
+
+    t0 = time.perf_counter()
+    if args.summarise_to:
+        from rlhf.studies.frontier import summarise_to
+
+        summarise_to(args.out, args.summarise_to)
+        return 0
+    if args.confirm:
+        record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
+        for p in record["points"]:
+            s = p["across"]["rubric_success.test.ppo_minus_sft"]
+            print(
+                f"{p['arm']} at iteration {p['iteration']}: PPO - SFT test rubric success mean {s['mean']:+.3f}, "
+                f"95% t-interval over {s['n']} seeds [{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], "
+                f"positive in {s['positive']} of {s['n']}"
+            )
+        print(
+            f"confirmation finished in {time.perf_counter() - t0:.1f} s; "
+            f"{args.out}/confirmation.json and {args.out}/confirmation.html"
+        )
+        return 0
+    result = run_frontier(
+        args.out,
+        n=args.n,
+        revision=args.revision,
+        sft_budget=args.sft_budget,
+        workers=args.workers,
+        profile_name=args.profile,
+    )
+    sel = result["selection"]
+    print(
+        f"chosen on validation: {sel['arm']} at iteration {sel['iteration']}, mean validation rubric success "
+        f"{sel['mean_validation_gold']:.3f} (SFT {sel['sft_mean_validation_gold']:.3f})"
+    )
+    print(f"frontier finished in {time.perf_counter() - t0:.1f} s; {args.out}/frontier.json and {args.out}/report.html")
+    return 0
+
+
+def add_frontier(sub) -> None:
+    """`rlhf frontier`: its options, beside the command it runs."""
+    from rlhf.studies.sft_budget import SFT_BUDGETS
 
     p = _command(
         sub,
@@ -600,6 +595,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.set_defaults(func=cmd_frontier)
 
+
+def cmd_choose_sft_budget(args) -> int:
+    from rlhf.studies.sft_budget import choose_sft_budget
+
+    budgets = args.budgets.split(",") if args.budgets else None
+    record = choose_sft_budget(
+        args.out, args.work, revision=args.revision, profile_name=args.profile, budgets=budgets, previous=args.previous
+    )
+    print(f"chosen SFT budget: {record['chosen']} ({record['rule']}); written to {args.out}")
+    return 0
+
+
+def add_choose_sft_budget(sub) -> None:
+    """`rlhf choose-sft-budget`: its options, beside the command it runs."""
     p = _command(
         sub,
         "choose-sft-budget",
@@ -622,6 +631,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_choose_sft_budget)
 
+
+def cmd_export_verl(args) -> int:
+    from rlhf.export_verl import export_verl
+
+    manifest = export_verl(
+        args.run,
+        args.out,
+        nnodes=args.nnodes,
+        gpus_per_node=args.gpus_per_node,
+        seeds=args.seeds,
+        profile=args.profile,
+        model_dir=args.model_dir,
+    )
+    print(
+        f"verl hand-off of {args.run} ({len(manifest['files'])} files) -> {args.out}; "
+        f"launch with: bash {Path(args.out) / 'launch' / 'launch.sh'}"
+    )
+    return 0
+
+
+def add_export_verl(sub) -> None:
+    """`rlhf export-verl`: its options, beside the command it runs."""
     p = _command(
         sub,
         "export-verl",
@@ -640,6 +671,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="the run's profile file, when it was made with --profile PATH")
     p.add_argument("--model-dir", default=None, help="local model directory (qwen2.5-0.5b runs)")
     p.set_defaults(func=cmd_export_verl)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlhf",
+        description=__doc__,
+        epilog="Each command explains its options and shows an example: rlhf COMMAND --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (
+        add_prepare,
+        add_build_embedded,
+        add_fetch_model,
+        add_stage,
+        add_evaluate,
+        add_report,
+        add_lab,
+        add_arithmetic,
+        add_base_study,
+        add_seeds,
+        add_frontier,
+        add_choose_sft_budget,
+        add_export_verl,
+    ):
+        add(sub)
     return parser
 
 
