@@ -56,6 +56,14 @@ MODEL_DIR_HELP = (
 )
 
 
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """The options every command that runs the lab in a run folder shares."""
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
+    p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    p.add_argument("--pin", action="store_true", help=PIN_HELP)
+
+
 def cmd_prepare(args) -> int:
     from rlhf.corpus import prepare
 
@@ -235,10 +243,7 @@ def add_stage(sub) -> None:
             else "rlhf ppo --run runs/lab --stop-after 40",
         )
         p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
-        p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-        p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
-        p.add_argument("--revision", default="r001", help=REVISION_HELP)
-        p.add_argument("--pin", action="store_true", help=PIN_HELP)
+        _run_options(p)
         p.add_argument("--resume", action="store_true", help="continue from the state saved by --stop-after")
         p.add_argument(
             "--stop-after",
@@ -283,10 +288,7 @@ def add_evaluate(sub) -> None:
         "rlhf evaluate --run runs/lab",
     )
     p.add_argument("--run", required=True, help="run folder whose training stages are complete")
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-    p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
-    p.add_argument("--revision", default="r001", help=REVISION_HELP)
-    p.add_argument("--pin", action="store_true", help=PIN_HELP)
+    _run_options(p)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -371,9 +373,7 @@ def add_lab(sub) -> None:
         "rlhf lab --out runs/lab",
     )
     p.add_argument("--out", default=None, help="run folder (required; with --dry-run: default a new temporary folder)")
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-    p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
-    p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    _run_options(p)
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -397,7 +397,6 @@ def add_lab(sub) -> None:
         help="--dry-run only: accept a random-weight model directory (rlhf.models.write_random_model_dir)",
     )
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help=DTYPE_HELP)
-    p.add_argument("--pin", action="store_true", help=PIN_HELP)
     p.set_defaults(func=cmd_lab)
 
 
