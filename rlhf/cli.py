@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlhf.config import DEFAULT_PROFILE, PROFILES, load_profile, override
+from rlhf.config import DEFAULT_PROFILE, PROFILES, REWARD_DESIGNS, load_profile, override
 
 PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
@@ -45,6 +45,8 @@ PIN_HELP = (
     "keep the CPU arithmetic pinned for a BF16 profile on the CPU (by default such runs are unpinned: "
     "the pin caps oneDNN's BF16 matmuls at AVX2, tens of times slower, and no golden numbers exist for them)"
 )
+# Every declared design but the standardised judge, whose mean and SD are measured by the frontier study.
+LAB_REWARD_DESIGNS = tuple(d for d in REWARD_DESIGNS if d != "standardised-judge")
 DTYPE_HELP = (
     "the dtype the base model computes in (default: its stored dtype, except BF16 weights on a CPU "
     "without native BF16 instructions, which compute in float32; run.json records the choice and why)"
@@ -188,10 +190,13 @@ def add_arithmetic(sub) -> None:
 
 
 def _profile(args):
-    """The profile named by --profile, with --dtype (where the command has it) written in."""
+    """The profile named by --profile, with --dtype and --reward-design (where the command has
+    them) written in."""
     profile = load_profile(args.profile)
     if getattr(args, "dtype", None):
         profile = override(profile, {("runtime", "compute_dtype"): args.dtype})
+    if getattr(args, "reward_design", None):
+        profile = override(profile, {("ppo", "reward_design"): args.reward_design})
     return profile
 
 
@@ -397,6 +402,15 @@ def add_lab(sub) -> None:
         help="--dry-run only: accept a random-weight model directory (rlhf.models.write_random_model_dir)",
     )
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help=DTYPE_HELP)
+    p.add_argument(
+        "--reward-design",
+        choices=LAB_REWARD_DESIGNS,
+        default=None,
+        help="what PPO pays at an answer's last token, written into the run's profile ([ppo] reward_design): "
+        "'judge' (the default), 'iterated-judge' (refreshed on the policy's own answers every "
+        "[ppo] refresh_every iterations), 'ensemble-mean', 'ensemble-min', 'ensemble-uncertainty' "
+        "([ppo] ensemble_size judges), 'eos-less-replaced', 'oracle' (a control that reads the rubric)",
+    )
     p.set_defaults(func=cmd_lab)
 
 

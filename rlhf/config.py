@@ -27,7 +27,17 @@ from rlhf.io import dumps_json, sha256_text
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 # What PPO's terminal reward is built from (rlhf.ppo_math.design_score); 'judge' is SPEC §6.
-REWARD_DESIGNS = ("judge", "standardised-judge", "eos-less-replaced", "oracle")
+REWARD_DESIGNS = (
+    "judge",
+    "standardised-judge",
+    "eos-less-replaced",
+    "oracle",
+    "iterated-judge",
+    "ensemble-mean",
+    "ensemble-min",
+    "ensemble-uncertainty",
+)
+ENSEMBLE_DESIGNS = ("ensemble-mean", "ensemble-min", "ensemble-uncertainty")
 PROFILES = ("embedded", "qwen2.5-0.5b")
 DEFAULT_PROFILE = "embedded"
 
@@ -124,6 +134,11 @@ class Seeds:
     data_order: int = doc("generators of SFT/judge data order and of the PPO prompt sampler")
     ppo_sampling: int = doc("generator of PPO's token sampling")
     evaluation: int = doc("held-out sampling (temperature 1) and the bootstrap intervals")
+    judge_refresh: int = doc(
+        "reward design 'iterated-judge' only: the generator of each judge refresh (its prompts, answers and "
+        "update batches)",
+        default=449,
+    )
 
 
 @dataclass(frozen=True)
@@ -183,11 +198,34 @@ class Ppo:
     )
     reward_design: str = doc(
         "what the episode's last token receives (rlhf.ppo_math.design_score): 'judge' (SPEC §6, the default), "
-        "or a declared alternative of the frontier study: 'standardised-judge', 'eos-less-replaced', 'oracle'",
+        "or a declared alternative: 'standardised-judge', 'eos-less-replaced', 'oracle' (the frontier study's), "
+        "'iterated-judge' (rlhf.refresh), 'ensemble-mean', 'ensemble-min', 'ensemble-uncertainty'",
         default="judge",
     )
     score_mean: float = doc("'standardised-judge' only: the judge's mean on SFT samples of train prompts", default=0.0)
     score_sd: float = doc("'standardised-judge' only: the judge's SD on SFT samples of train prompts", default=1.0)
+    refresh_every: int = doc(
+        "'iterated-judge' only: the judge is refreshed after every this many iterations (K), never after the last",
+        default=5,
+    )
+    refresh_prompts: int = doc(
+        "'iterated-judge' only: train prompts per refresh, two temperature-1 answers of the current actor each; "
+        "a pair where exactly one answer is a rubric success becomes a labelled pair",
+        default=32,
+    )
+    refresh_updates: int = doc(
+        "'iterated-judge' only: Bradley-Terry updates of the judge per refresh, each of judge.pairs_per_update "
+        "pairs, half from the policy pairs labelled so far and half from the corpus's train pairs",
+        default=16,
+    )
+    refresh_lr_ratio: float = doc(
+        "'iterated-judge' only: each refresh trains the judge at judge.lr times this (constant, a fresh AdamW)",
+        default=1.0,
+    )
+    ensemble_size: int = doc(
+        "'ensemble-*' only: judges in the ensemble (k): the lab's judge and k - 1 more from other seeds", default=4
+    )
+    ensemble_lambda: float = doc("'ensemble-uncertainty' only: the reward is mean - lambda * SD", default=1.0)
 
     def __post_init__(self):
         if self.reward_design not in REWARD_DESIGNS:
@@ -202,6 +240,17 @@ class Ppo:
             )
         if not self.score_sd > 0 or not math.isfinite(self.score_sd) or not math.isfinite(self.score_mean):
             raise ProfileError(f"[ppo] score_sd must be a finite number > 0 and score_mean finite, not {self.score_sd}")
+        for key in ("refresh_every", "refresh_prompts", "refresh_updates"):
+            if getattr(self, key) < 1:
+                raise ProfileError(f"[ppo] {key} must be at least 1, not {getattr(self, key)}")
+        if not (math.isfinite(self.refresh_lr_ratio) and self.refresh_lr_ratio > 0):
+            raise ProfileError(f"[ppo] refresh_lr_ratio must be a finite number > 0, not {self.refresh_lr_ratio}")
+        if self.ensemble_size < 2:
+            raise ProfileError(
+                f"[ppo] ensemble_size must be at least 2 (an ensemble of one is the judge), not {self.ensemble_size}"
+            )
+        if not (math.isfinite(self.ensemble_lambda) and self.ensemble_lambda >= 0):
+            raise ProfileError(f"[ppo] ensemble_lambda must be a finite number >= 0, not {self.ensemble_lambda}")
 
 
 @dataclass(frozen=True)

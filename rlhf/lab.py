@@ -13,7 +13,10 @@ Run folder:
             actor.safetensors(+.json)   final SFT adapters
             history.json, timings.json, resume_check.json
     judge/  the same for the judge (judge.safetensors)
-    ppo/    the same for PPO (actor.safetensors, critic.safetensors, fingerprints.json)
+    judge-1/ .. judge-(k-1)/   a judge ensemble's other members (reward designs 'ensemble-*'),
+            each trained like the judge from its own seeds (`member_profile`)
+    ppo/    the same for PPO (actor.safetensors, critic.safetensors, fingerprints.json; with the
+            iterated judge also judge.safetensors, the judge as last refreshed)
 
 Interrupt/resume protocol (SPEC §7), run by the lab and by tests_reproducibility:
 stop after a boundary (SFT epoch 1, judge epoch 1, PPO iteration 40), resume from that state
@@ -32,19 +35,21 @@ command exits saying how to continue.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import NamedTuple, TypedDict
+from typing import Callable, NamedTuple, TypedDict
 
 import torch
 from tqdm import tqdm
 
 from rlhf import identities, runtime
 from rlhf.checkpoint import Interrupted, Leg, StateError, assert_states_equal, load_state, save_state, stop_requested
-from rlhf.config import PROFILES, Profile, load_profile, profile_hash
+from rlhf.config import ENSEMBLE_DESIGNS, PROFILES, Profile, load_profile, override, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.evaluate import stage_evaluate
@@ -61,7 +66,7 @@ from rlhf.judge import train_judge
 from rlhf.models import check_tokenizer, compute_dtype, directory_identity, load_tokenizer
 from rlhf.ppo import STATE_KEYS, train_ppo
 from rlhf.report import write_reports
-from rlhf.roles import ROLE_KINDS, PpoRoles, Role, assert_role_isolation, fingerprint, load_role, new_role, save_role
+from rlhf.roles import PpoRoles, Role, assert_role_isolation, fingerprint, load_role, new_role, save_role
 from rlhf.runtime import configure_determinism, configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
 from rlhf.shortcut import run_shortcut_audit
@@ -554,17 +559,66 @@ def stage_judge(ctx: Context, *, resume=False, stop_after=None, protocol=True) -
     return _epoch_stage(ctx, "judge", "judge", train_judge, _judge_epoch_line, resume, stop_after, protocol)
 
 
+def member_stages(profile: Profile, *, ensemble: bool | None = None) -> list[str]:
+    """The stages of a judge ensemble's other members (judge-1 .. judge-(k-1), k =
+    ppo.ensemble_size): none unless the profile's reward design is an ensemble (or `ensemble`
+    says so: a study's seed folder trains the members its ensemble arms start from)."""
+    if not (profile.ppo.reward_design in ENSEMBLE_DESIGNS if ensemble is None else ensemble):
+        return []
+    return [f"judge-{m}" for m in range(1, profile.ppo.ensemble_size)]
+
+
+def member_profile(profile: Profile, m: int) -> Profile:
+    """The profile ensemble member m (1 .. k-1) is trained with: the judge's seeds (its adapters'
+    and head's initialisation, its data order) each moved by m. Member 0 is the lab's judge."""
+    seeds = profile.seeds
+    return override(
+        profile,
+        {
+            ("seeds", "judge_lora"): seeds.judge_lora + m,
+            ("seeds", "judge_head"): seeds.judge_head + m,
+            ("seeds", "data_order"): seeds.data_order + m,
+        },
+    )
+
+
+def member_context(ctx: Context, stage: str) -> Context:
+    """The context member `stage` (judge-m) trains in: this run, the member's profile."""
+    member = copy.copy(ctx)
+    member.profile = member_profile(ctx.profile, int(stage.split("-")[1]))
+    return member
+
+
+def stage_judge_member(ctx: Context, stage: str, *, resume=False, stop_after=None, protocol=True) -> ProtocolResult:
+    """Train ensemble member `stage` (judge-m) exactly as the judge, from the member's seeds."""
+    return _epoch_stage(
+        member_context(ctx, stage), stage, "judge", train_judge, _judge_epoch_line, resume, stop_after, protocol
+    )
+
+
+def judge_files(ctx: Context) -> list[Path]:
+    """The judge's file, then each ensemble member's (the run PPO starts from)."""
+    return [ctx.trained_in / stage / "judge.safetensors" for stage in ["judge", *member_stages(ctx.profile)]]
+
+
 def ppo_roles(ctx: Context) -> PpoRoles:
-    """Actor, reference and critic from the SFT adapters; the judge from its trained state."""
+    """Actor, reference and critic from the SFT adapters; the judge (and an ensemble's other
+    members) from their trained states."""
+    judge, *members = [ctx.role("judge") for _ in judge_files(ctx)]
     roles = PpoRoles(
-        actor=ctx.role("actor"), reference=ctx.role("reference"), judge=ctx.role("judge"), critic=ctx.role("critic")
+        actor=ctx.role("actor"),
+        reference=ctx.role("reference"),
+        judge=judge,
+        critic=ctx.role("critic"),
+        members=tuple(members),
     )
     sft_file = ctx.trained_in / "sft" / "actor.safetensors"
     load_role(roles.actor, sft_file)
     load_role(roles.reference, sft_file, source_kind="actor")
     load_role(roles.critic, sft_file, source_kind="actor", adapters_only=True)
-    load_role(roles.judge, ctx.trained_in / "judge" / "judge.safetensors")
-    roles.judge.freeze()
+    for role, path in zip((judge, *members), judge_files(ctx)):
+        load_role(role, path)
+        role.freeze()
     roles.reference.freeze()
     return roles
 
@@ -580,10 +634,12 @@ def ppo_identity(ctx: Context, initial: dict) -> dict:
     """What a PPO state is computed from: the run's identity, the SFT and judge files it starts
     from, and the initial roles' fingerprints (`ppo_fingerprints`; what its checkpoints are
     loaded against)."""
+    judge, *members = [sha256_file(path) for path in judge_files(ctx)]
     return ctx.identity(
         stage="ppo",
         sft=sha256_file(ctx.trained_in / "sft" / "actor.safetensors"),
-        judge=sha256_file(ctx.trained_in / "judge" / "judge.safetensors"),
+        judge=judge,
+        **({"judge_members": members} if members else {}),
         initial={k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in initial.items()},
     )
 
@@ -593,6 +649,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     initial = ppo_fingerprints(ctx)
     identity = ppo_identity(ctx, initial)
     cfg = ctx.profile.ppo
+    judge_learns = cfg.reward_design == "iterated-judge"  # refreshed during PPO (rlhf.refresh)
     bar, tick = _progress("PPO", cfg.iterations)
 
     def run_fn(leg: Leg):
@@ -626,7 +683,12 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         )
         assert_role_isolation(roles)
         after = {k: fingerprint(r) for k, r in roles.by_kind().items()}
-        check_fingerprints(before, after, moved=out["iterations_done"] > (leg.state or {}).get("iterations_done", 0))
+        check_fingerprints(
+            before,
+            after,
+            moved=out["iterations_done"] > (leg.state or {}).get("iterations_done", 0),
+            judge_learns=judge_learns,
+        )
         return out, tm
 
     result = run_protocol(
@@ -651,8 +713,8 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
             "before": _short(initial),
             "after": _short({k: fingerprint(r) for k, r in final.by_kind().items()}),
         }
-        check_fingerprints(fingerprints["before"], fingerprints["after"])
-        for role in (final.actor, final.critic):
+        check_fingerprints(fingerprints["before"], fingerprints["after"], judge_learns=judge_learns)
+        for role in (final.actor, final.critic, *((final.judge,) if judge_learns else ())):
             if not (folder / f"{role.kind}.safetensors.json").is_file():
                 save_role(role, folder / f"{role.kind}.safetensors", identity)
         write_json(folder / "history.json", result.state["history"], keep_existing=True)
@@ -691,7 +753,9 @@ def run_stages(ctx: Context, *, protocol: bool = True, until: str = "shortcut_au
     stage's measurement as it comes)."""
     if until not in STAGES[:-1]:
         raise ValueError(f"until must be one of {', '.join(STAGES[:-1])}, not {until!r}")
-    for name, fn in (("sft", stage_sft), ("judge", stage_judge), ("ppo", stage_ppo)):
+    training: list[tuple[str, Callable[..., ProtocolResult]]] = [("sft", stage_sft), ("judge", stage_judge)]
+    training += [(m, partial(stage_judge_member, stage=m)) for m in member_stages(ctx.profile)]
+    for name, fn in (*training, ("ppo", stage_ppo)):
         if stage_complete(ctx, name):
             _say(f"{name}: already complete in {ctx.run} (skipped)")
         else:
@@ -747,12 +811,15 @@ def _short(fps: dict) -> dict:
     return {k: {"learned_sha256": v["learned_sha256"], "frozen_sha256": v["frozen_sha256"]} for k, v in fps.items()}
 
 
-def check_fingerprints(before: dict, after: dict, moved: bool = True) -> None:
-    """Reference and judge unchanged; every base unchanged; actor and critic changed."""
-    for kind in ROLE_KINDS:
+def check_fingerprints(before: dict, after: dict, moved: bool = True, judge_learns: bool = False) -> None:
+    """Reference, judge and any ensemble member unchanged (the judge may move only when the
+    iterated judge refreshes it); every base unchanged; actor and critic changed."""
+    if set(before) != set(after):
+        raise AssertionError(f"roles before PPO {sorted(before)} are not the roles after it {sorted(after)}")
+    for kind in before:
         if before[kind]["frozen_sha256"] != after[kind]["frozen_sha256"]:
             raise AssertionError(f"the frozen base of role {kind} changed during PPO")
-    for kind in ("reference", "judge"):
+    for kind in sorted(set(before) - {"actor", "critic", *(("judge",) if judge_learns else ())}):
         if before[kind]["learned_sha256"] != after[kind]["learned_sha256"]:
             raise AssertionError(f"role {kind} changed during PPO; it must stay frozen")
     if moved:

@@ -12,7 +12,8 @@ One iteration:
   2. rewards   r_t = -kl_coef * (logp_old_t - logp_ref_t); + score at the last token;
                + truncation penalty there when the answer was cut at 64 tokens without EOS.
                The score is the judge's (SPEC §6) unless the profile declares another
-               `ppo.reward_design` (ppo_math.design_score; the frontier study's arms)
+               `ppo.reward_design` (ppo_math.design_score): a judge ensemble's mean, minimum or
+               mean - lambda * SD, the frontier study's alternatives, or the iterated judge's
   3. GAE       gamma 1, lambda 0.95, nothing bootstraps past the terminal; returns = A + V_old
   4. updates   2 x (actor: clipped policy loss; critic: 0.5 (V - R)^2), each averaged over a
                response's active tokens then over the 4 responses, with old log-probs,
@@ -21,6 +22,10 @@ One iteration:
 No reward or advantage whitening, no value clipping, no entropy bonus. `logp_old` is the
 behaviour log-prob recorded while sampling; the teacher-forced rescoring of the same tokens
 before the first update is only compared with it (and the difference recorded).
+
+With the 'iterated-judge' design, the judge is refreshed after every K iterations
+(rlhf.refresh: the current actor's answers to train prompts labelled by the rubric's rule, the
+judge trained on them), and PPO continues against the refreshed judge.
 
 State after each iteration (`ppo_state`) is complete: resuming from it replays the same run.
 """
@@ -34,11 +39,12 @@ from typing import NamedTuple
 
 import torch
 
-from rlhf import ppo_math, rubric
+from rlhf import ppo_math, refresh, rubric
 from rlhf.checkpoint import Leg
-from rlhf.config import Ppo, Profile
+from rlhf.config import ENSEMBLE_DESIGNS, Ppo, Profile
 from rlhf.generate import generate
 from rlhf.io import crash_point
+from rlhf.judge import encode_pairs
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import PpoRoles, critic_values, reward_scores
@@ -113,6 +119,7 @@ class Rollout:
     logp_old: torch.Tensor  # [B, R] the sampling actor's log-prob of each sampled token
     logp_ref: torch.Tensor  # [B, R] the frozen reference's log-prob of that token
     score: torch.Tensor  # [B]    the frozen judge's score at the last active token
+    member_scores: torch.Tensor | None  # [k, B] every ensemble member's score (member 0: `score`); None without one
     paid: torch.Tensor  # [B]    the score the last token receives (ppo_math.design_score; = score by default)
     values: torch.Tensor  # [B, R] the critic's V before each token
     rewards: torch.Tensor  # [B, R] penalty per token + score (and truncation) once at the end
@@ -163,6 +170,14 @@ def rollout(
     timings["reference"] = time.perf_counter() - t
     t = time.perf_counter()
     score = reward_scores(roles.judge, batch)  # [B]
+    member_scores = None
+    if cfg.reward_design in ENSEMBLE_DESIGNS:
+        if len(roles.members) != cfg.ensemble_size - 1:
+            raise ValueError(
+                f"reward design {cfg.reward_design} with ensemble_size {cfg.ensemble_size} needs "
+                f"{cfg.ensemble_size - 1} more judges beside the lab's, got {len(roles.members)}"
+            )
+        member_scores = torch.stack([score] + [reward_scores(m, batch) for m in roles.members])  # [k, B]
     _sync()
     timings["judge"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -180,7 +195,14 @@ def rollout(
         ]
         oracle = torch.tensor([float(v["rubric_success"]) for v in verdicts], device=device)  # [B]
     paid = ppo_math.design_score(
-        score, truncated, design=cfg.reward_design, score_mean=cfg.score_mean, score_sd=cfg.score_sd, oracle=oracle
+        score,
+        truncated,
+        design=cfg.reward_design,
+        score_mean=cfg.score_mean,
+        score_sd=cfg.score_sd,
+        oracle=oracle,
+        member_scores=member_scores,
+        ensemble_lambda=cfg.ensemble_lambda,
     )
     rewards = ppo_math.token_rewards(
         logp_old, logp_ref, paid, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
@@ -195,6 +217,7 @@ def rollout(
         logp_old=logp_old,
         logp_ref=logp_ref,
         score=score,
+        member_scores=member_scores,
         paid=paid,
         values=values,
         rewards=rewards,
@@ -293,9 +316,10 @@ def train_ppo(
 ) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
 
-    restore -> for each iteration: rollout, 2 x ppo_update, record -> save. The state holds the
-    actor and critic adapters/heads, both optimizers, the prompt sampler, the sampling
-    generator, the system RNGs, the history and the consumed rollout ids. Timings are returned
+    restore -> for each iteration: rollout, 2 x ppo_update, record [-> judge refresh] -> save.
+    The state holds the actor and critic adapters/heads, both optimizers, the prompt sampler,
+    the sampling generator, the system RNGs, the history and the consumed rollout ids (and,
+    for the iterated judge, the judge as refreshed and what refreshes carry). Timings are returned
     apart: durations are not part of the compared state. After each iteration (both updates
     done, no rollout pending) the leg (rlhf.checkpoint.Leg) is told of progress and may save the
     state (rlhf.lab's crash-safe legs); it stops after `leg.stop` iterations.
@@ -303,10 +327,14 @@ def train_ppo(
     cfg, limits = profile.ppo, profile.limits
     prompts = view.rollout_prompts()
     encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
-    actions = None
-    if cfg.reward_design == "oracle":  # SPEC §12 (iv): the train family's action, from the train pairs
+    # The train family's action, read from the train pairs (SPEC §12 (iv); the refresh's labeller).
+    by_family = {}
+    if cfg.reward_design in ("oracle", "iterated-judge"):
         by_family = rubric.chosen_actions(view.pairs("train"))
-        actions = [by_family[r["family"]] for r in prompts]
+    actions = [by_family[r["family"]] for r in prompts] if cfg.reward_design == "oracle" else None
+    corpus_pairs = None
+    if cfg.reward_design == "iterated-judge":  # what the judge keeps training on beside the policy's pairs
+        corpus_pairs = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
     run = _restore(roles, profile, len(prompts), leg.state)
     updates = cfg.updates_per_iteration
     total = cfg.iterations * updates
@@ -343,6 +371,25 @@ def train_ppo(
             timings["total"][k] += tm.get(k, 0.0)
         if leg.progress is not None:
             leg.progress(it + 1, cfg.iterations, record)
+        if refresh.refresh_due(it + 1, profile):
+            assert run.refresh is not None and corpus_pairs is not None  # made for this design
+            run.history["refreshes"].append(
+                refresh.refresh_judge(
+                    roles.judge,
+                    roles.actor,
+                    run.refresh,
+                    prompts,
+                    encoded,
+                    corpus_pairs,
+                    by_family,
+                    tokenizer,
+                    eos_id,
+                    pad_id,
+                    profile,
+                    it + 1,
+                    use_cache=use_cache,
+                )
+            )
         if leg.checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
             leg.checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
     timings["memory"] = peak_memory()
@@ -357,6 +404,7 @@ class PpoRun(NamedTuple):
     sample_gen: torch.Generator  # the token sampler's generator
     history: dict  # iterations, consumed prompts, token views, scoring check (history.json)
     start: int  # the first iteration to run
+    refresh: refresh.RefreshData | None = None  # the iterated judge's refreshes (None for other designs)
 
 
 def _restore(roles: PpoRoles, profile: Profile, n_prompts: int, state: dict | None) -> PpoRun:
@@ -369,10 +417,14 @@ def _restore(roles: PpoRoles, profile: Profile, n_prompts: int, state: dict | No
         "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad], cfg.critic_lr, decay),
     }
     sampler = PromptSampler(n_prompts, seeds.data_order)
-    sample_gen = torch.Generator(device=next(actor.model.parameters()).device).manual_seed(seeds.ppo_sampling)
+    device = next(actor.model.parameters()).device
+    sample_gen = torch.Generator(device=device).manual_seed(seeds.ppo_sampling)
+    iterated = cfg.reward_design == "iterated-judge"
     if state is None:
         history: dict = {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None}
-        return PpoRun(optimizers, sampler, sample_gen, history, start=0)
+        if iterated:
+            history["refreshes"] = []
+        return PpoRun(optimizers, sampler, sample_gen, history, 0, refresh.start(profile, device) if iterated else None)
     actor.load_learned_state(state["actor"])
     critic.load_learned_state(state["critic"])
     optimizers["actor"].load_state_dict(state["optimizers"]["actor"])
@@ -380,7 +432,11 @@ def _restore(roles: PpoRoles, profile: Profile, n_prompts: int, state: dict | No
     sampler.load(state["sampler"])
     sample_gen.set_state(state["sampling_generator"])
     set_rng_state(state["rng"])
-    return PpoRun(optimizers, sampler, sample_gen, state["history"], start=state["iterations_done"])
+    data = None
+    if iterated:  # the judge as last refreshed
+        roles.judge.load_learned_state(state[STATE_KEYS["judge"]])
+        data = refresh.start(profile, device, state["refresh"])
+    return PpoRun(optimizers, sampler, sample_gen, state["history"], state["iterations_done"], data)
 
 
 @torch.no_grad()
@@ -422,6 +478,7 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
             if cfg.reward_design == "judge"
             else {"reward_design": cfg.reward_design, "paid_scores": ro.paid.tolist()}
         ),
+        **({} if ro.member_scores is None else {"member_scores": ro.member_scores.tolist()}),
         **{
             key: [s[key] for s in stats]
             for key in (
@@ -465,4 +522,5 @@ def _ppo_state(roles: PpoRoles, run: PpoRun, done: int) -> dict:
         "sampling_generator": run.sample_gen.get_state(),
         "rng": rng_state(),
         "history": run.history,
+        **({} if run.refresh is None else {"refresh": run.refresh.state()}),
     }

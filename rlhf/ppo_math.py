@@ -27,6 +27,9 @@ __all__ = [
     "mean_sampled_log_ratio",
     "log_ratio_penalty",
     "design_score",
+    "ensemble_mean",
+    "ensemble_min",
+    "ensemble_uncertainty",
     "token_rewards",
     "gae",
     "policy_ratio",
@@ -96,6 +99,25 @@ def log_ratio_penalty(
     return _active(-kl_coef * sampled_log_ratio(logp_old, logp_ref, m), m)
 
 
+def ensemble_mean(member_scores: torch.Tensor) -> torch.Tensor:
+    """``mean_k s_k``: the members' mean score. Shapes: member_scores [k, B] -> [B]."""
+    return member_scores.mean(dim=0)
+
+
+def ensemble_min(member_scores: torch.Tensor) -> torch.Tensor:
+    """``min_k s_k``: the worst case over the members (Coste et al. 2023). [k, B] -> [B]."""
+    return member_scores.min(dim=0).values
+
+
+def ensemble_uncertainty(member_scores: torch.Tensor, lam: float) -> torch.Tensor:
+    """``mean_k s_k - lam * sd_k s_k``: the mean, less lam times the members' disagreement
+    (uncertainty-weighted; sd over the k members with divisor k). [k, B] -> [B]."""
+    return member_scores.mean(dim=0) - lam * member_scores.std(dim=0, correction=0)
+
+
+ENSEMBLES = {"ensemble-mean": ensemble_mean, "ensemble-min": ensemble_min}
+
+
 def design_score(
     score: torch.Tensor,
     truncated: torch.Tensor,
@@ -104,18 +126,25 @@ def design_score(
     score_mean: float = 0.0,
     score_sd: float = 1.0,
     oracle: torch.Tensor | None = None,
+    member_scores: torch.Tensor | None = None,
+    ensemble_lambda: float = 0.0,
 ) -> torch.Tensor:
     """The score paid at an episode's last token, before token_rewards adds the truncation
-    penalty (SPEC §6; the declared alternatives of the frontier study, SPEC §12).
+    penalty (SPEC §6; the declared alternatives, SPEC §12).
 
-    ``judge``               ``s``                       the judge's score (§6, the default)
-    ``standardised-judge``  ``(s - score_mean) / score_sd``  with μ, σ measured once before PPO
-    ``eos-less-replaced``   ``0 if truncated else s``   so the penalty replaces the score
-    ``oracle``              ``oracle``                  rubric success on the train prompt (1 or 0)
+    ``judge``                 ``s``                       the judge's score (§6, the default)
+    ``standardised-judge``    ``(s - score_mean) / score_sd``  with μ, σ measured once before PPO
+    ``eos-less-replaced``     ``0 if truncated else s``   so the penalty replaces the score
+    ``oracle``                ``oracle``                  rubric success on the train prompt (1 or 0)
+    ``iterated-judge``        ``s``                       of the judge as last refreshed (rlhf.refresh)
+    ``ensemble-mean``         ``ensemble_mean(S)``        S [k, B]: the k judges' scores (S[0] = s)
+    ``ensemble-min``          ``ensemble_min(S)``
+    ``ensemble-uncertainty``  ``ensemble_uncertainty(S, ensemble_lambda)``
 
-    Shapes: score, truncated, oracle [B] -> [B]. ``judge`` returns ``score`` itself.
+    Shapes: score, truncated, oracle [B], member_scores [k, B] -> [B]. ``judge`` returns
+    ``score`` itself.
     """
-    if design == "judge":
+    if design in ("judge", "iterated-judge"):
         return score
     if design == "standardised-judge":
         return (score - score_mean) / score_sd
@@ -125,6 +154,17 @@ def design_score(
         if oracle is None or tuple(oracle.shape) != tuple(score.shape):
             raise ValueError(f"the oracle design needs one rubric success per response, got {oracle}")
         return oracle.to(score.dtype)
+    if design in ENSEMBLES or design == "ensemble-uncertainty":
+        if member_scores is None or member_scores.dim() != 2 or member_scores.shape[1:] != score.shape:
+            raise ValueError(
+                f"the {design} design needs every member's score of every response, [k, B], got "
+                f"{None if member_scores is None else tuple(member_scores.shape)}"
+            )
+        if not torch.equal(member_scores[0], score):
+            raise ValueError(f"the {design} design: member 0 is the lab's judge, whose scores are `score`")
+        if design == "ensemble-uncertainty":
+            return ensemble_uncertainty(member_scores, ensemble_lambda)
+        return ENSEMBLES[design](member_scores)
     raise ValueError(f"unknown reward design {design!r}")
 
 

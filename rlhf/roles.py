@@ -95,15 +95,19 @@ class Role:
 
 
 class PpoRoles(NamedTuple):
-    """The four roles PPO runs on (rlhf.lab.ppo_roles), in ROLE_KINDS order."""
+    """The four roles PPO runs on (rlhf.lab.ppo_roles), in ROLE_KINDS order; with a judge
+    ensemble (`ppo.reward_design` 'ensemble-*') its other members too, frozen judges of their own."""
 
     actor: Role
     reference: Role
     judge: Role
     critic: Role
+    members: tuple[Role, ...] = ()  # judges 1 .. k-1 of an ensemble (judge 0 is `judge`)
 
     def by_kind(self) -> dict[str, Role]:
-        return {"actor": self.actor, "reference": self.reference, "judge": self.judge, "critic": self.critic}
+        """{name: role}: the four kinds, then the ensemble's members as judge-1 .. judge-(k-1)."""
+        out = {"actor": self.actor, "reference": self.reference, "judge": self.judge, "critic": self.critic}
+        return {**out, **{f"judge-{m}": role for m, role in enumerate(self.members, start=1)}}
 
 
 class EvaluationRoles(NamedTuple):
@@ -243,7 +247,9 @@ def fingerprint(role: Role, *, frozen: bool = True) -> dict:
 def assert_role_isolation(roles) -> None:
     """Raise RoleIsolationError if two roles share any tensor storage, if a reference or judge
     parameter requires or holds a gradient, or if a role is in training mode."""
-    roles = list(roles.values()) if isinstance(roles, dict) else list(roles)  # a dict, or PpoRoles
+    if hasattr(roles, "by_kind"):  # PpoRoles, EvaluationRoles
+        roles = roles.by_kind()
+    roles = list(roles.values()) if isinstance(roles, dict) else list(roles)
     owner: dict[int, tuple[int, str, str]] = {}  # storage -> (role position, kind, tensor name)
     for i, role in enumerate(roles):
         tensors = list(role.model.named_parameters(remove_duplicate=False)) + list(role.model.named_buffers())

@@ -87,19 +87,47 @@ def _ppo_summary(h: dict) -> dict:
     }
 
 
-def _fingerprint_checks(fp: dict | None) -> dict | None:
+DESIGNS = {
+    "judge": "the frozen judge's score (SPEC §6)",
+    "standardised-judge": "the frozen judge's score, standardised once before PPO",
+    "eos-less-replaced": "the frozen judge's score; an answer cut without EOS is paid the penalty instead",
+    "oracle": "the rubric's success on the train prompt (a control that reads the target)",
+    "iterated-judge": "the judge's score, the judge refreshed on the policy's own answers during PPO",
+    "ensemble-mean": "the mean score of a judge ensemble",
+    "ensemble-min": "the lowest score of a judge ensemble (worst case)",
+    "ensemble-uncertainty": "the mean score of a judge ensemble less lambda times its members' SD",
+}
+
+
+def _reward_design(h: dict) -> dict:
+    """The reward design PPO ran with (its history names any but the default) and, for the
+    iterated judge, every refresh's record (rlhf.refresh)."""
+    its = h.get("iterations", [])
+    design = its[0].get("reward_design", "judge") if its else "judge"
+    out = {"design": design, "what": DESIGNS.get(design, design)}
+    if "refreshes" in h:
+        out["refreshes"] = h["refreshes"]
+    if its and "member_scores" in its[0]:
+        out["ensemble_size"] = len(its[0]["member_scores"])
+    return out
+
+
+def _fingerprint_checks(fp: dict | None, judge_learns: bool = False) -> dict | None:
+    """Per role: the actor and critic must change, every other role stay frozen, except the
+    iterated judge's judge, which may change (refreshed during PPO)."""
     if not fp or "before" not in fp or "after" not in fp:
         return None
     out = {}
     for role in sorted(set(fp["before"]) & set(fp["after"])):
         b, a = fp["before"][role], fp["after"][role]
         changed = b.get("learned_sha256") != a.get("learned_sha256")
-        must_change = role in ("actor", "critic")
+        must_change: bool | None = None if (judge_learns and role == "judge") else role in ("actor", "critic")
+        base_kept = b.get("frozen_sha256") == a.get("frozen_sha256")
         out[role] = {
             "learned_changed": changed,
             "must_change": must_change,
-            "frozen_base_unchanged": b.get("frozen_sha256") == a.get("frozen_sha256"),
-            "ok": changed == must_change and b.get("frozen_sha256") == a.get("frozen_sha256"),
+            "frozen_base_unchanged": base_kept,
+            "ok": (must_change is None or changed == must_change) and base_kept,
         }
     return out
 
@@ -183,6 +211,7 @@ def collect_results(run_dir) -> dict:
     fingerprints = _read_optional(run / "ppo/fingerprints.json")
     base = _read_optional(run / "base_model/manifest.json")
     evaluation = _evaluation(run)
+    design = _reward_design(ppo_h)
     return {
         "schema": "rlhf.report/1",
         "run_dir": str(run.resolve()),
@@ -209,6 +238,7 @@ def collect_results(run_dir) -> dict:
             "epochs": judge_h.get("epochs", []),
             "curves": _curves(judge_h.get("updates", [])),
         },
+        "reward_design": design,
         "ppo": {
             "summary": _ppo_summary(ppo_h),
             "curves": _curves(ppo_h.get("iterations", [])),
@@ -219,7 +249,7 @@ def collect_results(run_dir) -> dict:
         "timings": _timings(run, evaluation),
         "resume_checks": _resume_checks(run),
         "fingerprints": fingerprints,
-        "fingerprint_checks": _fingerprint_checks(fingerprints),
+        "fingerprint_checks": _fingerprint_checks(fingerprints, judge_learns=design["design"] == "iterated-judge"),
         "artifacts": _artifacts(run),
         "evaluation": evaluation,
         "judge_test": _judge_test(evaluation),

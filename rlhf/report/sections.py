@@ -22,6 +22,7 @@ from rlhf.report.tables import (
     policy_metrics,
     politeness_table,
     probe_outputs_table,
+    refresh_table,
     resume_tables,
     sft_epochs_table,
     shortcut_audit_table,
@@ -83,6 +84,10 @@ def glance_section(res: dict) -> tuple[str, str, list]:
             )
     else:
         glance.append(("note", ev["note"]))
+    rd = res.get("reward_design") or {"design": "judge", "what": "the frozen judge's score (SPEC §6)"}
+    glance.append(("p", f"Reward design: {rd['design']}, {rd['what']}."))
+    if rd.get("refreshes"):
+        glance.append(("table", refresh_table(rd["refreshes"])))
     glance.append(
         (
             "p",

@@ -78,6 +78,29 @@ def kv_table(d: dict, caption: str = "", key="quantity", value="value") -> Table
     return Table([key, value], rows, caption)
 
 
+def refresh_table(refreshes: list[dict]) -> Table:
+    """The iterated judge's refreshes: the policy's answers labelled, and the judge's accuracy on
+    the new pairs before (how wrong it had become) and after training on them."""
+    rows = [
+        [
+            r["after_iteration"],
+            f"{r['successes']} of {r['answers']}",
+            r["new_pairs"],
+            r["pairs_so_far"],
+            fmt(r["accuracy_before"]),
+            fmt(r["accuracy_after"]),
+            r["updates"],
+        ]
+        for r in refreshes
+    ]
+    return Table(
+        ["after iteration", "rubric successes", "new pairs", "pairs so far", "accuracy before", "after", "updates"],
+        rows,
+        "Judge refreshes: the judge's accuracy on the policy's newly labelled pairs before the refresh "
+        "and after training on them (in-sample); no pair, no training",
+    )
+
+
 def policy_rows(ev: dict, policy: str) -> list[dict]:
     return ((ev.get("policies") or {}).get(policy) or {}).get("rows") or []
 
@@ -412,7 +435,7 @@ def fingerprint_table(res: dict) -> Table | None:
                 short_hash(fp["before"][role].get("learned_sha256")),
                 short_hash(fp["after"][role].get("learned_sha256")),
                 fmt(c["learned_changed"]),
-                "must change" if c["must_change"] else "must stay frozen",
+                {True: "must change", False: "must stay frozen", None: "may change (refreshed)"}[c["must_change"]],
                 fmt(c["frozen_base_unchanged"]),
                 (fmt(c["ok"]), "class:ok" if c["ok"] else "class:bad"),
             ]

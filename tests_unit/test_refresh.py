@@ -1,0 +1,170 @@
+"""The reward designs that keep the judge in distribution, piece by piece: the iterated judge's
+labeller (rlhf.refresh) on hand-made answers, when a refresh is due, the ensembles' scores
+(rlhf.ppo_math), and the profile keys that select and size them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf import ppo_math, rubric
+from rlhf.config import ENSEMBLE_DESIGNS, REWARD_DESIGNS, ProfileError, load_profile, override
+from rlhf.models import check_tokenizer, load_tokenizer
+from rlhf.refresh import label_pair, labeller_verdict, refresh_due
+from rlhf.tokens import encode_response
+
+pytestmark = pytest.mark.unit
+
+# One family whose action is 0; the grammar's renderings of action 0 and of another action.
+ACTIONS = {"OH007": 0}
+TRAIN = {"document_id": "r-OH007-2", "family": "OH007", "split": "train"}
+
+
+def rendering(action: int, polite: bool = False) -> str:
+    """A rubric success for `action` (no unsupported certainty), with or without the closing."""
+    for text, (a, caution, p) in rubric.RESPONSES.items():
+        if a == action and caution != 2 and p == polite:
+            return text
+    raise LookupError(action)
+
+
+@pytest.fixture(scope="module")
+def tok(embedded_dir, embedded_profile):
+    tokenizer = load_tokenizer(embedded_dir)
+    eos_id, _ = check_tokenizer(embedded_profile, tokenizer)
+    return tokenizer, eos_id
+
+
+@pytest.fixture(scope="module")
+def answers(tok, embedded_profile):
+    """Token ids of hand-made answers to TRAIN, as the actor would emit them."""
+    tokenizer, eos_id = tok
+    limits = embedded_profile.limits
+
+    def ids(text):
+        return encode_response(tokenizer, text, eos_id, limits)
+
+    right = ids(rendering(0))
+    return {
+        "right": right,
+        "right_polite": ids(rendering(0, polite=True)),
+        "wrong_polite": ids(rendering(3, polite=True)),
+        "right_without_eos": right[:-1],  # cut at the limit: no EOS
+        "right_undecodable": right[:-1] + [len(tokenizer) + 5, eos_id],  # a padding row of the embedding
+        "prose": ids("Please try again later, thank you."),
+        "refusal": ids(rubric.REFUSALS[0]),
+    }
+
+
+def verdict(name, answers, tok):
+    tokenizer, eos_id = tok
+    return labeller_verdict(TRAIN, answers[name], tokenizer, eos_id, ACTIONS)
+
+
+def test_the_labeller_prefers_a_success_to_any_failure(answers, tok):
+    for good in ("right", "right_polite"):
+        for bad in ("wrong_polite", "right_without_eos", "right_undecodable", "prose", "refusal"):
+            a, b = verdict(good, answers, tok), verdict(bad, answers, tok)
+            assert a["rubric_success"] and not b["rubric_success"], (good, bad)
+            assert label_pair(a, b) == 0, (good, bad)
+            assert label_pair(b, a) == 1, (bad, good)
+
+
+def test_the_labeller_gives_no_label_when_both_or_neither_succeed(answers, tok):
+    assert label_pair(verdict("right", answers, tok), verdict("right_polite", answers, tok)) is None
+    failures = ("wrong_polite", "right_without_eos", "right_undecodable", "prose", "refusal")
+    for x in failures:
+        for y in failures:
+            assert label_pair(verdict(x, answers, tok), verdict(y, answers, tok)) is None, (x, y)
+
+
+def test_what_the_labeller_reads_of_broken_answers(answers, tok):
+    """A cut answer is read as cut, an answer with a padding row as undecodable, prose as
+    UNCERTIFIED: the same rubric as the held-out evaluation's."""
+    assert "no EOS" in verdict("right_without_eos", answers, tok)["reason"]
+    assert verdict("right_undecodable", answers, tok)["reason"].startswith("undecodable")
+    assert verdict("prose", answers, tok)["status"] == rubric.UNCERTIFIED
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {**TRAIN, "split": "validation"},
+        {**TRAIN, "split": "test"},
+        {**TRAIN, "family": "OH999"},  # a family without train pairs
+        {"document_id": "x", "family": "OH007"},  # no split at all
+    ],
+)
+def test_the_labeller_refuses_anything_but_a_train_prompt_of_a_train_family(answers, tok, record):
+    tokenizer, eos_id = tok
+    with pytest.raises(ValueError, match="train prompts of train families only"):
+        labeller_verdict(record, answers["right"], tokenizer, eos_id, ACTIONS)
+
+
+def test_a_refresh_is_due_at_multiples_of_k_and_never_after_the_last_iteration(embedded_profile):
+    p = override(embedded_profile, {("ppo", "reward_design"): "iterated-judge", ("ppo", "refresh_every"): 10})
+    assert [n for n in range(0, 101) if refresh_due(n, p)] == [10, 20, 30, 40, 50, 60, 70, 80, 90]
+    p7 = override(p, {("ppo", "refresh_every"): 7})
+    assert [n for n in range(0, 101) if refresh_due(n, p7)] == list(range(7, 100, 7))
+    # Only the iterated judge refreshes.
+    for design in set(REWARD_DESIGNS) - {"iterated-judge", "standardised-judge"}:
+        other = override(p, {("ppo", "reward_design"): design})
+        assert not any(refresh_due(n, other) for n in range(101)), design
+
+
+def test_an_ensembles_worst_case_is_the_minimum_of_its_members():
+    g = torch.Generator().manual_seed(3)
+    members = torch.randn(4, 6, generator=g) * 5  # [k, B]
+    expected = [min(float(members[m, b]) for m in range(4)) for b in range(6)]
+    assert ppo_math.ensemble_min(members).tolist() == expected
+    paid = ppo_math.design_score(
+        members[0], torch.zeros(6, dtype=torch.bool), design="ensemble-min", member_scores=members
+    )
+    assert paid.tolist() == expected
+
+
+def test_an_ensembles_mean_and_uncertainty_weighted_scores():
+    members = torch.tensor([[1.0, 4.0], [3.0, 4.0], [5.0, 4.0], [7.0, 4.0]])  # [4, 2]
+    sd = math.sqrt(((1 - 4) ** 2 + (3 - 4) ** 2 + (5 - 4) ** 2 + (7 - 4) ** 2) / 4)  # divisor k
+    assert ppo_math.ensemble_mean(members).tolist() == [4.0, 4.0]
+    assert ppo_math.ensemble_uncertainty(members, 0.5).tolist() == pytest.approx([4.0 - 0.5 * sd, 4.0], abs=1e-6)
+    no = torch.zeros(2, dtype=torch.bool)
+    for design, want in (("ensemble-mean", [4.0, 4.0]), ("ensemble-uncertainty", [4.0 - 2 * sd, 4.0])):
+        got = ppo_math.design_score(members[0], no, design=design, member_scores=members, ensemble_lambda=2.0)
+        assert got.tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_an_ensemble_design_refuses_scores_that_are_not_its_members():
+    score, no = torch.tensor([1.0, 2.0]), torch.zeros(2, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"needs every member's score"):
+        ppo_math.design_score(score, no, design="ensemble-min")
+    with pytest.raises(ValueError, match=r"needs every member's score"):
+        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 5))
+    with pytest.raises(ValueError, match="member 0 is the lab's judge"):
+        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 2))
+
+
+def test_the_iterated_judge_pays_the_judges_score_as_it_stands():
+    score = torch.tensor([1.5, -2.0])
+    assert ppo_math.design_score(score, torch.tensor([True, False]), design="iterated-judge") is score
+
+
+def test_the_new_designs_are_declared_never_the_default_and_their_keys_checked():
+    p = load_profile("embedded")
+    assert p.ppo.reward_design == "judge"
+    assert {"iterated-judge", *ENSEMBLE_DESIGNS} <= set(REWARD_DESIGNS)
+    for design in ("iterated-judge", *ENSEMBLE_DESIGNS):
+        assert override(p, {("ppo", "reward_design"): design}).ppo.reward_design == design
+    for key, bad in (
+        ("refresh_every", 0),
+        ("refresh_prompts", 0),
+        ("refresh_updates", 0),
+        ("ensemble_size", 1),
+        ("ensemble_lambda", -0.5),
+    ):
+        with pytest.raises(ProfileError, match=key):
+            override(p, {("ppo", key): bad})
+    with pytest.raises(ProfileError, match="reward_design must be one of"):
+        override(p, {("ppo", "reward_design"): "ensemble-max"})
