@@ -473,14 +473,19 @@ def small_frontier(tmp_path_factory):
 
 
 def small_frontier_settings():
-    """The small frontier's arms and measurement sizes."""
+    """The small frontier's arms and measurement sizes: the SPEC's default, a one-point grid, the
+    standardised judge, the oracle, the iterated judge (a refresh after iteration 2 of 4) and a
+    worst-case ensemble of 2 judges at the grid's best c (so: after the grid)."""
     from rlhf.studies.frontier import SPEC_KL, Arm, Settings
 
+    refresh = (("refresh_every", 2), ("refresh_prompts", 8), ("refresh_updates", 2))
     arms = (
         Arm("spec-default", "judge", raw=SPEC_KL),
         Arm("c0.05", "judge", c=0.05),
         Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
         Arm("oracle", "oracle", raw=SPEC_KL),
+        Arm("iterated-judge", "iterated-judge", raw=SPEC_KL, ppo=refresh),
+        Arm("ensemble-min-cbest", "ensemble-min", c_from_grid=True, ppo=(("ensemble_size", 2),)),
     )
     return Settings(arms=arms, bon_ns=(1, 2), kl_samples=1)
 

@@ -190,7 +190,14 @@ def test_validation_measurements_refuse_anything_but_the_learning_view(tmp_path)
 
 def test_small_frontier_has_every_arm_point_and_choice(small_frontier):
     out, result = small_frontier
-    assert set(result["arms"]) == {"spec-default", "c0.05", "standardised-judge", "oracle"}
+    assert set(result["arms"]) == {
+        "spec-default",
+        "c0.05",
+        "standardised-judge",
+        "oracle",
+        "iterated-judge",
+        "ensemble-min-cbest",
+    }
     assert result["iterations"] == [0, 2, 4]
     for arm in result["arms"].values():
         assert [r["iteration"] for r in arm["curve"]] == [0, 2, 4]
@@ -208,6 +215,59 @@ def test_small_frontier_has_every_arm_point_and_choice(small_frontier):
     assert sel["mean_validation_gold"] == best[0]
     page = (out / "report.html").read_text()
     assert '<img src="data:image/png;base64,' in page and sel["arm"] in page
+
+
+def test_an_arm_at_the_grids_best_c_runs_there_after_the_grid(small_frontier):
+    """The grid's best c is chosen from the grid arms' validation gold (GRID_RULE), recorded, and
+    written into the arm that takes it: its KL coefficient is that c times its seed's spread."""
+    out, result = small_frontier
+    choice = result["grid_choice"]
+    grid = result["arms"]["c0.05"]["curve"][1:]
+    best = max(grid, key=lambda r: r["gold"]["mean"])
+    assert (choice["c"], choice["arm"]) == (0.05, "c0.05")
+    assert (choice["iteration"], choice["mean_validation_gold"]) == (best["iteration"], best["gold"]["mean"])
+    arm = result["arms"]["ensemble-min-cbest"]
+    assert arm["c"] == 0.05 and arm["c_from_grid"] is True and arm["design"] == "ensemble-min"
+    for s in result["seeds"]:
+        profile = load_profile(str(out / s["folder"] / "arms" / "ensemble-min-cbest" / "profile.toml"))
+        assert profile.ppo.kl_coef == 0.05 * s["sigma_validation"]
+        assert (profile.ppo.reward_design, profile.ppo.ensemble_size) == ("ensemble-min", 2)
+        # Its PPO started after every grid checkpoint was measured.
+        ppo_started = (out / s["folder"] / "arms" / "ensemble-min-cbest" / "run.json").stat().st_mtime
+        assert ppo_started > (out / s["folder"] / "arms" / "c0.05" / "validation" / "iter-0004.json").stat().st_mtime
+        assert (out / s["folder"] / "judge-1" / "judge.safetensors").is_file()  # the ensemble's other member
+
+
+def test_the_iterated_judges_refreshes_are_collected_per_seed_and_across(small_frontier):
+    out, result = small_frontier
+    arm = result["arms"]["iterated-judge"]
+    per_seed = [s["arms"]["iterated-judge"]["refreshes"] for s in result["seeds"]]
+    assert [[r["after_iteration"] for r in seed] for seed in per_seed] == [[2], [2]]
+    (across,) = arm["refreshes"]
+    assert across["new_pairs"] == sum(seed[0]["new_pairs"] for seed in per_seed) / 2
+    with_pairs = [seed[0] for seed in per_seed if seed[0]["accuracy_before"] is not None]
+    assert across["seeds_with_pairs"] == len(with_pairs)
+    if with_pairs:
+        assert across["accuracy_before"] == sum(r["accuracy_before"] for r in with_pairs) / len(with_pairs)
+    for s in result["seeds"]:
+        h = json.loads((out / s["folder"] / "arms" / "iterated-judge" / "ppo" / "history.json").read_text())
+        assert h["refreshes"][0]["answers"] == 16  # 8 prompts, 2 answers each
+    page = (out / "report.html").read_text()
+    assert "Judge refreshes" in page and "judge accuracy before" in page
+
+
+def test_each_arms_best_point_and_share_of_the_oracles_gain_are_the_studys(small_frontier):
+    _, result = small_frontier
+    sft = result["sft_level"]["mean"]
+    oracle = result["arms"]["oracle"]["best"]
+    for arm in result["arms"].values():
+        best = arm["best"]
+        top = max(r["gold"]["mean"] for r in arm["curve"][1:])
+        assert best["gold"] == top and best["gain"] == top - sft
+        row = next(r for r in arm["curve"] if r["iteration"] == best["iteration"])
+        assert row["gold"]["mean"] == top and best["d"] == row["d"]["mean"]
+        want = best["gain"] / oracle["gain"] if oracle["gain"] > 0 else None
+        assert best["share_of_oracle_gain"] == want
 
 
 def test_kl_coefficient_is_c_times_the_measured_spread(small_frontier):

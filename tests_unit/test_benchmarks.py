@@ -1153,6 +1153,96 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
     )
 
 
+def test_judge_refresh_against_ppo_iteration(benchmark, record_result, bench_ctx, prompts):
+    """The iterated judge's refresh (rlhf.refresh at the profile's defaults: refresh_prompts
+    train prompts x 2 temperature-1 answers, labelled, refresh_updates Bradley-Terry updates)
+    against one whole PPO iteration, side by side: each round runs one iteration, then one
+    refresh, on roles of their own (the refresh trains its judge in place). Reported: seconds of
+    each, their ratio, and what a refresh every K iterations adds to PPO (ratio / K)."""
+    from rlhf import lab, rubric
+    from rlhf.judge import encode_pairs
+    from rlhf.ppo import PromptSampler, ppo_update, rollout
+    from rlhf.refresh import refresh_judge
+    from rlhf.refresh import start as refresh_start
+
+    prof = override(bench_ctx.profile, {("ppo", "reward_design"): "iterated-judge"})
+    cfg = prof.ppo
+    own = lab.ppo_roles(bench_ctx)
+    view = bench_ctx.corpus.learning_view()
+    records = view.rollout_prompts()
+    actions = rubric.chosen_actions(view.pairs("train"))
+    corpus_pairs = encode_pairs(view.pairs("train"), bench_ctx.tokenizer, bench_ctx.eos_id, prof.limits)
+    optimizers = _ppo_optimizers(own, prof)
+    sampler = PromptSampler(len(prompts), prof.seeds.data_order)
+    gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
+    data = refresh_start(prof, "cpu")
+    judge_before = own.judge.learned_state()
+    seconds: dict[str, list[float]] = {"iteration": [], "refresh": []}
+    records_made: list[dict] = []
+
+    def once():
+        t = time.perf_counter()
+        tm: dict = {}
+        ro = rollout(
+            own,
+            [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)],
+            bench_ctx.eos_id,
+            bench_ctx.pad_id,
+            prof,
+            gen,
+            True,
+            tm,
+        )
+        for u in range(cfg.updates_per_iteration):
+            _check_update_stats(f"update {u}", ppo_update(own, optimizers, ro, prof, 20 + u, 200, "bench", tm))
+        seconds["iteration"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        records_made.append(
+            refresh_judge(
+                own.judge,
+                own.actor,
+                data,
+                records,
+                prompts,
+                corpus_pairs,
+                actions,
+                bench_ctx.tokenizer,
+                bench_ctx.eos_id,
+                bench_ctx.pad_id,
+                prof,
+                10,
+            )
+        )
+        seconds["refresh"].append(time.perf_counter() - t)
+
+    benchmark.pedantic(once, rounds=3, warmup_rounds=1, iterations=1)
+    for what, secs in seconds.items():
+        _check_seconds(what, secs)
+    for r in records_made:
+        assert r["answers"] == 2 * cfg.refresh_prompts and 0 <= r["new_pairs"] <= cfg.refresh_prompts, r
+        assert r["updates"] == (cfg.refresh_updates if r["pairs_so_far"] else 0), r
+        _check_finite("refresh losses", *r["losses"])
+    if records_made[-1]["pairs_so_far"]:
+        _check_moved("refreshed judge", judge_before, own.judge.learned_state())
+    timed = {k: v[1:] or v for k, v in seconds.items()}  # the warm-up round dropped
+    mean = {k: statistics.fmean(v) for k, v in timed.items()}
+    ratio = mean["refresh"] / mean["iteration"]
+    row = {
+        "refresh_s": mean["refresh"],
+        "ppo_iteration_s": mean["iteration"],
+        "refresh_over_iteration": ratio,
+        "added_to_ppo_every_k": {"k": cfg.refresh_every, "fraction": ratio / cfg.refresh_every},
+        "refresh_settings": {k: getattr(cfg, k) for k in ("refresh_prompts", "refresh_updates", "refresh_every")},
+        "pairs_labelled_per_refresh": [r["new_pairs"] for r in records_made],
+    }
+    benchmark.extra_info.update(row)
+    record_result("judge_refresh_against_ppo_iteration", row)
+    SUMMARY["notes"].append(
+        f"judge refresh {mean['refresh']:.3f} s, PPO iteration {mean['iteration']:.3f} s: ratio {ratio:.2f} "
+        f"(+{100 * ratio / cfg.refresh_every:.0f}% of PPO's time at a refresh every {cfg.refresh_every} iterations)"
+    )
+
+
 # ------------------------------------------------------------------------------ full Qwen2.5-0.5B shape
 
 

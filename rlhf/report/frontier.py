@@ -36,26 +36,59 @@ def _fit_curve(fit: dict):
     return (curve["d"], curve["gain"]) if curve else None
 
 
-def frontier_plot(result: dict) -> bytes:
-    """Gold (top) and standardised proxy (bottom) against d = sqrt(KL): the SPEC's reward at each
-    KL coefficient (left), the reward designs (right); mean over seeds, bars: seed SD; best-of-n
-    at its bound; the SFT level; a Gao fit, dotted, where it describes the points."""
-    fig = _figure((13, 10))
+def plot_groups(result: dict) -> list[tuple[str, list[str]]]:
+    """The frontier plot's panels: the SPEC's reward at each KL coefficient; the reward designs at
+    the SPEC's raw 0.02; the designs at the grid's best c beside that grid arm (when the study has them)."""
     arms = result["arms"]
-    groups = (
-        ("the SPEC's reward at each KL coefficient", [n for n, a in arms.items() if a["design"] == "judge"]),
+    groups = [
+        (
+            "the SPEC's reward at each KL coefficient",
+            [n for n, a in arms.items() if a["design"] == "judge" and not a.get("c_from_grid")],
+        ),
         ("reward designs (raw KL coefficient 0.02)", [n for n, a in arms.items() if a["raw"] is not None]),
-    )
+    ]
+    best = [n for n, a in arms.items() if a.get("c_from_grid")]
+    if best:
+        choice = result["grid_choice"]
+        groups.append((f"at the grid's best c = {choice['c']:g}", [choice["arm"], *best]))
+    return groups
+
+
+def _refresh_points(arm: dict) -> tuple[list[int], str] | None:
+    """The checkpoints of an iterated judge's arm measured right after a refresh, for marking."""
+    after = {r["after_iteration"] for r in arm.get("refreshes", [])}
+    its = [k for k, r in enumerate(arm["curve"]) if r["iteration"] in after]
+    return (its, "judge refreshed here") if its else None
+
+
+def frontier_plot(result: dict) -> bytes:
+    """Gold (top) and standardised proxy (bottom) against d = sqrt(KL), one column per panel of
+    `plot_groups`; mean over seeds, bars: seed SD; best-of-n at its bound; the SFT level; a Gao
+    fit, dotted, where it describes the points; an iterated judge's checkpoints right after a
+    refresh ringed."""
+    arms = result["arms"]
+    groups = plot_groups(result)
+    fig = _figure((6.5 * len(groups), 10))
     bon = result["best_of_n"]["points"]
     for row, (key, what) in enumerate((("gold", "validation rubric success"), ("proxy_std", "judge score (SD units)"))):
         for col, (title, names) in enumerate(groups):
-            ax = fig.add_subplot(2, 2, 2 * row + col + 1)
+            ax = fig.add_subplot(2, len(groups), len(groups) * row + col + 1)
             for name in names:
                 curve = arms[name]["curve"]
                 xs = [r["d"]["mean"] for r in curve]
                 ys = [r[key]["mean"] for r in curve]
                 err = [r[key]["sd"] or 0.0 for r in curve]
                 line = ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3, capsize=2, linewidth=1, label=name)
+                marked = _refresh_points(arms[name])
+                if marked:
+                    ax.scatter(
+                        [xs[k] for k in marked[0]],
+                        [ys[k] for k in marked[0]],
+                        s=40,
+                        facecolors="none",
+                        edgecolors=line[0].get_color(),
+                        label=f"{name}: {marked[1]}",
+                    )
                 fitted = _fit_curve(arms[name]["fit"]) if key == "gold" else None
                 if fitted:
                     base = result["sft_level"]["mean"]
@@ -106,13 +139,15 @@ def _img(png: bytes, alt: str) -> str:
 def arms_table(result: dict) -> Table:
     rows = []
     for name, arm in result["arms"].items():
-        best = max(arm["curve"][1:], key=lambda r: r["gold"]["mean"])
+        best = arm["best"]
         last = arm["curve"][-1]
+        share = best["share_of_oracle_gain"]
         rows.append(
             [
                 _arm_label(name, arm),
                 ", ".join(fmt(b, 3) for b in arm["kl_coef_per_seed"]),
-                f"{fmt(best['gold']['mean'])} at {best['iteration']} (d {fmt(best['d']['mean'], 2)})",
+                f"{fmt(best['gold'])} at {best['iteration']} (d {fmt(best['d'], 2)})",
+                f"{fmt_signed(best['gain'])}" + ("" if share is None else f" ({fmt(100 * share, 0)}%)"),
                 f"{fmt(last['gold']['mean'])} ± {fmt(last['gold']['sd'])}",
                 fmt(last["d"]["mean"], 2),
                 fmt_signed(last["proxy_std"]["mean"], 2),
@@ -125,6 +160,7 @@ def arms_table(result: dict) -> Table:
             "arm",
             "raw KL coefficient per seed",
             "best mean gold (iteration)",
+            "its gain over SFT (share of the oracle's best gain)",
             "gold at the last iteration (± seed SD)",
             "d there",
             "proxy (SD units)",
@@ -133,6 +169,34 @@ def arms_table(result: dict) -> Table:
         ],
         rows,
         "Mean over seeds; counts are of the greedy answers to the validation prompts at the arm's last iteration.",
+    )
+
+
+def refresh_table(name: str, arm: dict) -> Table:
+    """An iterated judge's refreshes, mean over seeds (read from the study's JSON)."""
+    rows = [
+        [
+            r["after_iteration"],
+            f"{fmt(r['successes'], 1)} of {r['answers']}",
+            fmt(r["new_pairs"], 1),
+            r["seeds_with_pairs"],
+            fmt(r["accuracy_before"]),
+            fmt(r["accuracy_after"]),
+        ]
+        for r in arm["refreshes"]
+    ]
+    return Table(
+        [
+            "after iteration",
+            "rubric successes (mean)",
+            "labelled pairs (mean)",
+            "seeds with pairs",
+            "judge accuracy before",
+            "after",
+        ],
+        rows,
+        f"{name}: the judge's accuracy on the policy's newly labelled pairs before each refresh (how wrong it had "
+        "become) and after training on them (in-sample); mean over the seeds that had pairs",
     )
 
 
@@ -225,6 +289,13 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
         f"({'above' if sel['above_sft'] else 'not above'} SFT). The SPEC's default for comparison: "
         f"{esc(sel['default']['arm'])} at iteration {sel['default']['iteration']}.</p>",
     ]
+    choice = result.get("grid_choice")
+    if choice and any(a.get("c_from_grid") for a in arms.values()):
+        body.append(
+            f"<p><b>The grid's best c</b> ({esc(choice['rule'])}): c = {choice['c']:g} ({esc(choice['arm'])}, mean "
+            f"validation gold {fmt(choice['mean_validation_gold'])} at iteration {choice['iteration']}); the arms "
+            "marked 'at the grid's best c' ran there after the grid was measured.</p>"
+        )
     sections = [
         ("Frontier", [*body, "@frontier", "@iterations"]),
         (
@@ -233,6 +304,16 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
                 "<p>Mean over seeds; the raw KL coefficient of an arm in units of σ is c · σ of its seed.</p>",
                 arms_table(result).html(),
             ],
+        ),
+        *(
+            [
+                (
+                    "Judge refreshes",
+                    [refresh_table(n, a).html() for n, a in arms.items() if a.get("refreshes")],
+                )
+            ]
+            if any(a.get("refreshes") for a in arms.values())
+            else []
         ),
         ("Best-of-n", [bon_table(result).html()]),
         (

@@ -47,7 +47,7 @@ from typing import cast
 
 from rlhf import lab, rubric
 from rlhf.checkpoint import load_state
-from rlhf.config import load_profile
+from rlhf.config import ENSEMBLE_DESIGNS, load_profile
 from rlhf.corpus import load_corpus
 from rlhf.evaluate import bootstrap_differences, generate_heldout, rubric_rows, score_rows, summarise_populations
 from rlhf.identities import code_sha256, describe_change
@@ -64,7 +64,7 @@ FORMAT = "rlhf-frontier-1"
 STUDY_SEED = 1
 CONFIRM_STUDY_SEED = 2
 SPEC_KL = 0.02
-GRID = (0.005, 0.01, 0.02, 0.05, 0.1)
+GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 BON_NS = (1, 2, 4, 8, 16)
 KL_SAMPLES = 2
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
@@ -88,6 +88,10 @@ PROXY = (
     "the judge's score of the same answers, standardised per judge: (s - mean) / SD of its scores "
     "of one temperature-1 SFT sample per validation prompt"
 )
+GRID_RULE = (
+    "the c of the plain judge's arm (beta = c sigma) with the largest mean validation gold over seeds at any "
+    "iteration >= 1; ties: the smaller c"
+)
 SELECTION_RULE = (
     "the largest mean validation gold over seeds among every (arm, iteration >= 1) but the oracle control; "
     "ties: smaller mean d, then the earlier arm and iteration"
@@ -103,12 +107,17 @@ class Arm:
     c: float | None = None  # beta = c * sigma (sigma: this seed's judge spread on validation)
     raw: float | None = None  # beta as written
     actor_lr: float | None = None  # the actor's peak learning rate, when not the profile's
+    ppo: tuple[tuple[str, object], ...] = ()  # other [ppo] keys of the design (refresh_every, ensemble_size, ...)
+    c_from_grid: bool = False  # c is the grid's best (grid_choice), known once the grid's arms are measured
 
     def kl_coef(self, sigma: float) -> float:
         if self.raw is not None:
             return self.raw
         if self.c is None:
-            raise ValueError(f"arm {self.name}: neither a raw KL coefficient nor one in units of sigma")
+            raise ValueError(
+                f"arm {self.name}: "
+                + ("its c comes from the grid's best (grid_choice)" if self.c_from_grid else "no KL coefficient")
+            )
         return self.c * sigma
 
     def changes(self, spread: dict) -> dict:
@@ -122,24 +131,42 @@ class Arm:
             out[("ppo", "score_sd")] = spread["train"]["sd"]
         if self.actor_lr is not None:
             out[("ppo", "actor_lr")] = self.actor_lr
+        out.update({("ppo", key): value for key, value in self.ppo})
         return out
 
     def describe(self) -> str:
         beta = f"beta = {self.c} sigma" if self.c is not None else f"beta = {self.raw} (raw)"
-        return f"{self.design}, {beta}" + ("" if self.actor_lr is None else f", actor learning rate {self.actor_lr:g}")
+        if self.c_from_grid:
+            beta = "beta = c sigma at the grid's best c" + ("" if self.c is None else f" ({self.c})")
+        lr = "" if self.actor_lr is None else f", actor learning rate {self.actor_lr:g}"
+        return f"{self.design}, {beta}{lr}" + "".join(f", {key} {value}" for key, value in self.ppo)
 
 
 def default_arms(grid=GRID) -> tuple[Arm, ...]:
     return (
         Arm("spec-default", "judge", raw=SPEC_KL),
         *(Arm(f"c{c:g}", "judge", c=c) for c in grid),
-        Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
-        Arm("eos-less-replaced", "eos-less-replaced", raw=SPEC_KL),
         Arm("oracle", "oracle", raw=SPEC_KL),
-        # The oracle at a tenth of the embedded profile's actor learning rate (1e-4; the SPEC's is
-        # 5e-6): does the optimisation itself degrade the policy at this budget?
-        Arm("oracle-lr1e-5", "oracle", raw=SPEC_KL, actor_lr=1e-5),
+        # The two designs that keep the judge in distribution, at the SPEC's coefficient and at the
+        # grid's best (the best c of the plain judge, chosen on validation before these run).
+        Arm("iterated-judge", "iterated-judge", raw=SPEC_KL),
+        Arm("iterated-judge-cbest", "iterated-judge", c_from_grid=True),
+        Arm("ensemble-min", "ensemble-min", raw=SPEC_KL),
+        Arm("ensemble-min-cbest", "ensemble-min", c_from_grid=True),
     )
+
+
+# Declared arms the study ran before and can run again (Settings(arms=...)): their questions are
+# answered in docs/studies.md and they are left out of the default to keep the study's time.
+MORE_ARMS = (
+    Arm("c0.005", "judge", c=0.005),
+    Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
+    Arm("eos-less-replaced", "eos-less-replaced", raw=SPEC_KL),
+    # The oracle at a tenth of the embedded profile's actor learning rate (1e-4; the SPEC's is 5e-6).
+    Arm("oracle-lr1e-5", "oracle", raw=SPEC_KL, actor_lr=1e-5),
+    Arm("ensemble-mean", "ensemble-mean", raw=SPEC_KL),
+    Arm("ensemble-uncertainty", "ensemble-uncertainty", raw=SPEC_KL),
+)
 
 
 ARMS = default_arms()
@@ -155,7 +182,7 @@ class Settings:
 
     def record(self) -> dict:
         return {
-            "arms": [dataclasses.asdict(a) for a in self.arms],
+            "arms": [{**dataclasses.asdict(a), "ppo": [list(kv) for kv in a.ppo]} for a in self.arms],
             "bon_ns": list(self.bon_ns),
             "kl_samples_per_prompt": self.kl_samples,
         }
@@ -187,9 +214,12 @@ def _roles_for_measuring(ctx: lab.Context):
     return sft, judge
 
 
-def prepare_seed(seed_dir, revision: str, settings: Settings, *, confirm: bool = False, log: bool = True) -> str:
-    """SFT and judge (once), then seed-i/frontier/sft.json: the SFT policy on validation prompts
-    (iteration 0, best-of-n, the judge's spreads). `confirm`: spreads only."""
+def prepare_seed(
+    seed_dir, revision: str, settings: Settings, *, confirm: bool = False, log: bool = True, ensemble: bool = False
+) -> str:
+    """SFT and judge (once; with `ensemble`, the ensemble's other members too), then
+    seed-i/frontier/sft.json: the SFT policy on validation prompts (iteration 0, best-of-n, the
+    judge's spreads). `confirm`: spreads only."""
     seed_dir = Path(seed_dir)
     with contextlib.ExitStack() as stack:
         if log:
@@ -198,6 +228,9 @@ def prepare_seed(seed_dir, revision: str, settings: Settings, *, confirm: bool =
         for name, fn in (("sft", lab.stage_sft), ("judge", lab.stage_judge)):
             if not lab.stage_complete(ctx, name):
                 fn(ctx, protocol=False)
+        for name in lab.member_stages(ctx.profile, ensemble=ensemble):  # the ensemble arms' other judges
+            if not lab.stage_complete(ctx, name):
+                lab.stage_judge_member(ctx, name, protocol=False)
         out = seed_dir / "frontier" / "sft.json"
         if out.is_file():
             return str(seed_dir)
@@ -354,6 +387,7 @@ def run_tasks(
     """Every seed's preparation, then its arms, over `workers` processes (1: here, in order)."""
     profile = load_profile(str(folders[0] / "profile.toml"))
     measure = not confirm
+    ensemble = any(a.design in ENSEMBLE_DESIGNS for a in arms)  # the seed trains the members these arms use
     todo_arms = {
         i: [
             a
@@ -369,7 +403,7 @@ def run_tasks(
     t0 = time.perf_counter()
     if workers == 1:
         for i, f in enumerate(folders):
-            prepare_seed(f, revision, settings, confirm=confirm, log=False)
+            prepare_seed(f, revision, settings, confirm=confirm, log=False, ensemble=ensemble)
             say(f"seed {i}: SFT, judge and the SFT measurements ready at {time.perf_counter() - t0:.0f} s")
             for a in todo_arms[i]:
                 run_arm(f, a, revision, settings, measure=measure, log=False)
@@ -379,7 +413,7 @@ def run_tasks(
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, max_tasks_per_child=1) as pool:
         pending: dict = {
-            pool.submit(prepare_seed, str(f), revision, settings, confirm=confirm): ("seed", i, None)
+            pool.submit(prepare_seed, str(f), revision, settings, confirm=confirm, ensemble=ensemble): ("seed", i, None)
             for i, f in enumerate(folders)
         }
         say(f"{len(folders)} seed(s) queued; logs in seed-i/frontier.log and seed-i/arms/ARM/lab.log")
@@ -430,6 +464,8 @@ def run_frontier(
             _check_record(out / "study.json", identity)  # names what differs
         say(f"frontier already complete in {out} (frontier.json): nothing recomputed")
         return result
+    if any(a.c_from_grid for a in settings.arms) and not grid_arms(settings.arms):
+        raise StudyError("arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)")
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     _check_record(out / "study.json", identity)
@@ -439,7 +475,16 @@ def run_frontier(
         f"frontier {out}: {n} seed(s) of the embedded lab on {revision}, SFT budget {sft_budget}, "
         f"{len(settings.arms)} arms, {workers} worker(s)"
     )
-    run_tasks(folders, settings.arms, revision, settings, workers, say)
+    run_tasks(folders, tuple(a for a in settings.arms if not a.c_from_grid), revision, settings, workers, say)
+    later = tuple(a for a in settings.arms if a.c_from_grid)
+    if later:  # the arms at the grid's best c, once the grid is measured
+        choice = cast(dict, grid_choice(folders, settings.arms))
+        say(
+            f"the grid's best: c = {choice['c']:g} ({choice['arm']}, mean validation gold "
+            f"{choice['mean_validation_gold']:.3f} at iteration {choice['iteration']}); now "
+            + ", ".join(a.name for a in later)
+        )
+        run_tasks(folders, resolved(later, choice), revision, settings, workers, say)
     result = {
         "study": identity,
         **collect(folders, settings),
@@ -454,11 +499,41 @@ def run_frontier(
     return result
 
 
+def grid_arms(arms) -> list[Arm]:
+    """The coefficient grid: the plain judge's arms at beta = c sigma."""
+    return [a for a in arms if a.design == "judge" and a.c is not None and not a.c_from_grid]
+
+
+def grid_choice(folders: list[Path], arms) -> dict | None:
+    """The grid's best c (GRID_RULE) from the grid arms' stored validation measurements; None
+    without a grid."""
+    grid = grid_arms(arms)
+    if not grid:
+        return None
+    iterations = measured_iterations(load_profile(str(folders[0] / "profile.toml")))
+    best: tuple | None = None
+    for arm in grid:
+        for it in iterations:
+            golds = [read_json(f / "arms" / arm.name / "validation" / f"iter-{it:04d}.json")["gold"] for f in folders]
+            gold = sum(golds) / len(golds)
+            if best is None or (gold, -cast(float, arm.c)) > (best[0], -cast(float, best[1].c)):
+                best = (gold, arm, it)
+    gold, arm, it = cast(tuple, best)
+    return {"rule": GRID_RULE, "c": arm.c, "arm": arm.name, "iteration": it, "mean_validation_gold": gold}
+
+
+def resolved(arms, choice: dict | None) -> tuple[Arm, ...]:
+    """`arms` with the grid's best c written into those that take it."""
+    if any(a.c_from_grid for a in arms) and choice is None:
+        raise StudyError("arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)")
+    return tuple(dataclasses.replace(a, c=cast(dict, choice)["c"]) if a.c_from_grid else a for a in arms)
+
+
 def settings_of(identity: dict) -> Settings:
     """The Settings a study's identity records."""
     rec = identity["settings"]
     return Settings(
-        arms=tuple(Arm(**a) for a in rec["arms"]),
+        arms=tuple(Arm(**{**a, "ppo": tuple(tuple(kv) for kv in a.get("ppo", ()))}) for a in rec["arms"]),
         bon_ns=tuple(rec["bon_ns"]),
         kl_samples=rec["kl_samples_per_prompt"],
     )
@@ -533,8 +608,11 @@ def _point(m: dict) -> dict:
 
 def collect(folders: list[Path], settings: Settings) -> dict:
     """Per seed, arm and iteration: gold, proxy (raw and standardised per judge), d, truncations;
-    their mean and spread over seeds; best-of-n; Gao's fits; the chosen operating point."""
+    their mean and spread over seeds; best-of-n; Gao's fits; the grid's best c; the iterated
+    judges' refreshes; the chosen operating point."""
     profile = load_profile(str(folders[0] / "profile.toml"))
+    choice = grid_choice(folders, settings.arms)
+    arm_list = resolved(settings.arms, choice)
     iterations = measured_iterations(profile)
     per_seed = []
     for i, f in enumerate(folders):
@@ -551,7 +629,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             "best_of_n": [{**p, "proxy_std": standardised(p["proxy"], spread)} for p in sft["best_of_n"]["points"]],
             "arms": {},
         }
-        for arm in settings.arms:
+        for arm in arm_list:
             arm_profile = load_profile(str(f / "arms" / arm.name / "profile.toml"))
             points = [{**_point(it0), "iteration": 0, "kl": 0.0, "kl_se": 0.0, "d": 0.0}]
             for it in iterations:
@@ -565,12 +643,15 @@ def collect(folders: list[Path], settings: Settings) -> dict:
                 "reward_design": arm_profile.ppo.reward_design,
                 "points": points,
             }
+            if arm_profile.ppo.reward_design == "iterated-judge":
+                history = read_json(f / "arms" / arm.name / "ppo" / "history.json")
+                seed["arms"][arm.name]["refreshes"] = [{k: r[k] for k in REFRESH_KEYS} for r in history["refreshes"]]
         per_seed.append(seed)
 
     arms = {}
     fits: list[dict] = []  # each arm's Gao fit, in arm order
     ds: list[float] = []  # every arm point's mean d
-    for arm in settings.arms:
+    for arm in arm_list:
         rows = []
         for k, it in enumerate([0, *iterations]):
             pts = [s["arms"][arm.name]["points"][k] for s in per_seed]
@@ -589,12 +670,15 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             "design": arm.design,
             "c": arm.c,
             "raw": arm.raw,
+            "c_from_grid": arm.c_from_grid,
             "describe": arm.describe(),
             "kl_coef_per_seed": [s["arms"][arm.name]["kl_coef"] for s in per_seed],
             "c_per_seed": [s["arms"][arm.name]["kl_coef"] / s["sigma_validation"] for s in per_seed],
             "curve": rows,
             "fit": fits[-1],
         }
+        if arm.design == "iterated-judge":
+            arms[arm.name]["refreshes"] = refreshes_across([s["arms"][arm.name]["refreshes"] for s in per_seed])
     bon = []
     for k, n in enumerate(settings.bon_ns):
         pts = [s["best_of_n"][k] for s in per_seed]
@@ -614,6 +698,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
     for fit in [*fits, bon_fit]:
         fit["curve"] = gao_curve(fit, d_max)
     sft_level = across_seeds([s["sft"]["gold"] for s in per_seed])
+    add_best_points(arms, sft_level["mean"])
     return {
         "interval": INTERVAL,
         "kl_estimator": KL_ESTIMATOR,
@@ -629,8 +714,56 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             "fit": bon_fit,
             "gain_over": "best-of-1 (one temperature-1 SFT sample)",
         },
+        "grid_choice": choice,
         "selection": select(arms, sft_level),
     }
+
+
+def add_best_points(arms: dict, sft_gold: float) -> None:
+    """Each arm's best checkpoint (largest mean validation gold over seeds, iteration >= 1; ties:
+    the smaller mean d, then the earlier iteration), its gain over SFT, and the share of the
+    oracle control's best gain it recovers (None without an oracle arm or when the oracle gains nothing)."""
+    for arm in arms.values():
+        best = max(arm["curve"][1:], key=lambda r: (r["gold"]["mean"], -r["d"]["mean"], -r["iteration"]))
+        arm["best"] = {
+            "iteration": best["iteration"],
+            "gold": best["gold"]["mean"],
+            "d": best["d"]["mean"],
+            "gain": best["gold"]["mean"] - sft_gold,
+        }
+    oracle = arms.get("oracle", {}).get("best")
+    for arm in arms.values():
+        share = None
+        if oracle is not None and oracle["gain"] > 0:
+            share = arm["best"]["gain"] / oracle["gain"]
+        arm["best"]["share_of_oracle_gain"] = share
+
+
+REFRESH_KEYS = ("after_iteration", "successes", "answers", "new_pairs", "accuracy_before", "accuracy_after")
+
+
+def refreshes_across(per_seed: list[list[dict]]) -> list[dict]:
+    """Each refresh point (after iteration n) over seeds: mean labelled pairs and rubric
+    successes, and the judge's accuracy on the new pairs before and after (mean over the seeds
+    that had pairs; `seeds_with_pairs` says how many)."""
+    out = []
+    for k, first in enumerate(per_seed[0]):
+        at = [seed[k] for seed in per_seed]
+        with_pairs = [r for r in at if r["accuracy_before"] is not None]
+        out.append(
+            {
+                "after_iteration": first["after_iteration"],
+                "answers": first["answers"],
+                "successes": sum(r["successes"] for r in at) / len(at),
+                "new_pairs": sum(r["new_pairs"] for r in at) / len(at),
+                "seeds_with_pairs": len(with_pairs),
+                **{
+                    key: (sum(r[key] for r in with_pairs) / len(with_pairs) if with_pairs else None)
+                    for key in ("accuracy_before", "accuracy_after")
+                },
+            }
+        )
+    return out
 
 
 def select(arms: dict, sft_level: dict) -> dict:
@@ -713,7 +846,7 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
         return read_json(done)
     study = result["study"]
     settings = settings_of(study)
-    by_name = {a.name: a for a in settings.arms}
+    by_name = {a.name: a for a in resolved(settings.arms, result.get("grid_choice"))}
     sel = result["selection"]
     points = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
     if (sel["arm"], sel["iteration"]) != (points[0][0].name, points[0][1]):
