@@ -12,7 +12,7 @@ explicit `torch.Generator`; greedy takes the argmax. A row stops at EOS or after
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,9 @@ class Generation:
     responses: list[list[int]]  # token ids per row, EOS included when the row ended by itself
     logps: list[list[float]]  # behaviour log-prob of each drawn token (FP32)
     ended: list[bool]  # True when the row produced EOS
+    # Sampling only: the entropy (nats) of the distribution each token was drawn from, one per
+    # drawn token: -sum_v p(v) log p(v) over the real tokens (an over-optimisation signal, docs/signals.md).
+    entropies: list[list[float]] = field(default_factory=list)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, room: int, device):
@@ -66,8 +69,9 @@ def _decode_mask(mask: torch.Tensor) -> dict:
 
 
 def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generator, n_tokens: int):
-    """logits [B, V] -> (token [B], log-prob of the token under the sampling distribution [B]),
-    over the ids below n_tokens only (rlhf.scoring.real_token_logits).
+    """logits [B, V] -> (token [B], log-prob of the token under the sampling distribution [B],
+    that distribution's entropy [B] when sampling, else None), over the ids below n_tokens only
+    (rlhf.scoring.real_token_logits).
 
     The division by a temperature of 1 (and greedy's 1) is skipped: x / 1.0 is x exactly.
     """
@@ -77,11 +81,14 @@ def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, generato
     if not greedy and temperature != 1.0:
         logits = logits / temperature
     logp = F.log_softmax(logits, dim=-1)
+    entropy = None
     if greedy:
         token = logp.argmax(-1)
     else:
-        token = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
-    return token, logp.gather(-1, token[:, None])[:, 0]
+        p = logp.exp()
+        token = torch.multinomial(p, 1, generator=generator)[:, 0]
+        entropy = torch.special.entr(p).sum(-1)  # entr(0) = 0: the masked rows add nothing
+    return token, logp.gather(-1, token[:, None])[:, 0], entropy
 
 
 @torch.inference_mode()
@@ -119,7 +126,7 @@ def generate(
     B = ids.shape[0]
     seen = mask.sum(-1)  # [B] real tokens in mask[:, :L]; the last one sits at seen - 1
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    tokens, logps = [], []
+    tokens, logps, entropies = [], [], []
     past = None
     prepared = _prepares_decode_masks(model.config)
     for L in range(T, T + max_new_tokens):  # L: columns the model sees this step
@@ -151,10 +158,12 @@ def generate(
                 use_cache=use_cache,
             )
         past = out.cache if use_cache else None
-        token, logp = _next_token(out.logits[:, -1, :], greedy, temperature, generator, n_tokens)
+        token, logp, entropy = _next_token(out.logits[:, -1, :], greedy, temperature, generator, n_tokens)
         token = token.masked_fill(done, pad_id)
         tokens.append(token)
         logps.append(logp)
+        if entropy is not None:
+            entropies.append(entropy)
         # Finished rows keep a masked pad so that shapes stay rectangular.
         live = ~done
         ids[:, L] = token
@@ -165,6 +174,7 @@ def generate(
             break
     tok = torch.stack(tokens, 1).tolist()
     lp = torch.stack(logps, 1).tolist()
+    ent = torch.stack(entropies, 1).tolist() if entropies else None
     responses, logp_rows, ended = [], [], []
     for b in range(B):
         row, lrow = [], []
@@ -176,4 +186,5 @@ def generate(
         responses.append(row)
         logp_rows.append(lrow)
         ended.append(bool(row) and row[-1] == eos_id)
-    return Generation(responses, logp_rows, ended)
+    entropy_rows = [] if ent is None else [ent[b][: len(responses[b])] for b in range(B)]
+    return Generation(responses, logp_rows, ended, entropy_rows)

@@ -45,7 +45,7 @@ from rlhf.config import ENSEMBLE_DESIGNS, Ppo, Profile
 from rlhf.generate import generate
 from rlhf.io import crash_point
 from rlhf.judge import encode_pairs
-from rlhf.masks import last_active_index
+from rlhf.masks import last_active_index, masked_sum
 from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import PpoRoles, critic_values, reward_scores
 from rlhf.runtime import rng_state, set_rng_state
@@ -58,6 +58,7 @@ from rlhf.tokens import Batch, collate, decode_response, encode_prompt, max_new_
 # state's key order.
 STATE_KEYS = {"actor": "actor", "critic": "critic", "reference": "reference", "judge": "reward"}
 TOKEN_VIEWS = 3  # the history keeps a token view of the first 3 iterations and of the last
+QUANTILES = torch.linspace(0, 1, 11)  # the advantage distribution's deciles, min and max, logged per iteration
 PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
 
 
@@ -116,6 +117,7 @@ class Rollout:
     batch: Batch  # prompt + response ids, attention mask, positions, response mask
     responses: list[list[int]]  # the sampled ids of each response, EOS included
     ended: list[bool]  # [B] ended with EOS (else cut at the token limit)
+    entropy: torch.Tensor  # [B, R] entropy of the distribution each token was drawn from (0 where masked)
     logp_old: torch.Tensor  # [B, R] the sampling actor's log-prob of each sampled token
     logp_ref: torch.Tensor  # [B, R] the frozen reference's log-prob of that token
     score: torch.Tensor  # [B]    the frozen judge's score at the last active token
@@ -162,8 +164,10 @@ def rollout(
     batch = collate(prompt_ids, gen.responses, pad_id).to(device)
     mask = batch.response_mask
     logp_old = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
-    for b, lp in enumerate(gen.logps):
+    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
+    for b, (lp, ent) in enumerate(zip(gen.logps, gen.entropies)):
         logp_old[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32, device=device)
+        entropy[b, : len(ent)] = torch.tensor(ent, dtype=torch.float32, device=device)
     t = time.perf_counter()
     logp_ref = response_logprobs(roles.reference.model, batch)  # [B, R]
     _sync()
@@ -214,6 +218,7 @@ def rollout(
         batch=batch,
         responses=gen.responses,
         ended=gen.ended,
+        entropy=entropy,
         logp_old=logp_old,
         logp_ref=logp_ref,
         score=score,
@@ -272,10 +277,12 @@ def ppo_update(
     timings["critic_update"] = timings.get("critic_update", 0.0) + time.perf_counter() - t
     with torch.no_grad():
         clip_frac = ppo_math.clip_fraction(logp_cur, ro.logp_old, ro.advantages, mask, clip=cfg.clip)
+        moved = ppo_math.update_shift(logp_cur, ro.logp_old, mask)
     return {
         "policy_loss": float(policy_loss.detach()),
         "value_loss": float(v_loss.detach()),
         "clip_fraction": float(clip_frac),
+        "update_shift": float(moved),
         "actor_lr": lr_a,
         "critic_lr": lr_c,
         "actor_grad_norm": gn_a,
@@ -472,6 +479,12 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
         "mean_return": float(ro.returns[mask].mean()),
         "response_length": float(lengths.mean()),
         "truncations": int(ro.truncated.sum()),
+        # Over-optimisation signals a user has without gold (docs/signals.md).
+        "mean_sequence_log_ratio": float(
+            masked_sum(ppo_math.sampled_log_ratio(ro.logp_old, ro.logp_ref, mask), mask, dim=-1).mean()
+        ),
+        "entropy": float(ro.entropy[mask].mean()),
+        "advantage_quantiles": torch.quantile(ro.advantages[mask], QUANTILES.to(ro.advantages.device)).tolist(),
         # Only a declared alternative design adds these (the default's history, and so its state, is SPEC §6's).
         **(
             {}
@@ -485,6 +498,7 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
                 "policy_loss",
                 "value_loss",
                 "clip_fraction",
+                "update_shift",
                 "actor_lr",
                 "critic_lr",
                 "actor_grad_norm",

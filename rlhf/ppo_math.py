@@ -35,6 +35,7 @@ __all__ = [
     "policy_ratio",
     "clipped_policy_loss",
     "clip_fraction",
+    "update_shift",
     "value_loss",
     "bradley_terry_loss",
     "warmup_steps",
@@ -317,6 +318,22 @@ def clip_fraction(
         adv = _active(advantages.detach(), m)
         clipped = ((adv > 0) & (rho > 1.0 + clip)) | ((adv < 0) & (rho < 1.0 - clip))
         return response_mean(clipped.to(rho.dtype), m)
+
+
+def update_shift(logp_cur: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """How far an update moved the policy from the one that sampled (for logging), the
+    non-negative estimator of KL(old || current) on the sampled tokens (Schulman's k3):
+
+    ``rho_t = exp(logp_cur_t - logp_old_t)``,  ``k_t = (rho_t - 1) - log rho_t >= 0``
+    ``out = response_mean(k, mask)``
+
+    Shapes: [B, T] -> scalar, no grad.
+    """
+    m = as_bool_mask(mask)
+    _check_same_shape(logp_cur=logp_cur, logp_old=logp_old, mask=m)
+    with torch.no_grad():
+        log_rho = _active(logp_cur.detach(), m) - _active(logp_old.detach(), m)
+        return response_mean(torch.expm1(log_rho) - log_rho, m)
 
 
 def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *, coef: float) -> torch.Tensor:

@@ -342,3 +342,83 @@ def test_rollout_dones_sit_at_the_last_active_token_and_gae_uses_them(rolled, pr
     adv, ret = ppo_math.gae(ro.rewards, ro.values, want, gamma=profile.ppo.gamma, lam=profile.ppo.lam)
     assert torch.equal(ro.advantages, adv)
     assert torch.equal(ro.returns, ret)
+
+
+# ================================================================= what PPO logs for warnings
+# The over-optimisation signals of each iteration, recomputed independently from the stored
+# rollout (plain loops over its numbers or a fresh forward pass, never the logging function).
+
+
+@pytest.fixture
+def logged(make_roles, profile, prompts, embedded_base):
+    roles = make_roles(profile)
+    ro = run_rollout(roles, prompts, profile, embedded_base)
+    before = ro.logp_old.clone()
+    stats = two_updates(roles, ro, profile)
+    record = ppo._record(0, ["p"] * len(PROMPT_LENGTHS), ro, stats, profile.ppo)
+    return roles, ro, stats, record, before
+
+
+def test_each_drawn_tokens_entropy_is_its_sampling_distributions(make_roles, profile, prompts, embedded_base):
+    """-sum p log p of the actor's next-token distribution at each drawn position, from one
+    teacher-forced forward of the prompt + answer (the padding rows of the embedding excluded)."""
+    roles = make_roles(profile)
+    ro = run_rollout(roles, prompts, profile, embedded_base)
+    record = ppo._record(0, ["p"] * len(PROMPT_LENGTHS), ro, two_updates(make_roles(profile), ro, profile), profile.ppo)
+    n_real = len(embedded_base.tokenizer)
+    actor = roles.actor.model
+    total, count = 0.0, 0
+    for b, (prompt, answer) in enumerate(zip(prompts, ro.responses)):
+        ids = torch.tensor([prompt + answer])
+        with torch.no_grad():
+            logits = actor(input_ids=ids).logits[0].float()  # [L, V]; the EOS hook adds its bias here too
+        for j in range(len(answer)):
+            row = logits[len(prompt) - 1 + j, :n_real].double()
+            p = torch.softmax(row, -1)
+            h = float(-(p * torch.log(p)).sum())
+            assert float(ro.entropy[b, j]) == pytest.approx(h, abs=2e-4), (b, j)
+            total, count = total + float(ro.entropy[b, j]), count + 1
+        assert float(ro.entropy[b, len(answer) :].abs().sum()) == 0.0  # nothing past the answer
+    assert record["entropy"] == pytest.approx(total / count, rel=1e-6)
+
+
+def test_the_sequence_log_ratio_and_the_advantage_quantiles(logged):
+    _, ro, _, record, _ = logged
+    sums = []
+    advantages = []
+    for b, answer in enumerate(ro.responses):
+        sums.append(sum(float(ro.logp_old[b, j]) - float(ro.logp_ref[b, j]) for j in range(len(answer))))
+        advantages += [float(ro.advantages[b, j]) for j in range(len(answer))]
+    assert record["mean_sequence_log_ratio"] == pytest.approx(sum(sums) / len(sums), rel=1e-5, abs=1e-7)
+    advantages.sort()
+    n = len(advantages)
+    for k, q in enumerate(record["advantage_quantiles"]):
+        pos = k / 10 * (n - 1)  # linear interpolation between order statistics
+        lo, hi = math.floor(pos), math.ceil(pos)
+        want = advantages[lo] + (advantages[hi] - advantages[lo]) * (pos - lo)
+        assert q == pytest.approx(want, abs=1e-6), k
+    assert record["advantage_quantiles"][0] == advantages[0] and record["advantage_quantiles"][-1] == advantages[-1]
+
+
+def test_each_updates_kl_is_the_k3_estimate_on_the_sampled_tokens(make_roles, profile, prompts, embedded_base):
+    """Update u's logged KL is mean over answers of mean over their tokens of (r - 1) - log r,
+    r = pi_cur / pi_old, pi_cur the actor just before update u's step (its log-probs rescored here)."""
+    roles = make_roles(profile)
+    ro = run_rollout(roles, prompts, profile, embedded_base)
+    wanted, stats = [], []
+    optimizers = optimizers_of(roles, profile)
+    for u in range(2):
+        with torch.no_grad():
+            cur = response_logprobs(roles.actor.model, ro.batch)
+        per_answer = []
+        for b, answer in enumerate(ro.responses):
+            ks = []
+            for j in range(len(answer)):
+                log_r = float(cur[b, j]) - float(ro.logp_old[b, j])
+                ks.append(math.expm1(log_r) - log_r)
+            per_answer.append(sum(ks) / len(ks))
+        wanted.append(sum(per_answer) / len(per_answer))
+        stats.append(ppo.ppo_update(roles, optimizers, ro, profile, u, 2, "test", {}))
+    got = [s["update_shift"] for s in stats]
+    assert got == pytest.approx(wanted, rel=1e-4, abs=1e-9)
+    assert got[0] >= 0 and got[1] > 0  # the second update starts from a moved actor
