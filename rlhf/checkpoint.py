@@ -50,6 +50,8 @@ class Leg:
         progress    progress(step, total, loss or iteration record) after each update/iteration
         checkpoint  checkpoint(done, make_state) after each epoch/iteration but the last, which
                     may save make_state() (rlhf.lab's crash-safe legs)
+        watch       PPO only: watch(history) after each iteration (and once on a resumed
+                    history); True stops PPO there (`ppo.stop_on_warning`)
 
     `Leg()` runs the whole stage from scratch, reporting nothing."""
 
@@ -57,6 +59,7 @@ class Leg:
     stop: int | None = None
     progress: Callable | None = None
     checkpoint: Callable | None = None
+    watch: Callable | None = None
 
 
 def request_stop() -> None:

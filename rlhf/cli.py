@@ -197,6 +197,8 @@ def _profile(args):
         profile = override(profile, {("runtime", "compute_dtype"): args.dtype})
     if getattr(args, "reward_design", None):
         profile = override(profile, {("ppo", "reward_design"): args.reward_design})
+    if getattr(args, "stop_on_warning", False):
+        profile = override(profile, {("ppo", "stop_on_warning"): True})
     return profile
 
 
@@ -411,6 +413,13 @@ def add_lab(sub) -> None:
         "[ppo] refresh_every iterations), 'ensemble-mean', 'ensemble-min', 'ensemble-uncertainty' "
         "([ppo] ensemble_size judges), 'eos-less-replaced', 'oracle' (a control that reads the rubric)",
     )
+    p.add_argument(
+        "--stop-on-warning",
+        action="store_true",
+        help="stop PPO after the first iteration where a frozen over-optimisation warning rule fires "
+        "(rlhf/warning_rules.json; [ppo] stop_on_warning, part of the run's identity); without it a warning "
+        "is printed and changes nothing",
+    )
     p.set_defaults(func=cmd_lab)
 
 
@@ -532,6 +541,14 @@ def cmd_frontier(args) -> int:
 
         summarise_to(args.out, args.summarise_to)
         return 0
+    if args.choose_warnings:
+        from rlhf.studies.warnings import choose_rules
+
+        record = choose_rules(args.out, args.choose_warnings)
+        for r in record["rules"]:
+            rule = "never defined" if r["threshold"] is None else f">= {r['threshold']:.4g} for {r['patience']}"
+            print(f"  {r['signal']}: {rule}")
+        return 0
     if args.confirm:
         record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
         for p in record["points"]:
@@ -572,12 +589,14 @@ def add_frontier(sub) -> None:
         "frontier",
         "the over-optimisation frontier: gold and learned reward against sqrt(KL), chosen on validation",
         "Per training seed: SFT and the judge once, then PPO arms from that SFT (the SPEC's KL\n"
-        "coefficient 0.02, a grid c x sigma of the judge's spread, a standardised judge, the penalty\n"
-        "instead of the score for answers without EOS, and an oracle control), every checkpoint and\n"
+        "coefficient 0.02, a grid c x sigma of the judge's spread, an oracle control, the iterated judge\n"
+        "and a worst-case judge ensemble at 0.02 and at the grid's best c), every checkpoint and\n"
         "best-of-n measured on the validation prompts. Writes DIR/frontier.json and DIR/report.html\n"
         "with the best (arm, iteration). --confirm N then runs that point and the SPEC's default on N\n"
         "fresh seeds and evaluates them on test (DIR/confirmation.json, DIR/confirmation.html).\n"
-        "A killed study continues on rerun; a finished one recomputes nothing.",
+        "--choose-warnings FILE chooses an over-optimisation warning rule per signal on the finished\n"
+        "study and freezes them into FILE. A killed study continues on rerun; a finished one\n"
+        "recomputes nothing.",
         "rlhf frontier --out runs/frontier-r002 --n 3 --workers 2\nrlhf frontier --out runs/frontier-r002 --confirm 5",
     )
     p.add_argument(
@@ -604,6 +623,12 @@ def add_frontier(sub) -> None:
         metavar="NEWDIR",
         help="write the summary of a finished study (frontier.json, report.html, the confirmation's) into a new "
         "folder, recomputed from its stored measurements by this code; nothing is trained or measured",
+    )
+    p.add_argument(
+        "--choose-warnings",
+        metavar="FILE",
+        help="after the study: choose one warning rule per over-optimisation signal on its runs and freeze them "
+        "into the new FILE (rlhf/warning_rules.json is the committed one every summary scores)",
     )
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.set_defaults(func=cmd_frontier)

@@ -226,6 +226,11 @@ class Ppo:
         "'ensemble-*' only: judges in the ensemble (k): the lab's judge and k - 1 more from other seeds", default=4
     )
     ensemble_lambda: float = doc("'ensemble-uncertainty' only: the reward is mean - lambda * SD", default=1.0)
+    stop_on_warning: bool = doc(
+        "stop PPO after the first iteration where a frozen over-optimisation warning rule fires "
+        "(rlhf/warning_rules.json, whose hash joins the PPO identity); off: warnings are printed only",
+        default=False,
+    )
 
     def __post_init__(self):
         if self.reward_design not in REWARD_DESIGNS:

@@ -47,7 +47,7 @@ from typing import Callable, NamedTuple, TypedDict
 import torch
 from tqdm import tqdm
 
-from rlhf import identities, runtime
+from rlhf import identities, runtime, signals
 from rlhf.checkpoint import Interrupted, Leg, StateError, assert_states_equal, load_state, save_state, stop_requested
 from rlhf.config import ENSEMBLE_DESIGNS, PROFILES, Profile, load_profile, override, profile_hash
 from rlhf.corpus import load_corpus, prepare
@@ -635,11 +635,17 @@ def ppo_identity(ctx: Context, initial: dict) -> dict:
     from, and the initial roles' fingerprints (`ppo_fingerprints`; what its checkpoints are
     loaded against)."""
     judge, *members = [sha256_file(path) for path in judge_files(ctx)]
+    stops = {}
+    if ctx.profile.ppo.stop_on_warning:  # the rules that may stop it are part of what it is computed from
+        if not signals.RULES_FILE.is_file():
+            raise ValueError(f"[ppo] stop_on_warning needs the frozen warning rules {signals.RULES_FILE}")
+        stops = {"warning_rules": sha256_file(signals.RULES_FILE)}
     return ctx.identity(
         stage="ppo",
         sft=sha256_file(ctx.trained_in / "sft" / "actor.safetensors"),
         judge=judge,
         **({"judge_members": members} if members else {}),
+        **stops,
         initial={k: [fp["learned_sha256"], fp["frozen_sha256"]] for k, fp in initial.items()},
     )
 
@@ -651,6 +657,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     cfg = ctx.profile.ppo
     judge_learns = cfg.reward_design == "iterated-judge"  # refreshed during PPO (rlhf.refresh)
     bar, tick = _progress("PPO", cfg.iterations)
+    rules, window = signals.frozen_rules()
 
     def run_fn(leg: Leg):
         roles = ppo_roles(ctx)
@@ -671,6 +678,20 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
             elif it % 10 == 0 or it == total:
                 _say(line)
 
+        announced: set[str] = set()
+
+        def watch(history: dict) -> bool:
+            """Print each frozen warning rule the first time it fires; True stops PPO when asked to."""
+            fired = signals.firings(history, rules, window)
+            for rule in rules:
+                if rule.signal in fired and rule.signal not in announced:
+                    announced.add(rule.signal)
+                    _say(
+                        f"warning: over-optimisation signal {rule.signal} fired at iteration {fired[rule.signal]} "
+                        f"({rule.describe()})" + ("; PPO stops here (stop_on_warning)" if cfg.stop_on_warning else "")
+                    )
+            return cfg.stop_on_warning and bool(fired)
+
         out, tm = train_ppo(
             roles,
             view,
@@ -678,7 +699,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
             ctx.eos_id,
             ctx.pad_id,
             ctx.profile,
-            replace(leg, progress=progress),
+            replace(leg, progress=progress, watch=watch),
             use_cache=use_cache,
         )
         assert_role_isolation(roles)

@@ -347,6 +347,8 @@ def train_ppo(
     total = cfg.iterations * updates
     last = cfg.iterations if leg.stop is None else leg.stop
     timings: dict = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
+    if run.start > 0 and leg.watch is not None and leg.watch(run.history):  # stopped there before
+        last = run.start
     for it in range(run.start, last):
         crash_point("ppo.iteration")
         t_iter = time.perf_counter()
@@ -397,6 +399,9 @@ def train_ppo(
                     use_cache=use_cache,
                 )
             )
+        if leg.watch is not None and leg.watch(run.history):  # a warning stops PPO here
+            last = it + 1
+            break
         if leg.checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
             leg.checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
     timings["memory"] = peak_memory()

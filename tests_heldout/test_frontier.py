@@ -467,3 +467,69 @@ def test_summary_is_recomputed_from_the_stored_measurements_into_a_new_folder(sm
     (unfinished / "seed-0" / "arms" / "oracle" / "validation" / "iter-0004.json").unlink()
     with pytest.raises(StudyError, match="not finished.*seed-0/oracle"):
         frontier.summarise_to(unfinished, tmp_path / "other", say=lambda line: None)
+
+
+# ------------------------------------------------------------------------------ over-optimisation warnings
+
+
+def test_warning_rules_are_chosen_on_one_study_frozen_and_scored_on_another(small_frontier, tmp_path):
+    """Rules chosen on study A (window 1: the small study has 4 iterations) are frozen into a file
+    with A's identity; scored on A they are in-sample, on study B out of sample, and B's data
+    never enters the rules: changing B's histories changes B's scores, not the thresholds."""
+    from rlhf.io import read_json, write_json
+    from rlhf.studies.warnings import choose_rules, score_rules, study_runs
+
+    out, result = small_frontier
+    a = tmp_path / "a"
+    shutil.copytree(out, a)
+    b = tmp_path / "b"
+    shutil.copytree(out, b)
+    ident_b = {**read_json(b / "study.json")["identity"], "study_seed": 9}  # another study
+    # B's histories cannot be read while A's rules are chosen.
+    for h in b.glob("seed-*/arms/*/ppo/history.json"):
+        h.rename(h.with_suffix(".hidden"))
+    rules_file = tmp_path / "rules.json"
+    frozen = choose_rules(a, rules_file, window=1, say=lambda line: None)
+    assert frozen["chosen_on"]["study"]["revision"] == "r002" and frozen["window"] == 1
+    with pytest.raises(FileExistsError):
+        choose_rules(a, rules_file, window=1, say=lambda line: None)  # frozen: never overwritten
+    for h in b.glob("seed-*/arms/*/ppo/history.hidden"):
+        h.rename(h.with_suffix(".json"))
+    folders_a = [a / s["folder"] for s in result["seeds"]]
+    scored_a = score_rules(rules_file, folders_a, result["seeds"], read_json(a / "study.json")["identity"])
+    assert scored_a["in_sample"] is True and scored_a["status"] == "scored"
+    runs = study_runs(folders_a, result["seeds"], window=1)
+    assert len(runs) == 2 * len(result["arms"])
+    for sc, r in zip(scored_a["scores"], [r for r in frozen["rules"] if r["threshold"] is not None]):
+        assert (sc["signal"], sc["threshold"], sc["patience"]) == (r["signal"], r["threshold"], r["patience"])
+        assert sc["fell"] + sc["held"] == len(runs)
+        assert sc["early"] + sc["late"] + sc["misses"] == sc["fell"]
+    # B: its histories' entropies changed; the rules are the frozen ones, its scores its own.
+    for h in b.glob("seed-*/arms/*/ppo/history.json"):
+        history = read_json(h)
+        for it in history["iterations"]:
+            it["entropy"] = 0.0
+        h.unlink()
+        write_json(h, history)
+    folders_b = [b / s["folder"] for s in result["seeds"]]
+    scored_b = score_rules(rules_file, folders_b, result["seeds"], ident_b)
+    assert scored_b["in_sample"] is False
+    assert [(s["threshold"], s["patience"]) for s in scored_b["scores"]] == [
+        (s["threshold"], s["patience"]) for s in scored_a["scores"]
+    ]
+    entropy_b = next(s for s in scored_b["scores"] if s["signal"] == "entropy_drop")
+    assert all(r["fired_at"] is None or r["fired_at"] >= 0 for r in entropy_b["runs"])
+
+
+def test_the_summary_scores_the_committed_rules_and_the_page_shows_them(small_frontier):
+    from rlhf.signals import RULES_FILE
+
+    out, result = small_frontier
+    warn = result["warnings"]
+    if not RULES_FILE.is_file():
+        assert warn["status"].startswith("no frozen warning rules")
+        return
+    assert warn["status"] == "scored" and warn["rules_file"] == RULES_FILE.name
+    assert warn["in_sample"] is False  # chosen on the full r002 study, not on this small one
+    page = (out / "report.html").read_text()
+    assert "Over-optimisation warnings" in page

@@ -130,6 +130,70 @@ def iteration_plot(result: dict) -> bytes:
     return _png(fig)
 
 
+def warnings_plot(result: dict) -> bytes | None:
+    """One panel per scored signal: each run a row (x: PPO iteration), its gold's drop (the first
+    checkpoint more than the margin below SFT) as a black cross, the signal's firing as a red dot;
+    runs whose gold held in green."""
+    warn = result.get("warnings") or {}
+    scores = warn.get("scores") or []
+    if not scores:
+        return None
+    cols = 4
+    rows_n = -(-len(scores) // cols)
+    fig = _figure((4.2 * cols, 3.6 * rows_n))
+    for k, sc in enumerate(scores):
+        ax = fig.add_subplot(rows_n, cols, k + 1)
+        for y, run in enumerate(sc["runs"]):
+            held = run["drop"] is None
+            ax.hlines(y, 0, 100, color="green" if held else "lightgrey", linewidth=0.6)
+            if not held:
+                ax.plot([run["drop"]], [y], "kx", markersize=4)
+            if run["fired_at"] is not None:
+                ax.plot([run["fired_at"]], [y], "o", color="red", markersize=3)
+        ax.set(title=f"{sc['signal']} (lead {fmt(sc['median_lead'], 1)})", xlabel="iteration", yticks=[])
+    return _png(fig)
+
+
+def warnings_table(result: dict) -> Table | None:
+    warn = result.get("warnings") or {}
+    scores = warn.get("scores") or []
+    if not scores:
+        return None
+    rows = [
+        [
+            sc["signal"],
+            sc["rule"],
+            sc["fell"],
+            sc["early"],
+            fmt(sc["median_lead"], 1),
+            sc["late"],
+            sc["misses"],
+            f"{sc['false_alarms']} of {sc['held']}",
+        ]
+        for sc in scores
+    ]
+    sample = (
+        "in-sample (chosen on this study's runs)" if warn["in_sample"] else "out of sample (chosen on another study)"
+    )
+    return Table(
+        [
+            "signal",
+            "frozen rule",
+            "runs where gold fell",
+            "warned early",
+            "median lead (iterations)",
+            "late",
+            "missed",
+            "false alarms (runs where gold held)",
+        ],
+        rows,
+        f"Warnings scored against validation gold, {sample}: the rules of {warn['rules_file']} chosen on "
+        f"{warn['chosen_on']['study'].get('revision')}; gold falls at the first checkpoint more than "
+        f"{warn['drop_margin']} below the seed's SFT (checkpoints every 10 iterations, so a lead is measured to "
+        "the checkpoint that saw the fall)",
+    )
+
+
 def _img(png: bytes, alt: str) -> str:
     return (
         f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" alt="{esc(alt)}"></figure>'
@@ -296,6 +360,7 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
             f"validation gold {fmt(choice['mean_validation_gold'])} at iteration {choice['iteration']}); the arms "
             "marked 'at the grid's best c' ran there after the grid was measured.</p>"
         )
+    warned = warnings_table(result)
     sections = [
         ("Frontier", [*body, "@frontier", "@iterations"]),
         (
@@ -315,6 +380,7 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
             if any(a.get("refreshes") for a in arms.values())
             else []
         ),
+        *([("Over-optimisation warnings", [warned.html(), "@warnings"])] if warned is not None else []),
         ("Best-of-n", [bon_table(result).html()]),
         (
             "Fits",
@@ -332,6 +398,7 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
     figures = {
         "frontier": (plots.get("frontier"), "gold and proxy against sqrt(KL)"),
         "iterations": (plots.get("iterations"), "gold against iteration"),
+        "warnings": (plots.get("warnings"), "each signal's firing against the iteration where gold fell"),
     }
     return page_html(title, sections, figures)
 
@@ -340,7 +407,11 @@ def write_frontier_report(out, result: dict) -> Path:
     hits = wording.find_forbidden_wording(render_frontier_html(result, None))
     if hits:
         raise wording.ReportWordingError(f"frontier report text: {hits}")
-    page = render_frontier_html(result, {"frontier": frontier_plot(result), "iterations": iteration_plot(result)})
+    plots = {"frontier": frontier_plot(result), "iterations": iteration_plot(result)}
+    warned = warnings_plot(result)
+    if warned is not None:
+        plots["warnings"] = warned
+    page = render_frontier_html(result, plots)
     return write_text(Path(out) / "report.html", page, keep_existing=True)
 
 

@@ -53,12 +53,14 @@ from rlhf.evaluate import bootstrap_differences, generate_heldout, rubric_rows, 
 from rlhf.identities import code_sha256, describe_change
 from rlhf.io import output_folder, read_json, write_json
 from rlhf.roles import load_role
+from rlhf.signals import RULES_FILE
 from rlhf.studies import StudyError
 from rlhf.studies.derivation import profile_source, seed_changes, write_run_profile
 from rlhf.studies.seeds import identity_of_study
 from rlhf.studies.sft_budget import budget_changes
 from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_curve, gao_fit, metric_bounds
 from rlhf.studies.validation import KL_ESTIMATOR, best_of_n, measure_policy, score_spread, validation_prompts
+from rlhf.studies.warnings import score_rules
 
 FORMAT = "rlhf-frontier-1"
 STUDY_SEED = 1
@@ -716,7 +718,14 @@ def collect(folders: list[Path], settings: Settings) -> dict:
         },
         "grid_choice": choice,
         "selection": select(arms, sft_level),
+        "warnings": score_rules(RULES_FILE, folders, per_seed, _identity_of(folders)),
     }
+
+
+def _identity_of(folders: list[Path]) -> dict | None:
+    """The identity of the study the seed folders belong to (its study.json), if any."""
+    path = folders[0].parent / "study.json"
+    return read_json(path)["identity"] if path.is_file() else None
 
 
 def add_best_points(arms: dict, sft_gold: float) -> None:

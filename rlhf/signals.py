@@ -1,0 +1,264 @@
+"""Over-optimisation warning signals, computed from a PPO history without any gold label.
+
+Each signal is one value per PPO iteration i, from the records PPO logs (docs/signals.md), or
+None while its windows are not yet full. W = WINDOW iterations; the early window is iterations
+0 .. W-1 (the policy as it left SFT), the current window i-W+1 .. i:
+
+    kl                     mean over the current window of the sequence log-ratio to the reference
+    kl_growth              kl[i] - kl[i - W]
+    entropy_drop           early mean of the sampling entropy - its current-window mean
+    truncation_rate        share of the current window's answers cut without EOS
+    length_growth          current-window mean response length - early mean
+    clip_fraction          current-window mean of the updates' clip fractions
+    update_shift           current-window mean of the updates' k3 shift (ppo_math.update_shift)
+    advantage_drift        W1(current, early) of the advantage distribution: the mean absolute
+                           difference of their quantile functions (each window's logged
+                           quantiles averaged)
+    score_drift            W1 between the judge's scores of the current window and of the early
+                           window (empirical distributions of equal size)
+    score_spread           SD of the judge's scores in the current window
+    ensemble_disagreement  current-window mean of the members' SD per answer (ensembles only)
+    judge_error            1 - the iterated judge's accuracy on the policy's fresh pairs at its
+                           last refresh (iterated judge only; None before the first labelled one)
+
+A signal missing from a history (no ensemble, no refresh) is None at every iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+WINDOW = 5
+# The frozen warning rules (rlhf.studies.warnings chose them on r002's validation checkpoints).
+RULES_FILE = Path(__file__).with_name("warning_rules.json")
+RULES_FORMAT = "rlhf-warning-rules-1"
+SIGNALS = (
+    "kl",
+    "kl_growth",
+    "entropy_drop",
+    "truncation_rate",
+    "length_growth",
+    "clip_fraction",
+    "update_shift",
+    "advantage_drift",
+    "score_drift",
+    "score_spread",
+    "ensemble_disagreement",
+    "judge_error",
+)
+
+
+def _window(values: list, i: int, w: int) -> list | None:
+    """values[i-w+1 .. i], or None while fewer than w exist."""
+    return values[i - w + 1 : i + 1] if i + 1 >= w else None
+
+
+def _mean_or_none(xs: list | None) -> float | None:
+    return None if xs is None else sum(xs) / len(xs)
+
+
+def wasserstein_1(a: list[float], b: list[float]) -> float:
+    """W1 between two empirical distributions of equal size: mean |a_(k) - b_(k)| over the sorted values."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"W1 of two samples of equal, non-zero size, got {len(a)} and {len(b)}")
+    return sum(abs(x - y) for x, y in zip(sorted(a), sorted(b))) / len(a)
+
+
+def quantile_distance(qa: list[float], qb: list[float]) -> float:
+    """W1 between two distributions given by their quantiles at evenly spaced levels 0..1: the
+    trapezoid rule over the absolute difference of the quantile functions."""
+    if len(qa) != len(qb) or len(qa) < 2:
+        raise ValueError(f"two quantile functions on one grid of at least 2 levels, got {len(qa)} and {len(qb)}")
+    d = [abs(x - y) for x, y in zip(qa, qb)]
+    return (sum(d) - (d[0] + d[-1]) / 2) / (len(d) - 1)
+
+
+def _mean_quantiles(rows: list[list[float]]) -> list[float]:
+    return [sum(col) / len(col) for col in zip(*rows)]
+
+
+def signal_series(history: dict, w: int = WINDOW) -> dict[str, list[float | None]]:
+    """{signal: [value at iteration 0, 1, ...]} of one PPO history (rlhf.ppo's history.json)."""
+    its = history["iterations"]
+    n = len(its)
+    kl = [it["mean_sequence_log_ratio"] for it in its]
+    entropy = [it["entropy"] for it in its]
+    length = [it["response_length"] for it in its]
+    cut = [it["truncations"] / len(it["scores"]) for it in its]
+    clip = [statistics.fmean(it["clip_fraction"]) for it in its]
+    shift = [statistics.fmean(it["update_shift"]) for it in its]
+    quantiles = [it["advantage_quantiles"] for it in its]
+    scores = [it["scores"] for it in its]
+    early = w - 1  # the early window ends here
+    out: dict[str, list[float | None]] = {name: [None] * n for name in SIGNALS}
+    for i in range(n):
+        if i < early:
+            continue
+        out["kl"][i] = _mean_or_none(_window(kl, i, w))
+        out["entropy_drop"][i] = statistics.fmean(entropy[:w]) - statistics.fmean(cast_list(_window(entropy, i, w)))
+        out["truncation_rate"][i] = _mean_or_none(_window(cut, i, w))
+        out["length_growth"][i] = statistics.fmean(cast_list(_window(length, i, w))) - statistics.fmean(length[:w])
+        out["clip_fraction"][i] = _mean_or_none(_window(clip, i, w))
+        out["update_shift"][i] = _mean_or_none(_window(shift, i, w))
+        out["advantage_drift"][i] = quantile_distance(
+            _mean_quantiles(cast_list(_window(quantiles, i, w))), _mean_quantiles(quantiles[:w])
+        )
+        current = [s for row in cast_list(_window(scores, i, w)) for s in row]
+        out["score_drift"][i] = wasserstein_1(current, [s for row in scores[:w] for s in row])
+        out["score_spread"][i] = statistics.pstdev(current)
+        if i - w >= early:
+            out["kl_growth"][i] = cast_float(out["kl"][i]) - cast_float(out["kl"][i - w])
+    if its and "member_scores" in its[0]:
+        disagreement = [statistics.fmean(statistics.pstdev(col) for col in zip(*it["member_scores"])) for it in its]
+        for i in range(early, n):
+            out["ensemble_disagreement"][i] = _mean_or_none(_window(disagreement, i, w))
+    refreshes = [r for r in history.get("refreshes", []) if r["accuracy_before"] is not None]
+    for r in refreshes:  # held from the refresh on: its value is known after iteration after_iteration - 1
+        for i in range(r["after_iteration"] - 1, n):
+            out["judge_error"][i] = 1.0 - r["accuracy_before"]
+    return out
+
+
+def cast_list(xs: list | None) -> list:
+    if xs is None:
+        raise ValueError("a window that is not full")
+    return xs
+
+
+def cast_float(x: float | None) -> float:
+    if x is None or not math.isfinite(x):
+        raise ValueError(f"a signal value that is not a finite number: {x}")
+    return x
+
+
+# ------------------------------------------------------------------------------ warning rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A warning: `signal` at or above `threshold` for `patience` consecutive iterations; it
+    fires at the last of them."""
+
+    signal: str
+    threshold: float
+    patience: int
+
+    def describe(self) -> str:
+        return f"{self.signal} >= {self.threshold:.4g} for {self.patience} iteration(s)"
+
+
+def first_firing(series: list[float | None], rule: Rule) -> int | None:
+    """The iteration where `rule` first fires on `series`, or None."""
+    run = 0
+    for i, value in enumerate(series):
+        run = run + 1 if value is not None and value >= rule.threshold else 0
+        if run >= rule.patience:
+            return i
+    return None
+
+
+DROP_MARGIN = 0.05  # gold "falls" when it is more than this below the seed's SFT (about 1.5 SE on 180 prompts)
+
+
+def gold_events(points: list[tuple[int, float]], sft_gold: float, margin: float = DROP_MARGIN) -> dict:
+    """From (iteration, gold) checkpoints (iteration >= 1): the peak (largest gold, earliest on a
+    tie) and the drop, the first checkpoint whose gold is more than `margin` below SFT's (None
+    when gold never fell)."""
+    peak = max(points, key=lambda p: (p[1], -p[0]))[0]
+    drop = next((it for it, gold in points if gold < sft_gold - margin), None)
+    return {"peak": peak, "drop": drop, "margin": margin}
+
+
+def score_rule(rule: Rule, runs: list[dict]) -> dict:
+    """How `rule` does on `runs` ({"name", "series": signal_series(...), "gold": [(iteration,
+    gold)], "sft": SFT gold}). Per run where gold fell: the lead (drop iteration - firing
+    iteration: positive is early, zero or negative late) or a miss (no firing); per run where it
+    did not: a false alarm when it fired."""
+    rows = []
+    for run in runs:
+        fire = first_firing(run["series"][rule.signal], rule)
+        events = gold_events(run["gold"], run["sft"])
+        dropped = events["drop"] is not None
+        rows.append(
+            {
+                "name": run["name"],
+                "fired_at": fire,
+                **events,
+                "lead": (events["drop"] - fire) if dropped and fire is not None else None,
+                "miss": dropped and fire is None,
+                "false_alarm": (not dropped) and fire is not None,
+            }
+        )
+    fell = [r for r in rows if r["drop"] is not None]
+    held = [r for r in rows if r["drop"] is None]
+    leads = [r["lead"] for r in fell if r["lead"] is not None]
+    return {
+        "rule": rule.describe(),
+        "signal": rule.signal,
+        "threshold": rule.threshold,
+        "patience": rule.patience,
+        "runs": rows,
+        "fell": len(fell),
+        "held": len(held),
+        "early": sum(lead > 0 for lead in leads),
+        "late": sum(lead <= 0 for lead in leads),
+        "misses": sum(r["miss"] for r in rows),
+        "false_alarms": sum(r["false_alarm"] for r in rows),
+        "median_lead": statistics.median(leads) if leads else None,
+    }
+
+
+PATIENCES = (1, 3, 5)
+MAX_FALSE_ALARM_RATE = 0.2  # a rule may fire on at most this share of the runs where gold held
+
+
+def choose_rule(signal: str, runs: list[dict], patiences=PATIENCES, max_false_alarm_rate=MAX_FALSE_ALARM_RATE):
+    """The rule for `signal` chosen on `runs` (the selection data, and nothing else): thresholds
+    at the signal's observed values, every patience; among rules firing falsely on at most
+    `max_false_alarm_rate` of the runs where gold held, the most early warnings, then the
+    largest median lead, then the fewest misses, then the higher threshold. None when the
+    signal is never defined or no rule meets the false-alarm bound."""
+    values = sorted({v for run in runs for v in run["series"][signal] if v is not None})
+    if not values:
+        return None
+    held = sum(gold_events(r["gold"], r["sft"])["drop"] is None for r in runs)
+    best, best_key = None, None
+    for threshold in values:
+        for patience in patiences:
+            rule = Rule(signal, threshold, patience)
+            s = score_rule(rule, runs)
+            if held and s["false_alarms"] / held > max_false_alarm_rate:
+                continue
+            key = (s["early"], s["median_lead"] if s["median_lead"] is not None else -math.inf, -s["misses"], threshold)
+            if best_key is None or key > best_key:
+                best, best_key = rule, key
+    return best
+
+
+def frozen_rules(path: Path | None = None) -> tuple[list[Rule], int]:
+    """(the rules of a frozen rules file that are defined, its window); ([], WINDOW) without a file."""
+    path = RULES_FILE if path is None else Path(path)
+    if not path.is_file():
+        return [], WINDOW
+    data = json.loads(path.read_text())
+    if data.get("format") != RULES_FORMAT:
+        raise ValueError(f"{path} is not a warning-rules file of format {RULES_FORMAT}")
+    rules = [Rule(r["signal"], r["threshold"], r["patience"]) for r in data["rules"] if r["threshold"] is not None]
+    return rules, data["window"]
+
+
+def firings(history: dict, rules: list[Rule], window: int) -> dict[str, int]:
+    """{rule signal: the iteration where it first fired} over a PPO history so far."""
+    if not rules or not history["iterations"]:
+        return {}
+    series = signal_series(history, window)
+    out = {}
+    for rule in rules:
+        at = first_firing(series[rule.signal], rule)
+        if at is not None:
+            out[rule.signal] = at
+    return out
