@@ -563,6 +563,9 @@ def cmd_frontier(args) -> int:
             f"{args.out}/confirmation.json and {args.out}/confirmation.html"
         )
         return 0
+    from rlhf.studies.frontier import GRID, Settings, default_arms
+
+    grid = GRID if args.grid is None else tuple(float(c) for c in args.grid.split(","))
     result = run_frontier(
         args.out,
         n=args.n,
@@ -570,6 +573,7 @@ def cmd_frontier(args) -> int:
         sft_budget=args.sft_budget,
         workers=args.workers,
         profile_name=args.profile,
+        settings=Settings(arms=default_arms(grid)),
     )
     sel = result["selection"]
     print(
@@ -611,6 +615,14 @@ def add_frontier(sub) -> None:
         help="named SFT budget (default sft-e7, the budget chosen on validation for r002; full: the profile's)",
     )
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
+    p.add_argument(
+        "--grid",
+        default=None,
+        metavar="C1,C2,...",
+        help="the KL coefficients in units of the judge's spread (beta = c sigma; default 0.01,0.02,0.05,0.1,0.2,"
+        "0.5,1). A study run before with fewer grid values is extended: its arms are kept and only the new ones "
+        "run (and the arms at the grid's best c again, if the best moved)",
+    )
     p.add_argument(
         "--confirm",
         type=int,

@@ -533,3 +533,50 @@ def test_the_summary_scores_the_committed_rules_and_the_page_shows_them(small_fr
     assert warn["in_sample"] is False  # chosen on the full r002 study, not on this small one
     page = (out / "report.html").read_text()
     assert "Over-optimisation warnings" in page
+
+
+def test_a_study_extended_by_grid_arms_keeps_what_it_measured_and_runs_only_the_new(small_frontier, tmp_path):
+    """Adding grid values to a finished study (rlhf frontier --grid ...): its arms' measurements
+    are kept byte for byte, only the new arm runs (and the arms at the grid's best c again, moved
+    aside first, if the best c moved), the old summary is moved aside, study.json records what it extended."""
+    from conftest import small_frontier_settings
+    from rlhf.io import read_json
+    from rlhf.studies import frontier
+
+    out, result = small_frontier
+    study = tmp_path / "study"
+    shutil.copytree(out, study)
+    before = {p: p.read_bytes() for p in study.glob("seed-*/arms/*/validation/*.json")}
+    old = small_frontier_settings()
+    arms = (*old.arms[:2], frontier.Arm("c1", "judge", c=1.0), *old.arms[2:])
+    settings = frontier.Settings(arms=arms, bon_ns=old.bon_ns, kl_samples=old.kl_samples)
+    said: list[str] = []
+    again = frontier.run_frontier(
+        study, n=2, revision="r002", sft_budget="full", workers=1,
+        profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=settings, say=said.append,
+    )  # fmt: skip
+    assert "c1" in again["arms"] and set(result["arms"]) < set(again["arms"])
+    moved = again["grid_choice"]["c"] != result["grid_choice"]["c"]
+    for path, data in before.items():
+        if "ensemble-min-cbest" in str(path) and moved:
+            continue
+        assert path.read_bytes() == data, path  # measured once, kept
+    record = read_json(study / "study.json")
+    assert record["identity"] == again["study"] and record["extended_from"] == [result["study"]]
+    assert (study / "frontier-before-extension-1.json").is_file()
+    assert any("extended by the arms c1" in line for line in said)
+    for s in again["seeds"]:
+        stale = list((study / s["folder"] / "arms").glob("ensemble-min-cbest@c*"))
+        assert len(stale) == (1 if moved else 0)
+        profile = load_profile(str(study / s["folder"] / "arms" / "ensemble-min-cbest" / "profile.toml"))
+        assert profile.ppo.kl_coef == again["grid_choice"]["c"] * s["sigma_validation"]
+    # Changing an arm, not adding one, is still refused.
+    changed = frontier.Settings(arms=(old.arms[0], frontier.Arm("c0.05", "judge", c=0.07), *old.arms[2:]))
+    (study / "frontier.json").unlink()
+    from rlhf.studies import StudyError
+
+    with pytest.raises(StudyError, match="refusing to continue"):
+        frontier.run_frontier(
+            study, n=2, revision="r002", sft_budget="full", workers=1,
+            profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=changed, say=lambda line: None,
+        )  # fmt: skip

@@ -358,7 +358,13 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
         body.append(
             f"<p><b>The grid's best c</b> ({esc(choice['rule'])}): c = {choice['c']:g} ({esc(choice['arm'])}, mean "
             f"validation gold {fmt(choice['mean_validation_gold'])} at iteration {choice['iteration']}); the arms "
-            "marked 'at the grid's best c' ran there after the grid was measured.</p>"
+            "marked 'at the grid's best c' ran there after the grid was measured."
+            + (
+                " It is the grid's largest c: gold may still rise beyond it; this grid does not show where it stops."
+                if choice.get("at_edge")
+                else ""
+            )
+            + "</p>"
         )
     warned = warnings_table(result)
     sections = [

@@ -370,6 +370,60 @@ def _check_record(path: Path, identity: dict) -> None:
         )
 
 
+def added_arms(old: dict, new: dict) -> list[str] | None:
+    """The names of the arms `new` adds to the study of identity `old`, when that is its only
+    change (every old arm kept as it was, in its order; nothing else changed); else None."""
+    if {k: v for k, v in old.items() if k != "settings"} != {k: v for k, v in new.items() if k != "settings"}:
+        return None
+    so, sn = old["settings"], new["settings"]
+    if {k: v for k, v in so.items() if k != "arms"} != {k: v for k, v in sn.items() if k != "arms"}:
+        return None
+    names = {a["name"] for a in so["arms"]}
+    if [a for a in sn["arms"] if a["name"] in names] != so["arms"]:
+        return None
+    return [a["name"] for a in sn["arms"] if a["name"] not in names]
+
+
+def extend_study(out: Path, identity: dict, say) -> bool:
+    """Accept `identity` for the study in `out` when it only adds arms to the recorded one (a
+    grid extended beyond its edge, say): study.json then records the new identity and the old
+    ones it extends (`extended_from`), and a summary of the old arms (frontier.json, report.html)
+    is moved aside to frontier-before-extension-N.json / .html. Returns True when it extended."""
+    path = out / "study.json"
+    if not path.is_file():
+        return False
+    record = read_json(path)
+    added = added_arms(record["identity"], identity)
+    if not added:
+        return False
+    k = len(record.get("extended_from", [])) + 1
+    for name, ext in (("frontier", "json"), ("report", "html")):
+        if (out / f"{name}.{ext}").is_file():
+            (out / f"{name}.{ext}").rename(out / f"{name}-before-extension-{k}.{ext}")
+    extended = {"identity": identity, "extended_from": [*record.get("extended_from", []), record["identity"]]}
+    write_json(path, extended, overwrite=True)
+    say(f"study {out} extended by the arms {', '.join(added)}; the arms measured before are kept")
+    return True
+
+
+def move_aside_stale(folders: list[Path], arms: tuple[Arm, ...], say) -> None:
+    """An arm at the grid's best c that ran at another c (the grid was extended and its best
+    moved) is moved aside to arms/NAME@c<old c>, kept, and runs again at the new c."""
+    for f in folders:
+        sigma = read_json(f / "frontier" / "sft.json")["spread"]["validation"]["sd"]
+        for arm in arms:
+            folder = f / "arms" / arm.name
+            if not (folder / "profile.toml").is_file():
+                continue
+            ran = load_profile(str(folder / "profile.toml")).ppo.kl_coef
+            if ran != arm.kl_coef(sigma):
+                old_c = ran / sigma
+                folder.rename(f / "arms" / f"{arm.name}@c{old_c:.6g}")
+                say(
+                    f"{f.name}/{arm.name} ran at c = {old_c:.6g}, not the grid's best {arm.c:g}: moved aside, run again"
+                )
+
+
 def prepare_seed_folders(out: Path, profile_name: str, n: int, study_seed: int, sft_budget: str) -> list[Path]:
     base_text = profile_source(profile_name).read_text()
     base = load_profile(str(profile_source(profile_name)))
@@ -460,14 +514,15 @@ def run_frontier(
     out = output_folder(out)
     identity = study_identity(profile_name, revision, n, sft_budget, settings, STUDY_SEED)
     done = out / "frontier.json"
+    if any(a.c_from_grid for a in settings.arms) and not grid_arms(settings.arms):
+        raise StudyError("arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)")
+    extend_study(out, identity, say)
     if done.is_file():
         result = read_json(done)
         if result["study"] != identity:
             _check_record(out / "study.json", identity)  # names what differs
         say(f"frontier already complete in {out} (frontier.json): nothing recomputed")
         return result
-    if any(a.c_from_grid for a in settings.arms) and not grid_arms(settings.arms):
-        raise StudyError("arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)")
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     _check_record(out / "study.json", identity)
@@ -486,6 +541,7 @@ def run_frontier(
             f"{choice['mean_validation_gold']:.3f} at iteration {choice['iteration']}); now "
             + ", ".join(a.name for a in later)
         )
+        move_aside_stale(folders, resolved(later, choice), say)
         run_tasks(folders, resolved(later, choice), revision, settings, workers, say)
     result = {
         "study": identity,
@@ -521,7 +577,16 @@ def grid_choice(folders: list[Path], arms) -> dict | None:
             if best is None or (gold, -cast(float, arm.c)) > (best[0], -cast(float, best[1].c)):
                 best = (gold, arm, it)
     gold, arm, it = cast(tuple, best)
-    return {"rule": GRID_RULE, "c": arm.c, "arm": arm.name, "iteration": it, "mean_validation_gold": gold}
+    cs = [cast(float, a.c) for a in grid]
+    return {
+        "rule": GRID_RULE,
+        "c": arm.c,
+        "arm": arm.name,
+        "iteration": it,
+        "mean_validation_gold": gold,
+        # At the grid's largest c, gold may still rise beyond it: the grid does not show where it stops.
+        "at_edge": arm.c == max(cs),
+    }
 
 
 def resolved(arms, choice: dict | None) -> tuple[Arm, ...]:
