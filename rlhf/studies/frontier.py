@@ -223,6 +223,8 @@ def prepare_seed(
     seed-i/frontier/sft.json: the SFT policy on validation prompts (iteration 0, best-of-n, the
     judge's spreads). `confirm`: spreads only."""
     seed_dir = Path(seed_dir)
+    if _seed_ready(seed_dir, ensemble):  # nothing to do (an extended study's seeds): not even opened
+        return str(seed_dir)
     with contextlib.ExitStack() as stack:
         if log:
             _log_to(seed_dir / "frontier.log", stack)
@@ -265,6 +267,16 @@ def prepare_seed(
         record["seconds"] = time.perf_counter() - t0
         write_json(out, record)
     return str(seed_dir)
+
+
+def _seed_ready(seed_dir: Path, ensemble: bool) -> bool:
+    """The seed's SFT, judge (and, with `ensemble`, the members) complete and its SFT measured."""
+    run = seed_dir / lab.RUN_FILE
+    if not run.is_file() or not (seed_dir / "frontier" / "sft.json").is_file():
+        return False
+    stages = read_json(run)["stages"]
+    profile = load_profile(str(seed_dir / "profile.toml"))
+    return all(s in stages for s in ["sft", "judge", *lab.member_stages(profile, ensemble=ensemble)])
 
 
 def measured_iterations(profile) -> list[int]:
@@ -370,10 +382,18 @@ def _check_record(path: Path, identity: dict) -> None:
         )
 
 
+# What an extension may change besides adding arms: the code (and so the profile's hash, when the code
+# added a profile key with its default). The arms measured before keep their measurements; study.json
+# keeps the identity (and code) of each version of the study (`extended_from`).
+EXTENSION_MAY_CHANGE = ("settings", "code", "profile_sha256")
+
+
 def added_arms(old: dict, new: dict) -> list[str] | None:
     """The names of the arms `new` adds to the study of identity `old`, when that is its only
-    change (every old arm kept as it was, in its order; nothing else changed); else None."""
-    if {k: v for k, v in old.items() if k != "settings"} != {k: v for k, v in new.items() if k != "settings"}:
+    change (every old arm kept as it was, in its order; the study's format, profile, revision,
+    seeds and budget the same; the code may be newer); else None."""
+    same = {k: v for k, v in old.items() if k not in EXTENSION_MAY_CHANGE}
+    if same != {k: v for k, v in new.items() if k not in EXTENSION_MAY_CHANGE}:
         return None
     so, sn = old["settings"], new["settings"]
     if {k: v for k, v in so.items() if k != "arms"} != {k: v for k, v in sn.items() if k != "arms"}:
