@@ -620,7 +620,7 @@ def add_frontier(sub) -> None:
         default=None,
         metavar="C1,C2,...",
         help="the KL coefficients in units of the judge's spread (beta = c sigma; default 0.01,0.02,0.05,0.1,0.2,"
-        "0.5,1). A study run before with fewer grid values is extended: its arms are kept and only the new ones "
+        "0.5,1,2,5). A study run before with fewer grid values is extended: its arms are kept and only the new ones "
         "run (and the arms at the grid's best c again, if the best moved)",
     )
     p.add_argument(

@@ -166,20 +166,30 @@ DROP_MARGIN = 0.05  # gold "falls" when it is more than this below the seed's SF
 
 def gold_events(points: list[tuple[int, float]], sft_gold: float, margin: float = DROP_MARGIN) -> dict:
     """From (iteration, gold) checkpoints (iteration >= 1): the peak (largest gold, earliest on a
-    tie) and the drop, the first checkpoint whose gold is more than `margin` below SFT's (None
-    when gold never fell)."""
+    tie); the first dip (the first checkpoint more than `margin` below SFT's gold); and the drop,
+    the first checkpoint from which gold stays more than `margin` below SFT's at every later
+    checkpoint (None when gold never fell for good: a dip it recovered from is noise, or a
+    swing, not over-optimisation)."""
     peak = max(points, key=lambda p: (p[1], -p[0]))[0]
-    drop = next((it for it, gold in points if gold < sft_gold - margin), None)
-    return {"peak": peak, "drop": drop, "margin": margin}
+    below = [gold < sft_gold - margin for _, gold in points]
+    dip = next((it for (it, _), low in zip(points, below) if low), None)
+    drop = None
+    for k in range(len(points) - 1, -1, -1):  # the start of the last run of checkpoints below
+        if not below[k]:
+            break
+        drop = points[k][0]
+    return {"peak": peak, "first_dip": dip, "drop": drop, "margin": margin}
 
 
 def score_rule(rule: Rule, runs: list[dict]) -> dict:
     """How `rule` does on `runs` ({"name", "series": signal_series(...), "gold": [(iteration,
-    gold)], "sft": SFT gold}). Per run where gold fell: the lead (drop iteration - firing
-    iteration: positive is early, zero or negative late) or a miss (no firing); per run where it
-    did not: a false alarm when it fired."""
+    gold)], "sft": SFT gold}) where its signal exists. Per run where gold fell: the lead (drop
+    iteration - firing iteration: positive is early, zero or negative late) or a miss (no
+    firing); per run where it did not: a false alarm when it fired."""
     rows = []
     for run in runs:
+        if all(v is None for v in run["series"][rule.signal]):
+            continue  # the signal does not exist for this run (an ensemble's disagreement without an ensemble)
         fire = first_firing(run["series"][rule.signal], rule)
         events = gold_events(run["gold"], run["sft"])
         dropped = events["drop"] is not None
@@ -225,7 +235,11 @@ def choose_rule(signal: str, runs: list[dict], patiences=PATIENCES, max_false_al
     values = sorted({v for run in runs for v in run["series"][signal] if v is not None})
     if not values:
         return None
-    held = sum(gold_events(r["gold"], r["sft"])["drop"] is None for r in runs)
+    held = sum(
+        gold_events(r["gold"], r["sft"])["drop"] is None
+        for r in runs
+        if any(v is not None for v in r["series"][signal])
+    )
     best, best_key = None, None
     for threshold in values:
         for patience in patiences:

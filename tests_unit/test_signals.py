@@ -77,11 +77,14 @@ def test_a_rule_fires_after_its_patience():
     assert first_firing(series, Rule("x", 0.99, 1)) is None
 
 
-def test_gold_events_peak_and_drop():
+def test_gold_events_peak_dip_and_lasting_drop():
     points = [(10, 0.7), (20, 0.8), (30, 0.74), (40, 0.6)]
-    assert gold_events(points, 0.75) == {"peak": 20, "drop": 40, "margin": signals.DROP_MARGIN}
-    assert gold_events(points, 0.75, margin=0.0)["drop"] == 10
+    assert gold_events(points, 0.75) == {"peak": 20, "first_dip": 40, "drop": 40, "margin": signals.DROP_MARGIN}
+    # Without a margin, 10 dips below SFT and recovers; the fall that lasts starts at 30.
+    assert gold_events(points, 0.75, margin=0.0) == {"peak": 20, "first_dip": 10, "drop": 30, "margin": 0.0}
     assert gold_events([(10, 0.9), (20, 0.9)], 0.75)["drop"] is None
+    recovered = gold_events([(10, 0.5), (20, 0.5), (30, 0.76)], 0.75)
+    assert recovered["first_dip"] == 10 and recovered["drop"] is None  # a dip it recovered from
 
 
 def run(name, series, gold, sft=0.7):
@@ -94,7 +97,8 @@ def test_lead_miss_and_false_alarm_counted_by_hand():
     fell_missed = run("c", [0.0] * 25, [(10, 0.6), (20, 0.3)])  # never fires
     held_quiet = run("d", [0.0] * 25, [(10, 0.8), (20, 0.9)])
     held_alarm = run("e", [0.0, 2.0] + [0.0] * 23, [(10, 0.8), (20, 0.9)])  # fires at 1, gold held
-    s = score_rule(Rule("x", 0.5, 1), [fell_early, fell_late, fell_missed, held_quiet, held_alarm])
+    undefined = run("f", [None] * 25, [(10, 0.5), (20, 0.4)])  # the signal does not exist there: not scored
+    s = score_rule(Rule("x", 0.5, 1), [fell_early, fell_late, fell_missed, held_quiet, held_alarm, undefined])
     assert [r["lead"] for r in s["runs"]] == [15, -2, None, None, None]
     assert (s["fell"], s["held"], s["early"], s["late"], s["misses"], s["false_alarms"]) == (3, 2, 1, 1, 1, 1)
     assert s["median_lead"] == pytest.approx(6.5)

@@ -232,7 +232,9 @@ def arms_table(result: dict) -> Table:
             "UNCERTIFIED",
         ],
         rows,
-        "Mean over seeds; counts are of the greedy answers to the validation prompts at the arm's last iteration.",
+        "Mean over seeds; counts are of the greedy answers to the validation prompts at the arm's last iteration. "
+        f"The share of the oracle control's best gain is shown only where that gain is at least "
+        f"{result.get('oracle_min_gain', 0.0)} (a share of a gain within the noise is no number).",
     )
 
 

@@ -66,7 +66,7 @@ FORMAT = "rlhf-frontier-1"
 STUDY_SEED = 1
 CONFIRM_STUDY_SEED = 2
 SPEC_KL = 0.02
-GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 BON_NS = (1, 2, 4, 8, 16)
 KL_SAMPLES = 2
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
@@ -667,6 +667,9 @@ def summarise_to(out, dest, say=print) -> dict:
 def frontier_command(out: Path, identity: dict) -> str:
     cmd = f"rlhf frontier --out {out} --n {identity['n']} --revision {identity['revision']}"
     cmd += f" --sft-budget {identity['sft_budget']}"
+    grid = [a.c for a in grid_arms(settings_of(identity).arms)]
+    if settings_of(identity) == Settings(arms=default_arms(tuple(grid))) and tuple(grid) != GRID:
+        cmd += " --grid " + ",".join(f"{c:g}" for c in grid)
     return cmd + ("" if identity["profile"] == "embedded" else " --profile PROFILE.toml")
 
 
@@ -802,6 +805,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             "gain_over": "best-of-1 (one temperature-1 SFT sample)",
         },
         "grid_choice": choice,
+        "oracle_min_gain": ORACLE_MIN_GAIN,
         "selection": select(arms, sft_level),
         "warnings": score_rules(RULES_FILE, folders, per_seed, _identity_of(folders)),
     }
@@ -813,10 +817,17 @@ def _identity_of(folders: list[Path]) -> dict | None:
     return read_json(path)["identity"] if path.is_file() else None
 
 
+# The share of the oracle's gain an arm recovers is shown only where the oracle gains at least this
+# much over SFT (the drop margin of the warnings, about 1.5 standard errors on 180 prompts): a share
+# of a gain within the noise is no number.
+ORACLE_MIN_GAIN = 0.05
+
+
 def add_best_points(arms: dict, sft_gold: float) -> None:
     """Each arm's best checkpoint (largest mean validation gold over seeds, iteration >= 1; ties:
     the smaller mean d, then the earlier iteration), its gain over SFT, and the share of the
-    oracle control's best gain it recovers (None without an oracle arm or when the oracle gains nothing)."""
+    oracle control's best gain it recovers (None without an oracle arm, or when the oracle's best
+    gain is below ORACLE_MIN_GAIN)."""
     for arm in arms.values():
         best = max(arm["curve"][1:], key=lambda r: (r["gold"]["mean"], -r["d"]["mean"], -r["iteration"]))
         arm["best"] = {
@@ -828,7 +839,7 @@ def add_best_points(arms: dict, sft_gold: float) -> None:
     oracle = arms.get("oracle", {}).get("best")
     for arm in arms.values():
         share = None
-        if oracle is not None and oracle["gain"] > 0:
+        if oracle is not None and oracle["gain"] >= ORACLE_MIN_GAIN:
             share = arm["best"]["gain"] / oracle["gain"]
         arm["best"]["share_of_oracle_gain"] = share
 
