@@ -188,9 +188,9 @@ def warnings_table(result: dict) -> Table | None:
         ],
         rows,
         f"Warnings scored against validation gold, {sample}: the rules of {warn['rules_file']} chosen on "
-        f"{warn['chosen_on']['study'].get('revision')}; gold falls at the first checkpoint more than "
-        f"{warn['drop_margin']} below the seed's SFT (checkpoints every 10 iterations, so a lead is measured to "
-        "the checkpoint that saw the fall)",
+        f"{warn['chosen_on']['study'].get('revision')}; gold falls at the first checkpoint from which it stays more "
+        f"than {warn['drop_margin']} below the seed's SFT at every later one (checkpoints every 10 iterations, so a "
+        "lead is measured to the checkpoint that saw the fall)",
     )
 
 
