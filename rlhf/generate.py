@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from rlhf.config import Profile
 from rlhf.scoring import real_token_logits, token_count
+from rlhf.tokens import max_new_tokens
 
 
 @dataclass
@@ -188,3 +190,22 @@ def generate(
         ended.append(bool(row) and row[-1] == eos_id)
     entropy_rows = [] if ent is None else [ent[b][: len(responses[b])] for b in range(B)]
     return Generation(responses, logp_rows, ended, entropy_rows)
+
+
+def sample_like_ppo(
+    model, prompts: list[list[int]], *, eos_id: int, pad_id: int, profile: Profile, generator, use_cache: bool = True
+) -> Generation:
+    """Answers drawn as PPO's rollouts draw them: temperature `ppo.temperature`, up to the PPO
+    answer limit (rlhf.tokens.max_new_tokens), with the profile's `runtime.last_logits_only`.
+    The rollout (rlhf.ppo) and the iterated judge's refresh (rlhf.refresh) both sample here."""
+    return generate(
+        model,
+        prompts,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        max_new_tokens=max_new_tokens(profile, "ppo"),
+        temperature=profile.ppo.temperature,
+        generator=generator,
+        use_cache=use_cache,
+        last_logits_only=profile.runtime.last_logits_only,
+    )

@@ -42,7 +42,7 @@ import torch
 from rlhf import ppo_math, refresh, rubric
 from rlhf.checkpoint import Leg
 from rlhf.config import ENSEMBLE_DESIGNS, Ppo, Profile
-from rlhf.generate import generate
+from rlhf.generate import sample_like_ppo
 from rlhf.io import crash_point
 from rlhf.judge import encode_pairs
 from rlhf.masks import last_active_index, masked_sum
@@ -50,7 +50,7 @@ from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import PpoRoles, critic_values, reward_scores
 from rlhf.runtime import rng_state, set_rng_state
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import Batch, collate, decode_response, encode_prompt, max_new_tokens, token_texts
+from rlhf.tokens import Batch, collate, decode_response, encode_prompt, token_texts
 
 # Where each role's learned tensors sit in a PPO state. The state format keeps the judge under
 # "reward", its earlier name: renaming the key would change every PPO state's bytes, and
@@ -148,25 +148,26 @@ def rollout(
     cfg = profile.ppo
     device = next(roles.actor.model.parameters()).device
     t = time.perf_counter()
-    gen = generate(
+    gen = sample_like_ppo(
         roles.actor.model,
         prompt_ids,
         eos_id=eos_id,
         pad_id=pad_id,
-        max_new_tokens=max_new_tokens(profile, "ppo"),
-        temperature=cfg.temperature,
+        profile=profile,
         generator=sample_gen,
         use_cache=use_cache,
-        last_logits_only=profile.runtime.last_logits_only,
     )
     _sync()
     timings["generation"] = time.perf_counter() - t
     batch = collate(prompt_ids, gen.responses, pad_id).to(device)
     mask = batch.response_mask
     logp_old = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
-    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
-    for b, (lp, ent) in enumerate(zip(gen.logps, gen.entropies)):
+    for b, lp in enumerate(gen.logps):
         logp_old[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32, device=device)
+    if len(gen.entropies) != len(gen.logps):
+        raise ValueError("a PPO rollout is sampled: every drawn token has its distribution's entropy")
+    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
+    for b, ent in enumerate(gen.entropies):
         entropy[b, : len(ent)] = torch.tensor(ent, dtype=torch.float32, device=device)
     t = time.perf_counter()
     logp_ref = response_logprobs(roles.reference.model, batch)  # [B, R]

@@ -33,12 +33,12 @@ import torch
 
 from rlhf import rubric
 from rlhf.config import Profile
-from rlhf.generate import generate
+from rlhf.generate import sample_like_ppo
 from rlhf.io import crash_point
 from rlhf.judge import evaluate_pairs, pair_scores
 from rlhf.optim import adamw, optimizer_step
 from rlhf.ppo_math import bradley_terry_loss
-from rlhf.tokens import decode_response, max_new_tokens
+from rlhf.tokens import decode_response
 
 ANSWERS_PER_PROMPT = 2  # the labeller compares two answers of one prompt
 
@@ -120,16 +120,14 @@ def refresh_judge(
     crash_point("ppo.refresh")
     chosen = torch.randperm(len(prompts), generator=gen, device=gen.device)[: cfg.refresh_prompts].tolist()
     asked = [i for i in chosen for _ in range(ANSWERS_PER_PROMPT)]
-    out = generate(
+    out = sample_like_ppo(
         actor.model,
         [encoded[i] for i in asked],
         eos_id=eos_id,
         pad_id=pad_id,
-        max_new_tokens=max_new_tokens(profile, "ppo"),
-        temperature=cfg.temperature,
+        profile=profile,
         generator=gen,
         use_cache=use_cache,
-        last_logits_only=profile.runtime.last_logits_only,
     )
     verdicts = [labeller_verdict(prompts[i], ids, tokenizer, eos_id, actions) for i, ids in zip(asked, out.responses)]
     new = []

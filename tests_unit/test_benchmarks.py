@@ -534,12 +534,11 @@ def test_generation_tokens_per_second(
 def previous(tmp_path_factory):
     """rlhf/generate.py and rlhf/lora.py of commit PREVIOUS as throw-away modules.
 
-    `previous.active()` swaps them in for a block: rlhf.ppo's `generate` and LoRALinear.forward
+    `previous.active()` swaps them in for a block: rlhf.generate's `generate` and LoRALinear.forward
     (every adapted projection of every role, so updates and scoring run the old forward too).
     """
     import types
 
-    from rlhf import ppo
     from rlhf.lora import LoRALinear
 
     folder = tmp_path_factory.mktemp("previous")
@@ -564,13 +563,25 @@ def previous(tmp_path_factory):
     # The one change since PREVIOUS that moves draws: only real tokens are drawn
     # (rlhf.scoring.real_token_logits). The previous code gets it too, applied to the logits its
     # _next_token receives, so both sides draw alike and only their speed is compared.
+    # The previous generate logs no entropies (the rollout now keeps them for the history): they
+    # are computed here from the logits its _next_token receives, by the current formula, so that
+    # its Generation has what a rollout reads. Draws and log-probs stay the previous code's.
+    import torch.nn.functional as F
+
+    import rlhf.generate as current_generate
+    from rlhf.generate import Generation
     from rlhf.scoring import real_token_logits, token_count
 
     previous_next_token = mods["generate"]._next_token
-    n_tokens = {}
+    n_tokens: dict = {}
+    step_entropies: list = []
 
-    def masked_next_token(logits, *args):
-        return previous_next_token(real_token_logits(logits.float(), n_tokens["n"]), *args)
+    def masked_next_token(logits, greedy, temperature, *args):
+        masked = real_token_logits(logits.float(), n_tokens["n"])
+        if not greedy:
+            tempered = masked if temperature == 1.0 else masked / temperature
+            step_entropies.append(torch.special.entr(F.log_softmax(tempered, dim=-1).exp()).sum(-1))
+        return previous_next_token(masked, greedy, temperature, *args)
 
     mods["generate"]._next_token = masked_next_token
 
@@ -580,16 +591,20 @@ def previous(tmp_path_factory):
         if last_logits_only:
             pytest.fail("the previous generate cannot project only the last column", pytrace=False)
         n_tokens["n"] = token_count(model)
-        return mods["generate"].generate(model, *args, **kwargs)
+        step_entropies.clear()
+        g = mods["generate"].generate(model, *args, **kwargs)
+        ent = torch.stack(step_entropies, 1).tolist() if step_entropies else None
+        rows = [] if ent is None else [ent[b][: len(r)] for b, r in enumerate(g.responses)]
+        return Generation(g.responses, g.logps, g.ended, rows)
 
     @contextlib.contextmanager
     def active():
-        saved = ppo.generate, LoRALinear.forward
-        ppo.generate, LoRALinear.forward = previous_generate, mods["lora"].LoRALinear.forward
+        saved = current_generate.generate, LoRALinear.forward
+        current_generate.generate, LoRALinear.forward = previous_generate, mods["lora"].LoRALinear.forward
         try:
             yield
         finally:
-            ppo.generate, LoRALinear.forward = saved
+            current_generate.generate, LoRALinear.forward = saved
 
     yield types.SimpleNamespace(generate=previous_generate, active=active)
     for name in mods:
