@@ -504,7 +504,8 @@ def test_warning_rules_are_chosen_on_one_study_frozen_and_scored_on_another(smal
     assert len(runs) == 2 * len(result["arms"])
     for sc, r in zip(scored_a["scores"], [r for r in frozen["rules"] if r["threshold"] is not None]):
         assert (sc["signal"], sc["threshold"], sc["patience"]) == (r["signal"], r["threshold"], r["patience"])
-        assert sc["fell"] + sc["held"] == len(runs)
+        defined = [run for run in runs if any(v is not None for v in run["series"][sc["signal"]])]
+        assert sc["fell"] + sc["held"] == len(defined) and len(sc["runs"]) == len(defined)
         assert sc["early"] + sc["late"] + sc["misses"] == sc["fell"]
     # B: its histories' entropies changed; the rules are the frozen ones, its scores its own.
     for h in b.glob("seed-*/arms/*/ppo/history.json"):

@@ -119,7 +119,7 @@ def test_ppo_roles_as_trained_are_isolated(small_lab, monkeypatch):
     roles = captured["roles"]
     by_kind = roles.by_kind()
     assert set(by_kind) == set(ROLE_KINDS)
-    assert len({id(r.model) for r in roles}) == 4
+    assert len({id(r.model) for r in by_kind.values()}) == 4
 
     storages = {}
     for kind, role in by_kind.items():
