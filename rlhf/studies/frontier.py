@@ -148,6 +148,8 @@ def default_arms(grid=GRID) -> tuple[Arm, ...]:
     return (
         Arm("spec-default", "judge", raw=SPEC_KL),
         *(Arm(f"c{c:g}", "judge", c=c) for c in grid),
+        Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
+        Arm("eos-less-replaced", "eos-less-replaced", raw=SPEC_KL),
         Arm("oracle", "oracle", raw=SPEC_KL),
         # The two designs that keep the judge in distribution, at the SPEC's coefficient and at the
         # grid's best (the best c of the plain judge, chosen on validation before these run).
@@ -158,12 +160,9 @@ def default_arms(grid=GRID) -> tuple[Arm, ...]:
     )
 
 
-# Declared arms the study ran before and can run again (Settings(arms=...)): their questions are
-# answered in docs/studies.md and they are left out of the default to keep the study's time.
+# Declared arms outside the default (Settings(arms=...)), left out to keep the study's time.
 MORE_ARMS = (
     Arm("c0.005", "judge", c=0.005),
-    Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
-    Arm("eos-less-replaced", "eos-less-replaced", raw=SPEC_KL),
     # The oracle at a tenth of the embedded profile's actor learning rate (1e-4; the SPEC's is 5e-6).
     Arm("oracle-lr1e-5", "oracle", raw=SPEC_KL, actor_lr=1e-5),
     Arm("ensemble-mean", "ensemble-mean", raw=SPEC_KL),
