@@ -52,13 +52,8 @@ SIGNALS = (
 )
 
 
-def _window(values: list, i: int, w: int) -> list | None:
-    """values[i-w+1 .. i], or None while fewer than w exist."""
-    return values[i - w + 1 : i + 1] if i + 1 >= w else None
-
-
-def _mean_or_none(xs: list | None) -> float | None:
-    return None if xs is None else sum(xs) / len(xs)
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
 
 
 def wasserstein_1(a: list[float], b: list[float]) -> float:
@@ -93,46 +88,36 @@ def signal_series(history: dict, w: int = WINDOW) -> dict[str, list[float | None
     shift = [statistics.fmean(it["update_shift"]) for it in its]
     quantiles = [it["advantage_quantiles"] for it in its]
     scores = [it["scores"] for it in its]
-    early = w - 1  # the early window ends here
     out: dict[str, list[float | None]] = {name: [None] * n for name in SIGNALS}
-    for i in range(n):
-        if i < early:
-            continue
-        out["kl"][i] = _mean_or_none(_window(kl, i, w))
-        out["entropy_drop"][i] = statistics.fmean(entropy[:w]) - statistics.fmean(cast_list(_window(entropy, i, w)))
-        out["truncation_rate"][i] = _mean_or_none(_window(cut, i, w))
-        out["length_growth"][i] = statistics.fmean(cast_list(_window(length, i, w))) - statistics.fmean(length[:w])
-        out["clip_fraction"][i] = _mean_or_none(_window(clip, i, w))
-        out["update_shift"][i] = _mean_or_none(_window(shift, i, w))
-        out["advantage_drift"][i] = quantile_distance(
-            _mean_quantiles(cast_list(_window(quantiles, i, w))), _mean_quantiles(quantiles[:w])
-        )
-        current = [s for row in cast_list(_window(scores, i, w)) for s in row]
-        out["score_drift"][i] = wasserstein_1(current, [s for row in scores[:w] for s in row])
+    for r in history.get("refreshes", []):  # held from the refresh on: known after iteration after_iteration - 1
+        if r["accuracy_before"] is not None:
+            for i in range(r["after_iteration"] - 1, n):
+                out["judge_error"][i] = 1.0 - r["accuracy_before"]
+    if n < w:  # the early window is not yet full
+        return out
+    # The early window's values, once.
+    early_entropy, early_length = statistics.fmean(entropy[:w]), statistics.fmean(length[:w])
+    early_quantiles = _mean_quantiles(quantiles[:w])
+    early_scores = [s for row in scores[:w] for s in row]
+    for i in range(w - 1, n):
+        now = slice(i - w + 1, i + 1)  # the current window
+        out["kl"][i] = _mean(kl[now])
+        out["entropy_drop"][i] = early_entropy - statistics.fmean(entropy[now])
+        out["truncation_rate"][i] = _mean(cut[now])
+        out["length_growth"][i] = statistics.fmean(length[now]) - early_length
+        out["clip_fraction"][i] = _mean(clip[now])
+        out["update_shift"][i] = _mean(shift[now])
+        out["advantage_drift"][i] = quantile_distance(_mean_quantiles(quantiles[now]), early_quantiles)
+        current = [s for row in scores[now] for s in row]
+        out["score_drift"][i] = wasserstein_1(current, early_scores)
         out["score_spread"][i] = statistics.pstdev(current)
-        if i - w >= early:
-            out["kl_growth"][i] = cast_float(out["kl"][i]) - cast_float(out["kl"][i - w])
-    if its and "member_scores" in its[0]:
+        if i >= 2 * w - 1:
+            out["kl_growth"][i] = _mean(kl[now]) - _mean(kl[i - 2 * w + 1 : i - w + 1])
+    if "member_scores" in its[0]:
         disagreement = [statistics.fmean(statistics.pstdev(col) for col in zip(*it["member_scores"])) for it in its]
-        for i in range(early, n):
-            out["ensemble_disagreement"][i] = _mean_or_none(_window(disagreement, i, w))
-    refreshes = [r for r in history.get("refreshes", []) if r["accuracy_before"] is not None]
-    for r in refreshes:  # held from the refresh on: its value is known after iteration after_iteration - 1
-        for i in range(r["after_iteration"] - 1, n):
-            out["judge_error"][i] = 1.0 - r["accuracy_before"]
+        for i in range(w - 1, n):
+            out["ensemble_disagreement"][i] = _mean(disagreement[i - w + 1 : i + 1])
     return out
-
-
-def cast_list(xs: list | None) -> list:
-    if xs is None:
-        raise ValueError("a window that is not full")
-    return xs
-
-
-def cast_float(x: float | None) -> float:
-    if x is None or not math.isfinite(x):
-        raise ValueError(f"a signal value that is not a finite number: {x}")
-    return x
 
 
 # ------------------------------------------------------------------------------ warning rules

@@ -20,10 +20,12 @@ so its seeds are fresh), DIR/seed-i is a lab run folder (its own profile.toml) w
 
 Arms (ARMS): the SPEC's §6 as written (raw KL coefficient 0.02); §6 with the KL coefficient
 beta = c * sigma for c in GRID (c: beta in units of the judge's spread, what beta would be on a
-judge of SD 1); and three declared reward designs at the SPEC's 0.02 (`ppo.reward_design`,
+judge of SD 1); declared reward designs at the SPEC's 0.02 (`ppo.reward_design`,
 rlhf.ppo_math.design_score): the judge standardised once on train-prompt SFT samples, an answer
-without EOS paid the penalty instead of the score, and the oracle control (the rubric's success
-on the train prompt; a control, never selected), also at a tenth of the actor learning rate.
+without EOS paid the penalty instead of the score, the oracle control (the rubric's success on
+the train prompt; a control, never selected); and the iterated judge and the worst-case judge
+ensemble, at 0.02 and at the grid's best c (`Arm.c_from_grid`: chosen on validation once the
+grid arms are measured, `grid_choice`). MORE_ARMS holds declared arms outside the default.
 
 Nothing on this path reads a test prompt: SFT, judge and PPO read the learning view, and every
 measurement takes the learning view only (rlhf.studies.validation). The best (arm, iteration)
@@ -666,8 +668,9 @@ def summarise_to(out, dest, say=print) -> dict:
 def frontier_command(out: Path, identity: dict) -> str:
     cmd = f"rlhf frontier --out {out} --n {identity['n']} --revision {identity['revision']}"
     cmd += f" --sft-budget {identity['sft_budget']}"
-    grid = [a.c for a in grid_arms(settings_of(identity).arms)]
-    if settings_of(identity) == Settings(arms=default_arms(tuple(grid))) and tuple(grid) != GRID:
+    settings = settings_of(identity)
+    grid = tuple(cast(float, a.c) for a in grid_arms(settings.arms))
+    if grid != GRID and settings == Settings(arms=default_arms(grid)):
         cmd += " --grid " + ",".join(f"{c:g}" for c in grid)
     return cmd + ("" if identity["profile"] == "embedded" else " --profile PROFILE.toml")
 
