@@ -327,7 +327,7 @@ def cmd_lab(args) -> int:
 
     A stage that run.json records as complete is skipped; one that a crash interrupted
     continues from its last checkpoint."""
-    from rlhf import lab
+    from rlhf import events, lab
     from rlhf.arithmetic import golden_line
     from rlhf.models import precision_line
     from rlhf.report import print_summary
@@ -340,6 +340,7 @@ def cmd_lab(args) -> int:
         raise ValueError("rlhf lab needs --out DIR (the run folder)")
     t0 = time.perf_counter()
     ctx = _context(args)
+    print(events.logdir_line(ctx.run / events.FOLDER), flush=True)
     arithmetic = json.loads((ctx.run / lab.RUN_FILE).read_text())["arithmetic"]
     print(f"arithmetic: {arithmetic['note']} ({arithmetic['cpu_capability']} kernels, {arithmetic['threads']} threads)")
     print(precision_line(ctx.precision))
@@ -479,8 +480,10 @@ def add_base_study(sub) -> None:
 
 
 def cmd_seeds(args) -> int:
+    from rlhf.events import logdir_line
     from rlhf.studies.seeds import run_study
 
+    print(logdir_line(args.out), flush=True)
     t0 = time.perf_counter()
     result = run_study(
         args.out,
@@ -550,6 +553,9 @@ def cmd_frontier(args) -> int:
             print(f"  {r['signal']}: {rule}")
         return 0
     if args.confirm:
+        from rlhf.events import logdir_line
+
+        print(logdir_line(args.out), flush=True)
         record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
         for p in record["points"]:
             s = p["across"]["rubric_success.test.ppo_minus_sft"]
@@ -563,7 +569,10 @@ def cmd_frontier(args) -> int:
             f"{args.out}/confirmation.json and {args.out}/confirmation.html"
         )
         return 0
+    from rlhf.events import logdir_line
     from rlhf.studies.frontier import GRID, Settings, default_arms
+
+    print(logdir_line(args.out), flush=True)
 
     grid = GRID if args.grid is None else tuple(float(c) for c in args.grid.split(","))
     result = run_frontier(
@@ -795,13 +804,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGINT, _on_sigint)
     from rlhf.checkpoint import Interrupted
+    from rlhf.events import EventFolderError
 
     try:
         return args.func(args)
     except Interrupted as stop:
         print(f"rlhf {args.command}: {stop}", file=sys.stderr)
         return 130
-    except (FileExistsError, FileNotFoundError, ValueError, PermissionError, FloatingPointError) as err:
+    except (
+        FileExistsError,
+        FileNotFoundError,
+        ValueError,
+        PermissionError,
+        FloatingPointError,
+        EventFolderError,
+    ) as err:
         print(f"rlhf {args.command}: error: {err}", file=sys.stderr)
         return 2
 

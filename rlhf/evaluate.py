@@ -38,11 +38,11 @@ from pathlib import Path
 
 import torch
 
-from rlhf import rubric, runtime
+from rlhf import events, rubric, runtime
 from rlhf.config import profile_hash
 from rlhf.corpus import first_units
 from rlhf.generate import generate
-from rlhf.io import crash_point, sha256_file, write_json
+from rlhf.io import crash_point, read_json, sha256_file, write_json
 from rlhf.judge import encode_pairs, evaluate_pairs
 from rlhf.ppo_math import mean_sampled_log_ratio
 from rlhf.roles import EvaluationRoles, Role, assert_role_isolation, fingerprint, load_role, reward_scores
@@ -575,5 +575,8 @@ def stage_evaluate(ctx) -> dict:
         "arithmetic": runtime.describe(),
         "determinism": getattr(ctx, "determinism", None),
     }
+    # Before results.json: a rerun after a crash in between evaluates again and rewrites them whole.
+    ppo_iterations = len(read_json(ctx.run / "ppo" / "history.json")["iterations"])
+    events.write_evaluation(ctx.run, results, ppo_iterations)
     write_json(out_path, results)
     return results

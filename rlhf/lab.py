@@ -47,7 +47,7 @@ from typing import Callable, NamedTuple, TypedDict
 import torch
 from tqdm import tqdm
 
-from rlhf import identities, runtime, signals
+from rlhf import events, identities, runtime, signals
 from rlhf.checkpoint import Interrupted, Leg, StateError, assert_states_equal, load_state, save_state, stop_requested
 from rlhf.config import ENSEMBLE_DESIGNS, PROFILES, Profile, load_profile, override, profile_hash
 from rlhf.corpus import load_corpus, prepare
@@ -148,6 +148,7 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     profile = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
     profile_device(profile)  # refused before anything is prepared
     refuse_old_layout(run)
+    events.check_writable(run)  # refused before anything is written
     _sweep_run_folder(run)
     corpus_dir = run / "corpus"
     if not (corpus_dir / "manifest.json").is_file():
@@ -345,7 +346,7 @@ def run_protocol(
     folder.mkdir(parents=True, exist_ok=True)
     if stop_after is not None:
         t = time.perf_counter()
-        state, tm = run_fn(Leg(stop=stop_after))
+        state, tm = _logged(ctx, stage, None, run_fn, Leg(stop=stop_after))
         save_state(folder / f"state-stop{stop_after:03d}.pt.gz", state, identity)
         return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=None, check=None)
     if resume:
@@ -353,7 +354,8 @@ def run_protocol(
         if not stops:
             raise StateError(f"nothing to resume in {folder}: no state-stopNNN.pt.gz")
         t = time.perf_counter()
-        state, tm = run_fn(Leg(state=load_state(stops[-1], identity)))
+        start = load_state(stops[-1], identity)
+        state, tm = _logged(ctx, stage, start, run_fn, Leg(state=start))
         manifest = save_state(folder / "state-resumed.pt.gz", state, identity)
         return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=manifest["sha256"], check=None)
     if stage_complete(ctx, stage):
@@ -443,6 +445,32 @@ def adopt_evaluation(ctx: Context, source) -> bool:
     return True
 
 
+def _event_log(ctx: Context, stage: str, start: dict | None) -> events.EventLog:
+    return events.EventLog(ctx.run, stage, start, kl_coef=ctx.profile.ppo.kl_coef)
+
+
+def _logged(ctx: Context, stage: str, start: dict | None, run_fn, leg: Leg):
+    """run_fn(leg) with the leg's event log (a stage command's --stop-after or --resume leg)."""
+    log = _event_log(ctx, stage, start)
+    try:
+        return run_fn(replace(leg, progress=log.sync))
+    finally:
+        log.close()
+
+
+def _also_progress(leg: Leg, progress) -> Leg:
+    """The leg with `progress` called after its own progress callback (the event log), if any."""
+    first = leg.progress
+    if first is None:
+        return replace(leg, progress=progress)
+
+    def both(*args):
+        first(*args)
+        progress(*args)
+
+    return replace(leg, progress=both)
+
+
 def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity: dict, every: int, compared=False):
     """One leg of the protocol, crash-safe. Returns (final state, timings, seconds).
 
@@ -482,7 +510,15 @@ def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity:
                 f"Run the same command again to continue from there."
             )
 
-    state, timings = run_fn(Leg(state=state, stop=stop, checkpoint=checkpoint))
+    # The legs that make the run write its event files; the continuous leg that checks them does not.
+    log = _event_log(ctx, stage, state) if name != "continuous" or not compared else None
+    try:
+        state, timings = run_fn(
+            Leg(state=state, stop=stop, checkpoint=checkpoint, progress=None if log is None else log.sync)
+        )
+    finally:
+        if log is not None:
+            log.close()
     save_state(final, state, identity)
     if stop_requested():  # the end of a leg is a boundary too
         raise Interrupted(
@@ -514,12 +550,12 @@ def _epoch_stage(
     identity = ctx.identity(stage=stage, initial=initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
 
-    def progress(step, total, loss):
+    def progress(step, total, history, _timings):
         bar.total = total
-        tick(step, total, loss)
+        tick(step, total, history["updates"][-1]["loss"])
 
     def run_fn(leg: Leg):
-        return train_role(ctx, kind, train_fn, replace(leg, progress=progress)), {}
+        return train_role(ctx, kind, train_fn, _also_progress(leg, progress)), {}
 
     result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol)
     bar.close()
@@ -665,7 +701,8 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
         seed_system_rngs(ctx.profile.seeds.torch)
 
-        def progress(it, total, rec):
+        def progress(it, total, history, _timings):
+            rec = history["iterations"][-1]
             tick(it, total, rec["policy_loss"][-1])
             line = (
                 f"ppo iteration {it}: judge score {rec['mean_score']:+.3f}  sampled log-ratio "
@@ -699,7 +736,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
             ctx.eos_id,
             ctx.pad_id,
             ctx.profile,
-            replace(leg, progress=progress, watch=watch),
+            replace(_also_progress(leg, progress), watch=watch),
             use_cache=use_cache,
         )
         assert_role_isolation(roles)

@@ -379,8 +379,6 @@ def train_ppo(
         timings["per_iteration"].append(tm)
         for k in PHASES:
             timings["total"][k] += tm.get(k, 0.0)
-        if leg.progress is not None:
-            leg.progress(it + 1, cfg.iterations, record)
         if refresh.refresh_due(it + 1, profile):
             assert run.refresh is not None and corpus_pairs is not None  # made for this design
             run.history["refreshes"].append(
@@ -400,6 +398,8 @@ def train_ppo(
                     use_cache=use_cache,
                 )
             )
+        if leg.progress is not None:
+            leg.progress(it + 1, cfg.iterations, run.history, tm)
         if leg.watch is not None and leg.watch(run.history):  # a warning stops PPO here
             last = it + 1
             break

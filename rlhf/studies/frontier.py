@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from rlhf import lab, rubric
+from rlhf import events, lab, rubric
 from rlhf.checkpoint import load_state
 from rlhf.config import ENSEMBLE_DESIGNS, load_profile
 from rlhf.corpus import load_corpus
@@ -338,6 +338,7 @@ def run_arm(seed_dir, arm: Arm, revision: str, settings: Settings, *, measure: b
             return str(arm_dir)
         sft, judge = _roles_for_measuring(ctx)
         view = ctx.corpus.learning_view()
+        curves: events.ScalarLog | None = None
         seed = measurement_seeds(ctx.profile)["kl"]
         for it in measured_iterations(ctx.profile):
             out = arm_dir / "validation" / f"iter-{it:04d}.json"
@@ -347,12 +348,27 @@ def run_arm(seed_dir, arm: Arm, revision: str, settings: Settings, *, measure: b
             m = measure_policy(
                 actor_at(ctx, it).model, sft.model, judge, view, ctx, kl_samples=settings.kl_samples, seed=seed
             )
+            if curves is None:
+                curves = _validation_curves(seed_dir, arm_dir, it, first=it == measured_iterations(ctx.profile)[0])
+                stack.enter_context(contextlib.closing(curves))
+            curves.write(events.validation_scalars(m), it)
+            curves.flush()
             write_json(out, {"iteration": it, **m, "seconds": time.perf_counter() - t0})
             print(
                 f"{arm.name} iteration {it}: gold {m['gold']:.3f}  proxy {m['proxy']:+.2f}  KL {m['kl']:.3f}",
                 flush=True,
             )
     return str(arm_dir)
+
+
+def _validation_curves(seed_dir: Path, arm_dir: Path, it: int, first: bool) -> events.ScalarLog:
+    """The arm's validation curves (tensorboard/validation), opened at the first checkpoint not yet
+    measured (a rerun's purge step); a fresh series starts with the SFT policy's point at step 0."""
+    curves = events.ScalarLog(arm_dir, "validation", 0 if first else it)
+    sft = read_json(seed_dir / "frontier" / "sft.json").get("iteration_0")
+    if first and sft is not None:
+        curves.write(events.validation_scalars(sft), 0)
+    return curves
 
 
 def arm_complete(seed_dir: Path, arm: Arm, profile) -> bool:

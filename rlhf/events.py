@@ -1,0 +1,268 @@
+"""TensorBoard event files: every stage's curves, written while it trains (docs/tensorboard.md).
+
+Where: RUN/tensorboard/STAGE/ (sft, judge, judge-1 .., ppo, evaluation), one TensorBoard run
+per stage, so `tensorboard --logdir RUN/tensorboard` shows a run's stages, and
+`tensorboard --logdir STUDY` every seed and arm of a study (each is a run folder of its own).
+
+Steps: optimizer updates for SFT and the judge (the history's `step`; an epoch's validation
+numbers at the step of its last update), PPO iterations for PPO (the history's `iteration`; a
+judge refresh at the iteration it follows), and for the evaluation the PPO iteration of the
+policy evaluated (0: SFT).
+
+Which leg writes: a stage's series is made by the legs whose states make the run. With the
+interrupt/resume protocol, the interrupted leg and the resumed one, which continue one series
+at the boundary; the continuous leg, which only checks them bit for bit, writes none. Without
+the protocol, the continuous leg. A leg that starts from a saved state (the boundary, a
+checkpoint after a crash, `--resume`) opens its file with TensorBoard's purge step at that
+state's step: TensorBoard hides whatever an earlier file holds from that step on, so a killed
+run continued by a rerun shows one series, no step twice and none missing.
+
+Every scalar is read from the history the training loop has already recorded (or, for
+`timing_s/`, the leg's own clock), after the update or iteration it describes: the event log
+touches no tensor, generator or file the states depend on, so trained bytes are unchanged
+(the golden tests run with it). Scalars are flushed after every update and iteration.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+FOLDER = "tensorboard"  # RUN/tensorboard/STAGE/
+ANSWERS_SHOWN = 3  # test answers per policy in the evaluation's text summary
+TIMING_GROUP = "timing_s/"  # the leg's own wall-clock seconds: not part of any JSON the run keeps
+
+
+class EventFolderError(OSError):
+    """The event folder of a run cannot be written; nothing was written."""
+
+
+def folder_of(run, stage: str) -> Path:
+    return Path(run) / FOLDER / stage
+
+
+def logdir_line(folder) -> str:
+    """What `rlhf lab`, `rlhf seeds` and `rlhf frontier` print at start: the command that shows the curves."""
+    return f"curves, live while it runs: tensorboard --logdir {folder}"
+
+
+def check_writable(run) -> None:
+    """Refuse, before anything is written, a run whose event folder exists and cannot take files."""
+    root = Path(run) / FOLDER
+    if not root.exists():
+        parent = next((p for p in root.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise EventFolderError(f"cannot write TensorBoard event files under {root}: {parent} is a file")
+        return
+    if not root.is_dir():
+        raise EventFolderError(f"cannot write TensorBoard event files in {root}: it is a file, not a folder")
+    for child in sorted(root.iterdir()):
+        if not child.is_dir():  # where a stage's events go (RUN/tensorboard/STAGE/)
+            raise EventFolderError(f"cannot write TensorBoard event files in {child}: it is a file, not a folder")
+    probe = root / ".write-check.tmp"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise EventFolderError(f"cannot write TensorBoard event files in {root}: {err.strerror or err}") from err
+
+
+def _mean(xs) -> float:
+    return float(statistics.fmean(xs))
+
+
+# ------------------------------------------------------------------------- names (docs/tensorboard.md)
+
+
+def update_scalars(record: dict) -> dict[str, float]:
+    """One SFT or judge update (history["updates"][k]) -> its scalars at step record["step"]."""
+    out = {
+        "train/loss": record["loss"],
+        "train/learning_rate": record["lr"],
+        "train/grad_norm": record["grad_norm"],
+    }
+    if "accuracy" in record:  # the judge: pairs ranked right in the update's batch
+        out["train/accuracy"] = record["accuracy"]
+    if "tokens" in record:  # SFT: active response tokens of the batch
+        out["train/num_tokens"] = record["tokens"]
+    return out
+
+
+def epoch_scalars(record: dict) -> dict[str, float]:
+    """One SFT or judge epoch (history["epochs"][e]) -> its scalars, at the step of its last update."""
+    out = {"train/epoch_loss": record["train_loss"], "eval/loss": record["validation_loss"]}
+    if "validation_accuracy" in record:
+        out["train/epoch_accuracy"] = record["train_accuracy"]
+        out["eval/accuracy"] = record["validation_accuracy"]
+    return out
+
+
+def iteration_scalars(record: dict, kl_coef: float) -> dict[str, float]:
+    """One PPO iteration (history["iterations"][i]) -> its scalars at step record["iteration"].
+
+    The KL names are TRL's: objective/kl is the summed sampled log-ratio of an answer
+    (sum_t log pi(a_t|s_t) - log pi_ref(a_t|s_t)), averaged over the answers;
+    objective/non_score_reward = -kl_coef * objective/kl; objective/rlhf_reward the score PPO
+    was paid plus that."""
+    n = len(record["scores"])
+    paid = record.get("paid_scores", record["scores"])
+    non_score = -kl_coef * record["mean_sequence_log_ratio"]
+    return {
+        "objective/scores": record["mean_score"],
+        "objective/paid_scores": _mean(paid),
+        "objective/kl": record["mean_sequence_log_ratio"],
+        "objective/kl_per_token": record["mean_sampled_log_ratio"],
+        "objective/kl_penalty_per_token": record["mean_kl_penalty"],
+        "objective/non_score_reward": non_score,
+        "objective/rlhf_reward": _mean(paid) + non_score,
+        "objective/scores_std": statistics.pstdev(record["scores"]),
+        "policy/entropy_avg": record["entropy"],
+        "policy/approxkl_avg": _mean(record["update_shift"]),
+        "policy/clipfrac_avg": _mean(record["clip_fraction"]),
+        "loss/policy_avg": _mean(record["policy_loss"]),
+        "critic/vf_loss": _mean(record["value_loss"]),
+        "critic/values/mean": record["mean_value"],
+        "critic/advantages/mean": record["mean_advantage"],
+        "critic/returns/mean": record["mean_return"],
+        "response_length/mean": record["response_length"],
+        "response_length/clip_ratio": record["truncations"] / n,
+        "val/num_eos_tokens": n - record["truncations"],
+        "actor/lr": record["actor_lr"][-1],
+        "critic/lr": record["critic_lr"][-1],
+        "actor/grad_norm": _mean(record["actor_grad_norm"]),
+        "critic/grad_norm": _mean(record["critic_grad_norm"]),
+    }
+
+
+def refresh_scalars(record: dict) -> dict[str, float]:
+    """One judge refresh of the iterated judge (history["refreshes"][r]), at iteration after_iteration - 1."""
+    out = {"judge_refresh/new_pairs": record["new_pairs"], "judge_refresh/pairs_so_far": record["pairs_so_far"]}
+    for key in ("accuracy_before", "accuracy_after"):
+        if record[key] is not None:
+            out[f"judge_refresh/{key}"] = record[key]
+    return out
+
+
+def evaluation_scalars(metrics: dict) -> dict[str, float]:
+    """One policy's held-out metrics (evaluation results' policies[name]["metrics"]): per population."""
+    out = {}
+    for population, m in metrics.items():
+        n = m["n_rows"]
+        out[f"eval/{population}/rubric_success"] = m["rubric_success"]
+        out[f"eval/{population}/uncertified_rate"] = m["uncertified"] / n
+        out[f"eval/{population}/truncation_rate"] = m["without_eos"] / n
+        out[f"eval/{population}/undecodable_rate"] = m["undecodable"] / n
+        out[f"eval/{population}/learned_reward"] = m["mean_learned_reward"]
+        out[f"eval/{population}/response_length"] = m["mean_length"]
+    return out
+
+
+def answers_text(name: str, rows: list[dict]) -> str:
+    """The first test answers of a policy as a Markdown table (TensorBoard's text tab)."""
+    shown = [r for r in rows if r["population"] == "test"][:ANSWERS_SHOWN]
+    lines = [
+        f"**{name}**, first {len(shown)} test answers",
+        "",
+        "| prompt | answer | rubric success |",
+        "|---|---|---|",
+    ]
+    for r in shown:
+        cell = (r["response"] or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {r['document_id']} | {cell} | {r['rubric']['rubric_success']} |")
+    return "\n".join(lines)
+
+
+def validation_scalars(m: dict) -> dict[str, float]:
+    """One checkpoint measured on the validation prompts by the frontier study (rlhf.studies.validation)."""
+    n = m["n"]
+    return {
+        "validation/rubric_success": m["gold"],
+        "validation/judge_score": m["proxy"],
+        "validation/kl_from_sft": m["kl"],
+        "validation/sqrt_kl_from_sft": m["d"],
+        "validation/truncation_rate": m["truncations"] / n,
+        "validation/uncertified_rate": m["uncertified"] / n,
+    }
+
+
+# ------------------------------------------------------------------------- the writers
+
+
+class ScalarLog:
+    """One event file in RUN/tensorboard/NAME/, opened at `purge_step`: TensorBoard hides what
+    earlier files of the folder hold at that step and after (a rerun continues one series)."""
+
+    def __init__(self, run, name: str, purge_step: int):
+        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when a run writes
+
+        folder = folder_of(run, name)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self.writer = SummaryWriter(str(folder), purge_step=purge_step, flush_secs=3600)
+        except OSError as err:
+            raise EventFolderError(f"cannot write TensorBoard event files in {folder}: {err.strerror or err}") from err
+
+    def write(self, scalars: dict[str, float], step: int) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _start_step(stage: str, state: dict | None) -> int:
+    """The step a leg starts at: 0 fresh, else the saved state's updates (SFT, judge) or iterations (PPO)."""
+    if state is None:
+        return 0
+    return state["iterations_done"] if stage == "ppo" else state["step"]
+
+
+class EventLog(ScalarLog):
+    """The event file of one leg of one stage. `sync(step, total, history, timings)` is a
+    rlhf.checkpoint.Leg progress callback: it writes what the history holds beyond what was
+    written (or was in the state the leg started from), then flushes."""
+
+    def __init__(self, run, stage: str, start_state: dict | None, kl_coef: float = 0.0):
+        super().__init__(run, stage, _start_step(stage, start_state))
+        self.kl_coef = kl_coef
+        history = (start_state or {}).get("history", {})
+        self.done = {key: len(history.get(key, [])) for key in ("updates", "epochs", "iterations", "refreshes")}
+
+    def _new(self, history: dict, key: str) -> list:
+        rows = history.get(key, [])[self.done[key] :]
+        self.done[key] += len(rows)
+        return rows
+
+    def sync(self, _step: int, _total: int, history: dict, timings: dict | None = None) -> None:
+        for record in self._new(history, "updates"):
+            self.write(update_scalars(record), record["step"])
+        for record in self._new(history, "epochs"):
+            last_update = [u["step"] for u in history["updates"] if u["epoch"] == record["epoch"]][-1]
+            self.write(epoch_scalars(record), last_update)
+        iterations = self._new(history, "iterations")
+        for record in iterations:
+            self.write(iteration_scalars(record, self.kl_coef), record["iteration"])
+        if iterations and timings:  # this iteration's phases, as the leg measured them
+            self.write({TIMING_GROUP + k: v for k, v in timings.items()}, iterations[-1]["iteration"])
+        for record in self._new(history, "refreshes"):
+            self.write(refresh_scalars(record), record["after_iteration"] - 1)
+        self.flush()
+
+
+def write_evaluation(run, results: dict, ppo_iterations: int) -> None:
+    """The held-out evaluation's scalars (SFT at step 0, PPO at its last iteration) and a few
+    answers as text. Written whole each time (purge step 0), so a rerun after a crash replaces them."""
+    log = ScalarLog(run, "evaluation", 0)
+    try:
+        for name, step in (("sft", 0), ("ppo", ppo_iterations)):
+            policy = results["policies"][name]
+            log.write(evaluation_scalars(policy["metrics"]), step)
+            log.text("eval/answers", answers_text(name.upper(), policy["rows"]), step)
+    finally:
+        log.close()
