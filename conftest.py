@@ -25,7 +25,9 @@ import rlhf  # noqa: F401 - first: pins the CPU arithmetic before anything impor
 
 import json
 import os
+import struct
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -555,3 +557,127 @@ def move_adapters():
         return g
 
     return move
+
+
+# ------------------------------------------------------------------------- TensorBoard read-back
+# The series a run's event files must hold, written out by hand from its JSON (not through
+# rlhf.events): tests_unit/test_events.py (a lab) and tests_heldout/test_frontier.py (a study).
+
+PPO_PHASES = ("generation", "reference", "judge", "critic_values", "actor_update", "critic_update", "iteration")
+
+
+def read_series(folder) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} in the order TensorBoard reads them, purges applied."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def read_texts(folder) -> dict[str, list[tuple[int, str]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    acc.Reload()
+    return {
+        tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
+        for tag in acc.Tags()["tensors"]
+    }
+
+
+def epoch_stage_expected(history: dict) -> dict[str, dict[int, float]]:
+    """SFT or the judge: per update at its step; per epoch at the step of the epoch's last update."""
+    exp: dict[str, dict[int, float]] = defaultdict(dict)
+    last_step = {}
+    for u in history["updates"]:
+        s = u["step"]
+        exp["train/loss"][s] = u["loss"]
+        exp["train/learning_rate"][s] = u["lr"]
+        exp["train/grad_norm"][s] = u["grad_norm"]
+        if "accuracy" in u:
+            exp["train/accuracy"][s] = u["accuracy"]
+        if "tokens" in u:
+            exp["train/num_tokens"][s] = u["tokens"]
+        last_step[u["epoch"]] = s
+    for e in history["epochs"]:
+        s = last_step[e["epoch"]]
+        exp["train/epoch_loss"][s] = e["train_loss"]
+        exp["eval/loss"][s] = e["validation_loss"]
+        if "validation_accuracy" in e:
+            exp["train/epoch_accuracy"][s] = e["train_accuracy"]
+            exp["eval/accuracy"][s] = e["validation_accuracy"]
+    return exp
+
+
+def ppo_expected(history: dict, kl_coef: float, truncation_penalty: float) -> dict[str, dict[int, float]]:
+    """PPO per iteration, recomputed from the record's raw lists where it keeps them."""
+    exp: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in history["iterations"]:
+        i, n = r["iteration"], len(r["scores"])
+        paid = r.get("paid_scores", r["scores"])
+        kl = r["mean_sequence_log_ratio"]
+        mean_score = sum(r["scores"]) / n
+        exp["objective/scores"][i] = mean_score
+        exp["objective/paid_scores"][i] = sum(paid) / n
+        exp["objective/scores_std"][i] = (sum((x - mean_score) ** 2 for x in r["scores"]) / n) ** 0.5
+        exp["objective/sampled_log_ratio"][i] = kl
+        exp["objective/sampled_log_ratio_per_token"][i] = r["mean_sampled_log_ratio"]
+        exp["objective/log_ratio_penalty_per_token"][i] = r["mean_kl_penalty"]
+        exp["objective/non_score_reward"][i] = -kl_coef * kl
+        # each answer's sum_t r_t (SPEC section 6), averaged: paid score, truncation penalty, -beta * log-ratio
+        exp["objective/rlhf_reward"][i] = (sum(paid) + truncation_penalty * r["truncations"]) / n - kl_coef * kl
+        exp["policy/entropy_avg"][i] = r["entropy"]
+        for tag, key in (
+            ("policy/approxkl_avg", "update_shift"),
+            ("policy/clipfrac_avg", "clip_fraction"),
+            ("loss/policy_avg", "policy_loss"),
+            ("critic/vf_loss", "value_loss"),
+            ("actor/grad_norm", "actor_grad_norm"),
+            ("critic/grad_norm", "critic_grad_norm"),
+        ):
+            exp[tag][i] = sum(r[key]) / len(r[key])
+        exp["critic/values/mean"][i] = r["mean_value"]
+        exp["critic/advantages/mean"][i] = r["mean_advantage"]
+        exp["critic/returns/mean"][i] = r["mean_return"]
+        exp["response_length/mean"][i] = r["response_length"]
+        exp["response_length/clip_ratio"][i] = r["truncations"] / n
+        exp["val/num_eos_tokens"][i] = n - r["truncations"]
+        exp["actor/lr"][i] = r["actor_lr"][-1]
+        exp["critic/lr"][i] = r["critic_lr"][-1]
+    for f in history.get("refreshes", []):
+        s = f["after_iteration"] - 1
+        exp["judge_refresh/new_pairs"][s] = f["new_pairs"]
+        exp["judge_refresh/pairs_so_far"][s] = f["pairs_so_far"]
+        for key in ("accuracy_before", "accuracy_after"):
+            if f[key] is not None:
+                exp[f"judge_refresh/{key}"][s] = f[key]
+    return exp
+
+
+def evaluation_expected(results: dict, ppo_iterations: int) -> dict[str, dict[int, float]]:
+    exp: dict[str, dict[int, float]] = defaultdict(dict)
+    for policy, step in (("sft", 0), ("ppo", ppo_iterations)):
+        for pop, m in results["policies"][policy]["metrics"].items():
+            n = m["n_rows"]
+            exp[f"eval/{pop}/rubric_success"][step] = m["rubric_success"]
+            exp[f"eval/{pop}/uncertified_rate"][step] = m["uncertified"] / n
+            exp[f"eval/{pop}/truncation_rate"][step] = m["without_eos"] / n
+            exp[f"eval/{pop}/undecodable_rate"][step] = m["undecodable"] / n
+            exp[f"eval/{pop}/learned_reward"][step] = m["mean_learned_reward"]
+            exp[f"eval/{pop}/response_length"][step] = m["mean_length"]
+    return exp
+
+
+def assert_series_equal(got: dict, exp: dict, where: str) -> int:
+    """Same tags; per tag the same steps, each once, in order; each value the JSON's as float32."""
+    assert sorted(got) == sorted(exp), f"{where}: tags differ: {sorted(set(got) ^ set(exp))}"
+    n = 0
+    for tag, points in got.items():
+        steps = [s for s, _ in points]
+        assert steps == sorted(exp[tag]), f"{where} {tag}: steps {steps} != {sorted(exp[tag])}"
+        for step, value in points:
+            want = float(struct.unpack("f", struct.pack("f", exp[tag][step]))[0])  # as TensorBoard stores it
+            assert value == pytest.approx(want, rel=1e-6, abs=1e-12), f"{where} {tag} step {step}: {value} != {want}"
+            n += 1
+    return n

@@ -26,6 +26,7 @@ touches no tensor, generator or file the states depend on, so trained bytes are 
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 
 FOLDER = "tensorboard"  # RUN/tensorboard/STAGE/
@@ -97,24 +98,26 @@ def epoch_scalars(record: dict) -> dict[str, float]:
     return out
 
 
-def iteration_scalars(record: dict, kl_coef: float) -> dict[str, float]:
+def iteration_scalars(record: dict, kl_coef: float, truncation_penalty: float) -> dict[str, float]:
     """One PPO iteration (history["iterations"][i]) -> its scalars at step record["iteration"].
 
-    The KL names are TRL's: objective/kl is the summed sampled log-ratio of an answer
-    (sum_t log pi(a_t|s_t) - log pi_ref(a_t|s_t)), averaged over the answers;
-    objective/non_score_reward = -kl_coef * objective/kl; objective/rlhf_reward the score PPO
-    was paid plus that."""
+    objective/sampled_log_ratio is an answer's summed sampled-token log-ratio
+    (sum_t log pi(a_t|s_t) - log pi_ref(a_t|s_t)), averaged over the answers: TRL's objective/kl,
+    named for what it is (SPEC section 6: it is not the full-vocabulary KL);
+    objective/non_score_reward = -kl_coef * that; objective/rlhf_reward = an answer's whole reward,
+    sum_t r_t: the score PPO was paid (the design's, paid_scores), the truncation penalty of an
+    answer cut without EOS, and objective/non_score_reward, averaged over the answers."""
     n = len(record["scores"])
     paid = record.get("paid_scores", record["scores"])
     non_score = -kl_coef * record["mean_sequence_log_ratio"]
     return {
         "objective/scores": record["mean_score"],
         "objective/paid_scores": _mean(paid),
-        "objective/kl": record["mean_sequence_log_ratio"],
-        "objective/kl_per_token": record["mean_sampled_log_ratio"],
-        "objective/kl_penalty_per_token": record["mean_kl_penalty"],
+        "objective/sampled_log_ratio": record["mean_sequence_log_ratio"],
+        "objective/sampled_log_ratio_per_token": record["mean_sampled_log_ratio"],
+        "objective/log_ratio_penalty_per_token": record["mean_kl_penalty"],
         "objective/non_score_reward": non_score,
-        "objective/rlhf_reward": _mean(paid) + non_score,
+        "objective/rlhf_reward": _mean(paid) + truncation_penalty * record["truncations"] / n + non_score,
         "objective/scores_std": statistics.pstdev(record["scores"]),
         "policy/entropy_avg": record["entropy"],
         "policy/approxkl_avg": _mean(record["update_shift"]),
@@ -188,6 +191,15 @@ def validation_scalars(m: dict) -> dict[str, float]:
 # ------------------------------------------------------------------------- the writers
 
 
+def _after_the_last_file(folder: Path) -> None:
+    """Wait, if need be, for the clock's next second: TensorBoard reads a folder's event files in
+    the order of their names (events.out.tfevents.SECONDS.HOST.PID.N), so a new file must not
+    share the second of an older one (N could then sort it first, before what it purges)."""
+    newest = max((int(p.name.split(".")[3]) for p in folder.glob("events.out.tfevents.*")), default=0)
+    while int(time.time()) <= newest:
+        time.sleep(0.05)
+
+
 class ScalarLog:
     """One event file in RUN/tensorboard/NAME/, opened at `purge_step`: TensorBoard hides what
     earlier files of the folder hold at that step and after (a rerun continues one series)."""
@@ -198,6 +210,7 @@ class ScalarLog:
         folder = folder_of(run, name)
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            _after_the_last_file(folder)
             self.writer = SummaryWriter(str(folder), purge_step=purge_step, flush_secs=3600)
         except OSError as err:
             raise EventFolderError(f"cannot write TensorBoard event files in {folder}: {err.strerror or err}") from err
@@ -228,9 +241,9 @@ class EventLog(ScalarLog):
     rlhf.checkpoint.Leg progress callback: it writes what the history holds beyond what was
     written (or was in the state the leg started from), then flushes."""
 
-    def __init__(self, run, stage: str, start_state: dict | None, kl_coef: float = 0.0):
+    def __init__(self, run, stage: str, start_state: dict | None, kl_coef: float = 0.0, truncation_penalty=0.0):
         super().__init__(run, stage, _start_step(stage, start_state))
-        self.kl_coef = kl_coef
+        self.kl_coef, self.truncation_penalty = kl_coef, truncation_penalty
         history = (start_state or {}).get("history", {})
         self.done = {key: len(history.get(key, [])) for key in ("updates", "epochs", "iterations", "refreshes")}
 
@@ -247,7 +260,7 @@ class EventLog(ScalarLog):
             self.write(epoch_scalars(record), last_update)
         iterations = self._new(history, "iterations")
         for record in iterations:
-            self.write(iteration_scalars(record, self.kl_coef), record["iteration"])
+            self.write(iteration_scalars(record, self.kl_coef, self.truncation_penalty), record["iteration"])
         if iterations and timings:  # this iteration's phases, as the leg measured them
             self.write({TIMING_GROUP + k: v for k, v in timings.items()}, iterations[-1]["iteration"])
         for record in self._new(history, "refreshes"):

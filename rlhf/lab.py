@@ -446,7 +446,8 @@ def adopt_evaluation(ctx: Context, source) -> bool:
 
 
 def _event_log(ctx: Context, stage: str, start: dict | None) -> events.EventLog:
-    return events.EventLog(ctx.run, stage, start, kl_coef=ctx.profile.ppo.kl_coef)
+    cfg = ctx.profile.ppo
+    return events.EventLog(ctx.run, stage, start, cfg.kl_coef, cfg.truncation_penalty)
 
 
 def _logged(ctx: Context, stage: str, start: dict | None, run_fn, leg: Leg):

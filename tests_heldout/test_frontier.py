@@ -256,6 +256,55 @@ def test_the_iterated_judges_refreshes_are_collected_per_seed_and_across(small_f
     assert "Judge refreshes" in page and "judge accuracy before" in page
 
 
+def test_the_study_writes_one_series_per_seed_and_arm_under_the_arms_name(small_frontier):
+    """TensorBoard's reader finds, per seed, the seed's SFT and judge (and the ensemble's other
+    judge), and per arm its PPO and its validation checkpoints, in folders named by the arm; each
+    PPO series equals the arm's history.json (its own beta), refreshes included, and each
+    validation series the arm's measurements, with the SFT policy at step 0."""
+    from conftest import assert_series_equal, epoch_stage_expected, ppo_expected, read_series
+
+    out, result = small_frontier
+    found = sorted(str(p.parent.relative_to(out)) for p in out.rglob("events.out.tfevents.*"))
+    want = []
+    members = {s["folder"]: sorted(p.name for p in (out / s["folder"]).glob("judge-*")) for s in result["seeds"]}
+    assert all(members.values())  # the worst-case ensemble's other judges
+    for s in result["seeds"]:
+        want += [f"{s['folder']}/tensorboard/{stage}" for stage in ("judge", *members[s["folder"]], "sft")]
+        want += [f"{s['folder']}/arms/{a}/tensorboard/{k}" for a in result["arms"] for k in ("ppo", "validation")]
+    assert sorted(set(found)) == sorted(want)
+    refreshes = 0
+    for s in result["seeds"]:
+        seed = out / s["folder"]
+        for stage in ("sft", "judge", *members[s["folder"]]):
+            history = json.loads((seed / stage / "history.json").read_text())
+            assert_series_equal(read_series(seed / "tensorboard" / stage), epoch_stage_expected(history), stage)
+        sft_point = json.loads((seed / "frontier" / "sft.json").read_text())["iteration_0"]
+        for arm in result["arms"]:
+            arm_dir = seed / "arms" / arm
+            cfg = load_profile(str(arm_dir / "profile.toml")).ppo
+            history = json.loads((arm_dir / "ppo" / "history.json").read_text())
+            got = read_series(arm_dir / "tensorboard" / "ppo")
+            got = {t: v for t, v in got.items() if not t.startswith("timing_s/")}
+            assert_series_equal(got, ppo_expected(history, cfg.kl_coef, cfg.truncation_penalty), f"{arm} ppo")
+            refreshes += len(got.get("judge_refresh/pairs_so_far", []))
+            points = [(0, sft_point)] + [
+                (m["iteration"], m) for m in (json.loads(p.read_text()) for p in sorted(arm_dir.glob("validation/*")))
+            ]
+            expected: dict = {}
+            for step, m in points:
+                for tag, value in (
+                    ("rubric_success", m["gold"]),
+                    ("judge_score", m["proxy"]),
+                    ("kl_from_sft", m["kl"]),
+                    ("sqrt_kl_from_sft", max(m["kl"], 0.0) ** 0.5),
+                    ("truncation_rate", m["truncations"] / m["n"]),
+                    ("uncertified_rate", m["uncertified"] / m["n"]),
+                ):
+                    expected.setdefault(f"validation/{tag}", {})[step] = value
+            assert_series_equal(read_series(arm_dir / "tensorboard" / "validation"), expected, f"{arm} validation")
+    assert refreshes == len(result["seeds"])  # the iterated judge's one refresh per seed
+
+
 def test_each_arms_best_point_and_share_of_the_oracles_gain_are_the_studys(small_frontier):
     from rlhf.studies import frontier
 

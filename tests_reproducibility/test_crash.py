@@ -7,12 +7,18 @@ and again, each time at another place, and rerun with the same command:
   1. Ctrl-C (SIGINT) during SFT        -> exit 130, a checkpoint, a message saying how to continue
   2. SIGKILL during SFT                -> in the resumed leg (its 2nd update)
   3. SIGKILL during the judge          -> in the continuous leg's second epoch (after a checkpoint)
-  4. SIGKILL during PPO                -> in the continuous leg's second iteration
+  4. SIGKILL during PPO                -> writing the resumed leg's first checkpoint (its
+                                          iteration already in the event file), then in the
+                                          continuous leg's second iteration
   5. SIGKILL in the middle of writing a state file (PPO's final continuous state: half its
      bytes in the temporary file)
   6. SIGKILL during the evaluation     -> after the SFT policy, before the PPO policy
   7. SIGKILL in the middle of writing report.md (results.json already written)
   8. a clean rerun finishes; a further rerun recomputes nothing
+
+The training curves must be those of the uninterrupted run too: TensorBoard's reader, which
+applies each resumed leg's purge step, shows every stage's series with no step twice and none
+missing, each value equal.
 
 The kills are placed with `RLHF_CRASH_AT` (rlhf.io.crash_point: the process SIGKILLs itself at
 that point, like a power cut). The final states, role files and held-out numbers must equal
@@ -29,6 +35,7 @@ import time
 
 import pytest
 
+from conftest import read_series
 from rlhf.io import read_json, sha256_file
 
 # One worker runs this module.
@@ -70,6 +77,19 @@ def outcome(run) -> dict:
         "audit": {k: audit["counterfactuals"][k]["accuracy"] for k in audit["order"]},
         "stages_complete": sorted(read_json(run / "run.json")["stages"]),
     }
+
+
+def curves(run) -> dict:
+    """Every stage's TensorBoard series as the reader shows them (durations left out: they are
+    the clock's); a step written twice would show twice."""
+    out = {}
+    for stage in (*STAGES, "evaluation"):
+        series = read_series(run / "tensorboard" / stage)
+        out[stage] = {t: v for t, v in series.items() if not t.startswith("timing_s/")}
+        for tag, points in out[stage].items():
+            steps = [step for step, _ in points]
+            assert len(steps) == len(set(steps)), f"{stage} {tag}: a step twice: {steps}"
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +158,19 @@ def test_killed_again_and_again_the_lab_finishes_bit_identical(
             ("sft: boundary run already complete", "sft: resumed from the saved boundary state"),
         ),
         (
-            "ppo_iteration",
-            "ppo.iteration@6",
+            "ppo_mid_checkpoint",
+            "write:resumed-0003.pt.gz",
             "ppo",
             ("sft: already complete", "judge: continuous run continues from its checkpoint continuous-0001.pt.gz"),
+        ),
+        (
+            "ppo_iteration",
+            "ppo.iteration@4",
+            "ppo",
+            (
+                "ppo: removed what a crash left half-written",
+                "ppo: resumed from the saved boundary state, to the end",
+            ),
         ),
         (
             "mid_write_state",
@@ -174,12 +203,14 @@ def test_killed_again_and_again_the_lab_finishes_bit_identical(
         assert stage not in read_json(run / "run.json")["stages"], f"killed in {stage}, yet recorded complete"
         if point.startswith("write:"):
             target = point.split(":", 1)[1]
-            folder = run / "ppo" if stage == "ppo" else run
+            folder = run if stage != "ppo" else run / "ppo" / ("checkpoints" if "-0" in target else "")
             assert not (folder / target).exists(), "a half-written file reached its final name"
             assert list(folder.glob(f".{target}.*.tmp")), "the kill did not happen mid-write"
     assert no_debris(run) == []
     got = outcome(run)
     assert got == uninterrupted["outcome"]
+    assert curves(run) == curves(uninterrupted["run"])
+    assert "curves, live while it runs: tensorboard --logdir" in done.stdout
 
     # A rerun of a finished run recomputes nothing and changes nothing.
     before = {str(p.relative_to(run)): sha256_file(p) for p in run.rglob("*") if p.is_file()}

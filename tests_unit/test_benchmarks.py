@@ -1258,6 +1258,99 @@ def test_judge_refresh_against_ppo_iteration(benchmark, record_result, bench_ctx
     )
 
 
+def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_path):
+    """Writing the TensorBoard event files (rlhf.events) against the training they describe, side
+    by side in one run, as the lab does it: the event log is the leg's progress callback. Per
+    round, 3 PPO iterations (rlhf.ppo.train_ppo) and 4 SFT updates (rlhf.sft.train_sft, one epoch
+    of a cut budget); each iteration's seconds from PPO's own timings, each SFT update's from the
+    end of one callback to the start of the next (the first update, which includes the set-up, is
+    left out), each sync's (scalars written and flushed) from ours. Goal: writing costs under 2%
+    of the training it logs."""
+    from rlhf import events, lab
+    from rlhf.checkpoint import Leg
+    from rlhf.ppo import train_ppo
+    from rlhf.runtime import seed_system_rngs
+    from rlhf.sft import train_sft
+
+    prof = override(bench_ctx.profile, {("sft", "epochs"): 1, ("sft", "max_updates_per_epoch"): 4})
+    view = bench_ctx.corpus.learning_view()
+    seconds: dict[str, list[float]] = {"ppo_iteration": [], "ppo_sync": [], "sft_update": [], "sft_sync": []}
+    rounds = {"n": 0}
+
+    def once():
+        rounds["n"] += 1
+        run = tmp_path / f"round-{rounds['n']}"
+        ppo_log = events.EventLog(run, "ppo", None, prof.ppo.kl_coef, prof.ppo.truncation_penalty)
+
+        def ppo_progress(it, total, history, tm):
+            t = time.perf_counter()
+            ppo_log.sync(it, total, history, tm)
+            seconds["ppo_sync"].append(time.perf_counter() - t)
+            seconds["ppo_iteration"].append(tm["iteration"])
+
+        roles = lab.ppo_roles(bench_ctx)
+        seed_system_rngs(prof.seeds.torch)
+        train_ppo(
+            roles,
+            view,
+            bench_ctx.tokenizer,
+            bench_ctx.eos_id,
+            bench_ctx.pad_id,
+            prof,
+            Leg(stop=3, progress=ppo_progress),
+        )
+        ppo_log.close()
+        sft_log = events.EventLog(run, "sft", None)
+        clock: dict = {"last": None}  # the end of the previous callback: an update lies between two
+
+        def sft_progress(step, total, history, timings):
+            t = time.perf_counter()
+            sft_log.sync(step, total, history, timings)
+            synced = time.perf_counter() - t
+            if clock["last"] is not None and not history["epochs"]:  # not the epoch's callback after the last
+                seconds["sft_update"].append(t - clock["last"])
+                seconds["sft_sync"].append(synced)
+            clock["last"] = time.perf_counter()
+
+        actor = bench_ctx.role("actor")
+        seed_system_rngs(prof.seeds.torch)
+        train_sft(
+            actor, view, bench_ctx.tokenizer, bench_ctx.eos_id, bench_ctx.pad_id, prof, Leg(progress=sft_progress)
+        )
+        sft_log.close()
+        return run
+
+    benchmark.pedantic(once, rounds=3, warmup_rounds=1, iterations=1)
+    for what, secs in seconds.items():
+        _check_seconds(what, secs)
+    # What was timed was written: the last round's files hold every iteration and update.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    last = tmp_path / f"round-{rounds['n']}" / "tensorboard"
+    for stage, tag, n in (("ppo", "objective/scores", 3), ("sft", "train/loss", 4)):
+        acc = EventAccumulator(str(last / stage), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert [e.step for e in acc.Scalars(tag)] == list(range(n)), (stage, tag)
+    timed = {k: v[len(v) // 4 :] for k, v in seconds.items()}  # the warm-up round's quarter dropped
+    mean = {k: statistics.fmean(v) for k, v in timed.items()}
+    share = {
+        "ppo": mean["ppo_sync"] / mean["ppo_iteration"],
+        "sft": mean["sft_sync"] / mean["sft_update"],
+    }
+    row = {**{f"{k}_s": v for k, v in mean.items()}, "share_of_ppo": share["ppo"], "share_of_sft": share["sft"]}
+    benchmark.extra_info.update(row)
+    record_result("event_log_against_training", row)
+    worst = max(share.values())
+    _record_goal(
+        benchmark, record_result, "event_log_share", "event files cost < 2% of training", worst, 0.02, worst < 0.02
+    )
+    SUMMARY["notes"].append(
+        f"event files: {1000 * mean['ppo_sync']:.2f} ms per PPO iteration ({100 * share['ppo']:.2f}% of "
+        f"{mean['ppo_iteration']:.3f} s), {1000 * mean['sft_sync']:.2f} ms per SFT update ({100 * share['sft']:.2f}% "
+        f"of {mean['sft_update']:.3f} s)"
+    )
+
+
 # ------------------------------------------------------------------------------ full Qwen2.5-0.5B shape
 
 

@@ -1,0 +1,204 @@
+"""TensorBoard event files (rlhf.events), read back by TensorBoard's own reader.
+
+Every scalar a stage logs must equal the number its JSON keeps at the same step. The expected
+series are written out from the JSON (history.json, evaluation/results.json) by hand in
+conftest.py (`ppo_expected` and its siblings), not by calling rlhf.events' name functions, so
+that a wrong name, a wrong step or a wrong formula in the writer is caught. The kill-and-rerun
+case (one series, no step twice, none missing) is in tests_reproducibility/test_crash.py; a
+study's series per seed and arm in tests_heldout/test_frontier.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    PPO_PHASES,
+    assert_series_equal,
+    epoch_stage_expected,
+    evaluation_expected,
+    ppo_expected,
+    read_series,
+    read_texts,
+)
+from rlhf.io import read_json
+
+pytestmark = pytest.mark.unit
+
+
+def check_run_events(run: Path, ppo_cfg) -> dict[str, int]:
+    """Every stage's event folder of a finished run against its JSON; returns scalars compared per stage."""
+    root = run / "tensorboard"
+    counts = {}
+    for stage in ("sft", "judge"):
+        counts[stage] = assert_series_equal(
+            read_series(root / stage), epoch_stage_expected(read_json(run / stage / "history.json")), stage
+        )
+    history = read_json(run / "ppo" / "history.json")
+    got = read_series(root / "ppo")
+    timing = {t: got.pop(t) for t in list(got) if t.startswith("timing_s/")}
+    counts["ppo"] = assert_series_equal(got, ppo_expected(history, ppo_cfg.kl_coef, ppo_cfg.truncation_penalty), "ppo")
+    # The leg's own clock: one positive duration per phase and iteration (in no JSON the run keeps).
+    iterations = [r["iteration"] for r in history["iterations"]]
+    assert sorted(timing) == sorted(f"timing_s/{p}" for p in PPO_PHASES)
+    for tag, points in timing.items():
+        assert [s for s, _ in points] == iterations and all(v > 0 for _, v in points), (tag, points)
+    results = read_json(run / "evaluation" / "results.json")
+    counts["evaluation"] = assert_series_equal(
+        read_series(root / "evaluation"), evaluation_expected(results, len(iterations)), "evaluation"
+    )
+    texts = read_texts(root / "evaluation")["eval/answers/text_summary"]
+    assert [s for s, _ in texts] == [0, len(iterations)]
+    for (_, text), policy in zip(texts, ("sft", "ppo")):
+        first_test = next(r for r in results["policies"][policy]["rows"] if r["population"] == "test")
+        assert first_test["document_id"] in text and policy.upper() in text
+    return counts
+
+
+def test_every_logged_scalar_equals_its_json_at_the_same_step(small_run, record_result):
+    """The small lab (interrupt/resume protocol: its series are written by the interrupted leg
+    and continued by the resumed one) read back by TensorBoard's reader."""
+    counts = check_run_events(small_run.run, small_run.profile.ppo)
+    assert all(n > 0 for n in counts.values()), counts
+    assert sorted(p.name for p in (small_run.run / "tensorboard").iterdir()) == ["evaluation", "judge", "ppo", "sft"]
+    record_result("scalars_compared", counts)
+
+
+def test_the_series_is_one_per_stage_though_three_legs_trained(small_run):
+    """The continuous leg, which only checks the resumed one, writes nothing: each stage's steps
+    appear once. A PPO leg that starts from a state opens its file at that state's step."""
+    ppo = read_series(small_run.run / "tensorboard" / "ppo")
+    iterations = small_run.profile.ppo.iterations
+    assert [s for s, _ in ppo["objective/sampled_log_ratio"]] == list(range(iterations))
+    files = sorted((small_run.run / "tensorboard" / "ppo").glob("events.out.tfevents.*"))
+    assert len(files) == 2, files  # the interrupted leg's and the resumed leg's
+
+
+def _lab(run: Path, profile) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile", str(profile)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("blocker", ["tensorboard", "tensorboard/ppo"])
+def test_an_event_folder_that_cannot_be_written_is_refused_before_anything_is_written(
+    tmp_path, small_profile_file, blocker
+):
+    """A run folder whose event folder (or a stage's) is a file: one line naming it and the
+    problem, a non-zero exit, and the run folder exactly as it was."""
+    run = tmp_path / "run"
+    (run / blocker).parent.mkdir(parents=True, exist_ok=True)
+    (run / blocker).write_text("not a folder\n")
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    done = _lab(run, small_profile_file)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        f"rlhf lab: error: cannot write TensorBoard event files in {run / blocker}: it is a file, not a folder"
+    ]
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+
+
+def test_a_copied_run_with_its_event_folder_read_only_is_refused(small_run, tmp_path):
+    """A run continued where its event folder cannot take files (a read-only copy): refused by
+    the check before anything is written (as root, which writes anywhere, the check is shown on a
+    folder swapped for a file instead)."""
+    import os
+
+    from rlhf.events import EventFolderError, check_writable
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run.run / "tensorboard", run / "tensorboard")
+    check_writable(run)  # a writable one passes
+    if os.geteuid() == 0:
+        shutil.rmtree(run / "tensorboard" / "sft")
+        (run / "tensorboard" / "sft").write_text("")
+        expected = "it is a file, not a folder"
+    else:
+        (run / "tensorboard").chmod(0o555)
+        expected = "Permission denied"
+    with pytest.raises(EventFolderError, match=expected):
+        check_writable(run)
+
+
+def test_the_purge_step_hides_what_a_killed_leg_wrote_past_its_checkpoint(tmp_path):
+    """The mechanism the resume relies on, alone: a leg killed after writing steps 0..4, whose
+    last saved state was at step 3, is continued by a leg that starts from that state; the
+    reader shows steps 0..5 once each, with the continued leg's values from step 3 on."""
+    from rlhf.events import EventLog
+
+    history = {"updates": [], "epochs": []}
+    first = EventLog(tmp_path, "sft", None)
+    for step in range(5):
+        history["updates"].append({"step": step, "epoch": 0, "loss": float(step), "lr": 0.1, "grad_norm": 1.0})
+        first.sync(step + 1, 6, history)
+    first.close()  # killed here: steps 3 and 4 are past the last state
+    state = {"step": 3, "history": {"updates": history["updates"][:3], "epochs": []}}
+    resumed_history = {"updates": list(state["history"]["updates"]), "epochs": []}
+    second = EventLog(tmp_path, "sft", state)
+    for step in range(3, 6):
+        resumed_history["updates"].append({"step": step, "epoch": 0, "loss": 10.0 + step, "lr": 0.1, "grad_norm": 1.0})
+        second.sync(step + 1, 6, resumed_history)
+    second.close()
+    loss = read_series(tmp_path / "tensorboard" / "sft")["train/loss"]
+    assert loss == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0)]
+
+
+def test_scalar_names_follow_the_group_metric_convention_and_the_docs_table():
+    """Every name the writer can log is `group/metric` and is in docs/tensorboard.md's table."""
+    from rlhf import events
+
+    table = (Path(__file__).parents[1] / "docs" / "tensorboard.md").read_text()
+    record = {
+        "scores": [1.0, 3.0],
+        "paid_scores": [1.0, 2.0],
+        "mean_score": 2.0,
+        "mean_sequence_log_ratio": 0.5,
+        "mean_sampled_log_ratio": 0.1,
+        "mean_kl_penalty": -0.01,
+        "entropy": 1.0,
+        "update_shift": [0.0, 0.1],
+        "clip_fraction": [0.0, 0.5],
+        "policy_loss": [0.1, 0.2],
+        "value_loss": [1.0, 2.0],
+        "mean_value": 0.0,
+        "mean_advantage": 0.0,
+        "mean_return": 0.0,
+        "response_length": 10.0,
+        "truncations": 1,
+        "actor_lr": [1e-4, 1e-4],
+        "critic_lr": [1e-3, 1e-3],
+        "actor_grad_norm": [1.0, 1.0],
+        "critic_grad_norm": [1.0, 1.0],
+    }
+    scalars = events.iteration_scalars(record, 0.02, -1.0)
+    # the paid scores (not the judge's), one of 2 answers cut (-1), -beta * log-ratio
+    assert scalars["objective/rlhf_reward"] == pytest.approx(1.5 - 0.5 - 0.02 * 0.5)
+    assert scalars["objective/scores"] == 2.0 and scalars["response_length/clip_ratio"] == 0.5
+    names = [
+        *scalars,
+        *events.update_scalars({"loss": 1, "lr": 1, "grad_norm": 1, "accuracy": 1, "tokens": 1}),
+        *events.epoch_scalars({"train_loss": 1, "validation_loss": 1, "train_accuracy": 1, "validation_accuracy": 1}),
+        *events.refresh_scalars({"new_pairs": 1, "pairs_so_far": 1, "accuracy_before": 0.5, "accuracy_after": 0.6}),
+        *(events.TIMING_GROUP + p for p in PPO_PHASES),
+    ]
+    for name in names:
+        assert "/" in name, name
+        assert f"`{name}`" in table, f"{name} is not in docs/tensorboard.md"
+    pop = {"n_rows": 2, "rubric_success": 1, "uncertified": 0, "without_eos": 0, "undecodable": 0}
+    evaluation = events.evaluation_scalars({"test": {**pop, "mean_learned_reward": 0, "mean_length": 1}})
+    for name in evaluation:
+        assert f"`{name.replace('eval/test/', 'eval/POPULATION/')}`" in table, name
+    validation = events.validation_scalars(
+        {"n": 2, "gold": 1, "proxy": 0, "kl": 0, "d": 0, "truncations": 0, "uncertified": 0}
+    )
+    for name in validation:
+        assert f"`{name}`" in table, name
