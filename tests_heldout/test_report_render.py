@@ -113,3 +113,86 @@ def test_reports_render_in_headless_chromium(lab_run, tmp_path, request, record_
     record_result("report_images", n_imgs)
     record_result("report_screenshot", str(shot))
     record_result("report_summary", report.print_summary(json.loads(paths["results.json"].read_text(encoding="utf-8"))))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str):
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_a_real_tensorboard_lists_the_runs_curves_in_headless_chromium(small_run, tmp_path, request, record_result):
+    """`tensorboard --logdir RUN/tensorboard` (the line `rlhf lab` prints) on a free local port:
+    its HTTP API lists the stages as runs and each run's tags as our reader finds them, and its
+    Time Series page, rendered by headless Chromium, lists every run and every tag group with
+    its number of charts. The screenshot is kept as reports/tensorboard_screenshot.png."""
+    import sys
+    import time
+    import urllib.error
+
+    from conftest import read_series
+
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing: run `bash setup.sh --tests` (it installs Debian's chromium)")
+    logdir = small_run.run / "tensorboard"
+    stages = sorted(p.name for p in logdir.iterdir())
+    tags = {stage: sorted(read_series(logdir / stage)) for stage in stages}
+    port = _free_port()
+    board = subprocess.Popen(
+        [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(logdir), "--host", "127.0.0.1"]
+        + ["--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline, runs = time.monotonic() + 120, []
+        while time.monotonic() < deadline and sorted(runs) != stages:
+            try:
+                runs = _get_json(f"{base}/data/runs")
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.5)
+        assert sorted(runs) == stages, f"TensorBoard lists {runs}, not the stages {stages}"
+        served = _get_json(f"{base}/data/plugin/scalars/tags")
+        assert {run: sorted(t) for run, t in served.items()} == tags
+        out = _chromium(tmp_path, "--virtual-time-budget=20000", "--dump-dom", f"{base}/#timeseries")
+        assert out.returncode == 0, out.stderr[-2000:]
+        text = " ".join(
+            re.sub(r"<[^>]+>", " ", re.sub(r"<(style|script)\b.*?</\1>", "", out.stdout, flags=re.S)).split()
+        )
+        run_list = re.search(r"Run (.*?) All Scalars", text)
+        assert run_list and run_list.group(1).split() == stages, text[:2000]
+        groups: dict[str, set[str]] = {}
+        for stage_tags in tags.values():
+            for tag in stage_tags:
+                groups.setdefault(tag.split("/")[0], set()).add(tag)
+        for group, members in groups.items():
+            n = len(members)  # TensorBoard counts a group's cards from 2 on
+            listed = f" {group} {n} cards " if n > 1 else f" {group} "
+            assert listed in f" {text} ", f"{group}: {n} cards not listed"
+        shot = tmp_path / "tensorboard.png"
+        out = _chromium(
+            tmp_path,
+            "--virtual-time-budget=20000",
+            "--window-size=1400,1000",
+            f"--screenshot={shot}",
+            f"{base}/#timeseries",
+        )
+        assert out.returncode == 0 and shot.is_file(), out.stderr[-2000:]
+    finally:
+        board.terminate()
+        board.wait(timeout=30)
+    shutil.copyfile(shot, Path(request.config._rlhf_reports) / "tensorboard_screenshot.png")
+    record_result("tensorboard_runs", stages)
+    record_result("tensorboard_tag_groups", {g: len(m) for g, m in sorted(groups.items())})
