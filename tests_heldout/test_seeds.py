@@ -145,6 +145,28 @@ def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):
     assert any("seed 1: report complete (6/6 stages)" in line for line in small_study["lines"])
 
 
+def test_each_seed_writes_its_own_curves_equal_to_its_histories(small_study):
+    """TensorBoard's reader finds one series per seed and stage (seed-i/tensorboard/STAGE), each
+    equal to that seed's history, so two seeds never share or mix a series."""
+    from conftest import assert_series_equal, epoch_stage_expected, ppo_expected, read_series
+
+    out = small_study["out"]
+    found = sorted(str(p.parent.relative_to(out)) for p in out.rglob("events.out.tfevents.*"))
+    folders = [r["folder"] for r in small_study["result"]["seeds"]]
+    stages = ("evaluation", "judge", "ppo", "sft")
+    assert sorted(set(found)) == sorted(f"{f}/tensorboard/{s}" for f in folders for s in stages)
+    series = {}
+    for f in folders:
+        run, cfg = out / f, load_profile(str(out / f / "profile.toml")).ppo
+        for stage in ("sft", "judge"):
+            series[f, stage] = read_series(run / "tensorboard" / stage)
+            assert_series_equal(series[f, stage], epoch_stage_expected(read_json(run / stage / "history.json")), stage)
+        got = {t: v for t, v in read_series(run / "tensorboard" / "ppo").items() if not t.startswith("timing_s/")}
+        expected = ppo_expected(read_json(run / "ppo" / "history.json"), cfg.kl_coef, cfg.truncation_penalty)
+        assert_series_equal(got, expected, f"{f} ppo")
+    assert series[folders[0], "sft"]["train/loss"] != series[folders[1], "sft"]["train/loss"]
+
+
 def test_check_invariants_catches_runs_that_share_a_state_or_differ_in_corpus(small_study):
     rows = small_study["result"]["seeds"]
     seeds.check_invariants(rows)
