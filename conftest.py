@@ -645,6 +645,13 @@ def ppo_expected(history: dict, kl_coef: float, truncation_penalty: float) -> di
         exp["val/num_eos_tokens"][i] = n - r["truncations"]
         exp["actor/lr"][i] = r["actor_lr"][-1]
         exp["critic/lr"][i] = r["critic_lr"][-1]
+    from rlhf import signals  # the signals' own formulas are recomputed in tests_unit/test_signals.py
+
+    rules_window = signals.frozen_rules()[1]
+    for name, values in signals.signal_series(history, rules_window).items():
+        for i, v in enumerate(values):
+            if v is not None:
+                exp[f"signals/{name}"][i] = v
     for f in history.get("refreshes", []):
         s = f["after_iteration"] - 1
         exp["judge_refresh/new_pairs"][s] = f["new_pairs"]

@@ -29,6 +29,8 @@ import statistics
 import time
 from pathlib import Path
 
+from rlhf import signals
+
 FOLDER = "tensorboard"  # RUN/tensorboard/STAGE/
 ANSWERS_SHOWN = 3  # test answers per policy in the evaluation's text summary
 TIMING_GROUP = "timing_s/"  # the leg's own wall-clock seconds: not part of any JSON the run keeps
@@ -135,6 +137,11 @@ def iteration_scalars(record: dict, kl_coef: float, truncation_penalty: float) -
         "actor/grad_norm": _mean(record["actor_grad_norm"]),
         "critic/grad_norm": _mean(record["critic_grad_norm"]),
     }
+
+
+def signal_scalars(series: dict[str, list], i: int) -> dict[str, float]:
+    """The over-optimisation signals (rlhf.signals, docs/signals.md) defined at iteration i."""
+    return {f"signals/{name}": values[i] for name, values in series.items() if values[i] is not None}
 
 
 def refresh_scalars(record: dict) -> dict[str, float]:
@@ -244,6 +251,7 @@ class EventLog(ScalarLog):
     def __init__(self, run, stage: str, start_state: dict | None, kl_coef: float = 0.0, truncation_penalty=0.0):
         super().__init__(run, stage, _start_step(stage, start_state))
         self.kl_coef, self.truncation_penalty = kl_coef, truncation_penalty
+        self.window = signals.frozen_rules()[1]  # the window the frozen warning rules read
         history = (start_state or {}).get("history", {})
         self.done = {key: len(history.get(key, [])) for key in ("updates", "epochs", "iterations", "refreshes")}
 
@@ -261,6 +269,10 @@ class EventLog(ScalarLog):
         iterations = self._new(history, "iterations")
         for record in iterations:
             self.write(iteration_scalars(record, self.kl_coef, self.truncation_penalty), record["iteration"])
+        if iterations:  # causal: a signal's value at an iteration never changes once it is done
+            series = signals.signal_series(history, self.window)
+            for record in iterations:
+                self.write(signal_scalars(series, record["iteration"]), record["iteration"])
         if iterations and timings:  # this iteration's phases, as the leg measured them
             self.write({TIMING_GROUP + k: v for k, v in timings.items()}, iterations[-1]["iteration"])
         for record in self._new(history, "refreshes"):

@@ -154,7 +154,7 @@ def test_the_purge_step_hides_what_a_killed_leg_wrote_past_its_checkpoint(tmp_pa
 
 def test_scalar_names_follow_the_group_metric_convention_and_the_docs_table():
     """Every name the writer can log is `group/metric` and is in docs/tensorboard.md's table."""
-    from rlhf import events
+    from rlhf import events, signals
 
     table = (Path(__file__).parents[1] / "docs" / "tensorboard.md").read_text()
     record = {
@@ -189,6 +189,7 @@ def test_scalar_names_follow_the_group_metric_convention_and_the_docs_table():
         *events.epoch_scalars({"train_loss": 1, "validation_loss": 1, "train_accuracy": 1, "validation_accuracy": 1}),
         *events.refresh_scalars({"new_pairs": 1, "pairs_so_far": 1, "accuracy_before": 0.5, "accuracy_after": 0.6}),
         *(events.TIMING_GROUP + p for p in PPO_PHASES),
+        *events.signal_scalars({name: [1.0] for name in signals.SIGNALS}, 0),
     ]
     for name in names:
         assert "/" in name, name
@@ -202,3 +203,68 @@ def test_scalar_names_follow_the_group_metric_convention_and_the_docs_table():
     )
     for name in validation:
         assert f"`{name}`" in table, name
+
+
+def _synthetic_iteration(i: int) -> dict:
+    """A PPO history record with every field the event log and the signals read (values vary with i)."""
+    scores = [0.5 * i + k - 1.5 + (0.3 * i if k == 3 else 0.0) for k in range(4)]
+    return {
+        "iteration": i,
+        "scores": scores,
+        "paid_scores": scores,
+        "member_scores": [[s + m for s in scores] for m in (0.0, 0.1 * i)],
+        "mean_score": sum(scores) / 4,
+        "mean_sequence_log_ratio": 0.02 * i * i,
+        "mean_sampled_log_ratio": 0.001 * i,
+        "mean_kl_penalty": -0.00002 * i,
+        "entropy": 1.0 / (1 + i),
+        "advantage_quantiles": [q * (1 + 0.1 * i) for q in range(-5, 6)],
+        "update_shift": [1e-4 * i, 2e-4 * i],
+        "clip_fraction": [0.01 * i, 0.0],
+        "policy_loss": [0.1, 0.2 + i],
+        "value_loss": [1.0 + i, 2.0],
+        "mean_value": 0.1 * i,
+        "mean_advantage": -0.1 * i,
+        "mean_return": 0.2 * i,
+        "response_length": 10.0 + 3 * i,
+        "truncations": i % 3,
+        "actor_lr": [1e-4, 1e-4],
+        "critic_lr": [1e-3, 1e-3],
+        "actor_grad_norm": [1.0, 2.0],
+        "critic_grad_norm": [3.0, 4.0],
+    }
+
+
+def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):
+    """A 14-iteration synthetic PPO history fed to the event log one iteration at a time, as
+    PPO's progress callback does (a refresh after iteration 6, an ensemble's member scores):
+    every signal defined at an iteration is logged there with the value the signals give on the
+    whole history; the ones not yet defined are absent. The small lab's 4 iterations are too few
+    for the 5-iteration windows, so this is where the signals' curves are checked."""
+    from rlhf import signals
+    from rlhf.events import EventLog
+
+    history: dict = {"iterations": [], "refreshes": []}
+    log = EventLog(tmp_path, "ppo", None, 0.02, -1.0)
+    for i in range(14):
+        history["iterations"].append(_synthetic_iteration(i))
+        if i + 1 == 6:
+            history["refreshes"].append(
+                {
+                    "after_iteration": 6,
+                    "new_pairs": 4,
+                    "pairs_so_far": 4,
+                    "accuracy_before": 0.25,
+                    "accuracy_after": 1.0,
+                }
+            )
+        log.sync(i + 1, 14, history, {})
+    log.close()
+    got = read_series(tmp_path / "tensorboard" / "ppo")
+    assert_series_equal(got, ppo_expected(history, 0.02, -1.0), "synthetic ppo")
+    window = signals.frozen_rules()[1]
+    assert [s for s, _ in got["signals/kl"]] == list(range(window - 1, 14))
+    assert [s for s, _ in got["signals/kl_growth"]] == list(range(2 * window - 1, 14))
+    assert [s for s, _ in got["signals/judge_error"]] == list(range(5, 14))
+    assert got["signals/judge_error"][0][1] == 0.75
+    assert "signals/ensemble_disagreement" in got
