@@ -131,7 +131,9 @@ def compute_dtype(profile: Profile) -> dict:
 def precision_line(precision: dict) -> str:
     """What `rlhf lab` and the dry run print about the dtype the base computes in."""
     force = f"; {precision['force']} forces the other" if precision["force"] else ""
-    return f"precision: {precision['dtype']} (weights stored in {precision['stored']}; {precision['reason']}{force})"
+    stored = f"stored in {precision['stored']}"
+    why = precision["reason"] if stored in precision["reason"] else f"weights {stored}; {precision['reason']}"
+    return f"precision: {precision['dtype']} ({why}{force})"
 
 
 def check_model(profile: Profile, model, dtype_name: str | None = None) -> None:

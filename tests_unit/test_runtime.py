@@ -100,6 +100,11 @@ def test_the_dtype_asked_for_wins_and_float32_weights_are_never_rounded():
         runtime.choose_dtype("bfloat16", "cpu", "float16", flags=AVX2_ONLY)
     unknown = runtime.choose_dtype("bfloat16", "cpu", flags=frozenset())
     assert unknown["dtype"] == "float32"
+    # what `rlhf lab` prints: the stored dtype said once
+    from rlhf.models import precision_line
+
+    assert precision_line(fp32) == "precision: float32 (the weights are stored in float32)"
+    assert precision_line(unknown).startswith("precision: float32 (weights stored in bfloat16; ")
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path, monkeypatch):
