@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from rlhf.config import DEFAULT_PROFILE, PROFILES, REWARD_DESIGNS, load_profile, override
+from rlhf.events import EventFolderError, logdir_line
 
 PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
@@ -340,7 +341,7 @@ def cmd_lab(args) -> int:
         raise ValueError("rlhf lab needs --out DIR (the run folder)")
     t0 = time.perf_counter()
     ctx = _context(args)
-    print(events.logdir_line(ctx.run / events.FOLDER), flush=True)
+    print(logdir_line(ctx.run / events.FOLDER), flush=True)
     arithmetic = json.loads((ctx.run / lab.RUN_FILE).read_text())["arithmetic"]
     print(f"arithmetic: {arithmetic['note']} ({arithmetic['cpu_capability']} kernels, {arithmetic['threads']} threads)")
     print(precision_line(ctx.precision))
@@ -480,7 +481,6 @@ def add_base_study(sub) -> None:
 
 
 def cmd_seeds(args) -> int:
-    from rlhf.events import logdir_line
     from rlhf.studies.seeds import run_study
 
     print(logdir_line(args.out), flush=True)
@@ -553,8 +553,6 @@ def cmd_frontier(args) -> int:
             print(f"  {r['signal']}: {rule}")
         return 0
     if args.confirm:
-        from rlhf.events import logdir_line
-
         print(logdir_line(args.out), flush=True)
         record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
         for p in record["points"]:
@@ -569,7 +567,6 @@ def cmd_frontier(args) -> int:
             f"{args.out}/confirmation.json and {args.out}/confirmation.html"
         )
         return 0
-    from rlhf.events import logdir_line
     from rlhf.studies.frontier import GRID, Settings, default_arms
 
     print(logdir_line(args.out), flush=True)
@@ -804,7 +801,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGINT, _on_sigint)
     from rlhf.checkpoint import Interrupted
-    from rlhf.events import EventFolderError
 
     try:
         return args.func(args)

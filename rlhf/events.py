@@ -236,11 +236,11 @@ class ScalarLog:
         self.writer.close()
 
 
-def _start_step(stage: str, state: dict | None) -> int:
+def _start_step(state: dict | None) -> int:
     """The step a leg starts at: 0 fresh, else the saved state's updates (SFT, judge) or iterations (PPO)."""
     if state is None:
         return 0
-    return state["iterations_done"] if stage == "ppo" else state["step"]
+    return state["iterations_done"] if "iterations_done" in state else state["step"]
 
 
 class EventLog(ScalarLog):
@@ -248,8 +248,10 @@ class EventLog(ScalarLog):
     rlhf.checkpoint.Leg progress callback: it writes what the history holds beyond what was
     written (or was in the state the leg started from), then flushes."""
 
-    def __init__(self, run, stage: str, start_state: dict | None, kl_coef: float = 0.0, truncation_penalty=0.0):
-        super().__init__(run, stage, _start_step(stage, start_state))
+    def __init__(
+        self, run, stage: str, start_state: dict | None, kl_coef: float = 0.0, truncation_penalty: float = 0.0
+    ):
+        super().__init__(run, stage, _start_step(start_state))
         self.kl_coef, self.truncation_penalty = kl_coef, truncation_penalty
         self.window = signals.frozen_rules()[1]  # the window the frozen warning rules read
         history = (start_state or {}).get("history", {})
@@ -270,7 +272,7 @@ class EventLog(ScalarLog):
         for record in iterations:
             self.write(iteration_scalars(record, self.kl_coef, self.truncation_penalty), record["iteration"])
         if iterations:  # causal: a signal's value at an iteration never changes once it is done
-            series = signals.signal_series(history, self.window)
+            series = signals.signal_series(history, self.window, since=iterations[0]["iteration"])
             for record in iterations:
                 self.write(signal_scalars(series, record["iteration"]), record["iteration"])
         if iterations and timings:  # this iteration's phases, as the leg measured them

@@ -76,8 +76,12 @@ def _mean_quantiles(rows: list[list[float]]) -> list[float]:
     return [sum(col) / len(col) for col in zip(*rows)]
 
 
-def signal_series(history: dict, w: int = WINDOW) -> dict[str, list[float | None]]:
-    """{signal: [value at iteration 0, 1, ...]} of one PPO history (rlhf.ppo's history.json)."""
+def signal_series(history: dict, w: int = WINDOW, since: int = 0) -> dict[str, list[float | None]]:
+    """{signal: [value at iteration 0, 1, ...]} of one PPO history (rlhf.ppo's history.json).
+
+    `since`: only iterations from there on are computed (None before), so that a caller following
+    a run iteration by iteration pays for the new ones only; every value depends on iterations up
+    to its own, so it is the same either way."""
     its = history["iterations"]
     n = len(its)
     kl = [it["mean_sequence_log_ratio"] for it in its]
@@ -91,7 +95,7 @@ def signal_series(history: dict, w: int = WINDOW) -> dict[str, list[float | None
     out: dict[str, list[float | None]] = {name: [None] * n for name in SIGNALS}
     for r in history.get("refreshes", []):  # held from the refresh on: known after iteration after_iteration - 1
         if r["accuracy_before"] is not None:
-            for i in range(r["after_iteration"] - 1, n):
+            for i in range(max(r["after_iteration"] - 1, since), n):
                 out["judge_error"][i] = 1.0 - r["accuracy_before"]
     if n < w:  # the early window is not yet full
         return out
@@ -99,7 +103,7 @@ def signal_series(history: dict, w: int = WINDOW) -> dict[str, list[float | None
     early_entropy, early_length = statistics.fmean(entropy[:w]), statistics.fmean(length[:w])
     early_quantiles = _mean_quantiles(quantiles[:w])
     early_scores = [s for row in scores[:w] for s in row]
-    for i in range(w - 1, n):
+    for i in range(max(w - 1, since), n):
         now = slice(i - w + 1, i + 1)  # the current window
         out["kl"][i] = _mean(kl[now])
         out["entropy_drop"][i] = early_entropy - statistics.fmean(entropy[now])
@@ -114,9 +118,13 @@ def signal_series(history: dict, w: int = WINDOW) -> dict[str, list[float | None
         if i >= 2 * w - 1:
             out["kl_growth"][i] = _mean(kl[now]) - _mean(kl[i - 2 * w + 1 : i - w + 1])
     if "member_scores" in its[0]:
-        disagreement = [statistics.fmean(statistics.pstdev(col) for col in zip(*it["member_scores"])) for it in its]
-        for i in range(w - 1, n):
-            out["ensemble_disagreement"][i] = _mean(disagreement[i - w + 1 : i + 1])
+        first = max(w - 1, since) - w + 1  # the earliest iteration a computed window reads
+        disagreement = {
+            j: statistics.fmean(statistics.pstdev(col) for col in zip(*its[j]["member_scores"]))
+            for j in range(first, n)
+        }
+        for i in range(max(w - 1, since), n):
+            out["ensemble_disagreement"][i] = _mean([disagreement[j] for j in range(i - w + 1, i + 1)])
     return out
 
 

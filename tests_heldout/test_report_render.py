@@ -161,7 +161,7 @@ def test_a_real_tensorboard_lists_the_runs_curves_in_headless_chromium(small_run
             try:
                 runs = _get_json(f"{base}/data/runs")
             except (urllib.error.URLError, ConnectionError):
-                pass
+                runs = []  # not listening yet: TensorBoard takes seconds to start; the deadline bounds the wait
             time.sleep(0.5)
         assert sorted(runs) == stages, f"TensorBoard lists {runs}, not the stages {stages}"
         served = _get_json(f"{base}/data/plugin/scalars/tags")

@@ -1276,6 +1276,7 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
     view = bench_ctx.corpus.learning_view()
     seconds: dict[str, list[float]] = {"ppo_iteration": [], "ppo_sync": [], "sft_update": [], "sft_sync": []}
     rounds = {"n": 0}
+    made: dict = {}
 
     def once():
         rounds["n"] += 1
@@ -1283,6 +1284,7 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
         ppo_log = events.EventLog(run, "ppo", None, prof.ppo.kl_coef, prof.ppo.truncation_penalty)
 
         def ppo_progress(it, total, history, tm):
+            made["history"], made["timings"] = history, tm
             t = time.perf_counter()
             ppo_log.sync(it, total, history, tm)
             seconds["ppo_sync"].append(time.perf_counter() - t)
@@ -1332,12 +1334,28 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
         acc.Reload()
         assert [e.step for e in acc.Scalars(tag)] == list(range(n)), (stage, tag)
     timed = {k: v[len(v) // 4 :] for k, v in seconds.items()}  # the warm-up round's quarter dropped
+    # A late iteration: the 100th of a run, whose signals read full windows (the round's real
+    # records repeated and renumbered: the same sizes as a run's), 99 already written.
+    records = made["history"]["iterations"]
+    long = [{**records[i % len(records)], "iteration": i} for i in range(100)]
+    late = []
+    for k in range(5):
+        log = events.EventLog(
+            tmp_path / f"late-{k}", "ppo", {"iterations_done": 99, "history": {"iterations": long[:99]}}
+        )
+        t = time.perf_counter()
+        log.sync(100, 100, {"iterations": long}, made["timings"])
+        late.append(time.perf_counter() - t)
+        log.close()
+    _check_seconds("late sync", late)
+    timed["ppo_sync_at_iteration_100"] = late[1:]
     mean = {k: statistics.fmean(v) for k, v in timed.items()}
     share = {
         "ppo": mean["ppo_sync"] / mean["ppo_iteration"],
+        "ppo_at_iteration_100": mean["ppo_sync_at_iteration_100"] / mean["ppo_iteration"],
         "sft": mean["sft_sync"] / mean["sft_update"],
     }
-    row = {**{f"{k}_s": v for k, v in mean.items()}, "share_of_ppo": share["ppo"], "share_of_sft": share["sft"]}
+    row = {**{f"{k}_s": v for k, v in mean.items()}, **{f"share_of_{k}": v for k, v in share.items()}}
     benchmark.extra_info.update(row)
     record_result("event_log_against_training", row)
     worst = max(share.values())
@@ -1346,8 +1364,9 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
     )
     SUMMARY["notes"].append(
         f"event files: {1000 * mean['ppo_sync']:.2f} ms per PPO iteration ({100 * share['ppo']:.2f}% of "
-        f"{mean['ppo_iteration']:.3f} s), {1000 * mean['sft_sync']:.2f} ms per SFT update ({100 * share['sft']:.2f}% "
-        f"of {mean['sft_update']:.3f} s)"
+        f"{mean['ppo_iteration']:.3f} s; {1000 * mean['ppo_sync_at_iteration_100']:.2f} ms at iteration 100, "
+        f"{100 * share['ppo_at_iteration_100']:.2f}%), {1000 * mean['sft_sync']:.2f} ms per SFT update "
+        f"({100 * share['sft']:.2f}% of {mean['sft_update']:.3f} s)"
     )
 
 

@@ -268,3 +268,20 @@ def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):
     assert [s for s, _ in got["signals/judge_error"]] == list(range(5, 14))
     assert got["signals/judge_error"][0][1] == 0.75
     assert "signals/ensemble_disagreement" in got
+
+
+def test_signals_computed_from_an_iteration_on_equal_the_whole_series_there():
+    """The event log asks rlhf.signals only for the iterations it has not written (`since`): on
+    the synthetic history, every value from there on equals the whole series', none before."""
+    from rlhf import signals
+
+    history = {
+        "iterations": [_synthetic_iteration(i) for i in range(14)],
+        "refreshes": [{"after_iteration": 6, "accuracy_before": 0.25}],
+    }
+    whole = signals.signal_series(history, 5)
+    for since in (0, 3, 4, 9, 13):
+        part = signals.signal_series(history, 5, since=since)
+        for name, values in whole.items():
+            assert part[name][since:] == values[since:], (name, since)
+            assert all(v is None for v in part[name][:since]), (name, since)
