@@ -198,8 +198,9 @@ def _profile(args):
         profile = override(profile, {("runtime", "compute_dtype"): args.dtype})
     if getattr(args, "reward_design", None):
         profile = override(profile, {("ppo", "reward_design"): args.reward_design})
-    if getattr(args, "stop_on_warning", False):
-        profile = override(profile, {("ppo", "stop_on_warning"): True})
+    stops = getattr(args, "stop_on_warning", None)
+    if stops is not None:  # the option given: with no names, any rule stops PPO
+        profile = override(profile, {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): tuple(stops)})
     return profile
 
 
@@ -417,10 +418,13 @@ def add_lab(sub) -> None:
     )
     p.add_argument(
         "--stop-on-warning",
-        action="store_true",
+        nargs="*",
+        metavar="SIGNAL",
+        default=None,
         help="stop PPO after the first iteration where a frozen over-optimisation warning rule fires "
-        "(rlhf/warning_rules.json; [ppo] stop_on_warning, part of the run's identity); without it a warning "
-        "is printed and changes nothing",
+        "(rlhf/warning_rules.json; [ppo] stop_on_warning, part of the run's identity); with SIGNAL names "
+        "(e.g. kl_growth), only those signals' rules stop it ([ppo] stop_signals). Without the option a "
+        "warning is printed and changes nothing",
     )
     p.set_defaults(func=cmd_lab)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.io import dumps_json, sha256_text
+from rlhf.signals import SIGNALS
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 # What PPO's terminal reward is built from (rlhf.ppo_math.design_score); 'judge' is SPEC §6.
@@ -231,6 +232,11 @@ class Ppo:
         "(rlhf/warning_rules.json, whose hash joins the PPO identity); off: warnings are printed only",
         default=False,
     )
+    stop_signals: tuple[str, ...] = doc(
+        "with stop_on_warning: the signals whose frozen rule may stop PPO (rlhf.signals.SIGNALS); "
+        "empty: the first rule of any signal that fires",
+        default=(),
+    )
 
     def __post_init__(self):
         if self.reward_design not in REWARD_DESIGNS:
@@ -256,6 +262,14 @@ class Ppo:
             )
         if not (math.isfinite(self.ensemble_lambda) and self.ensemble_lambda >= 0):
             raise ProfileError(f"[ppo] ensemble_lambda must be a finite number >= 0, not {self.ensemble_lambda}")
+        if self.stop_signals and not self.stop_on_warning:
+            raise ProfileError("[ppo] stop_signals name the rules that stop PPO: set stop_on_warning = true with them")
+        unknown = [s for s in self.stop_signals if s not in SIGNALS]
+        if unknown or len(set(self.stop_signals)) != len(self.stop_signals):
+            raise ProfileError(
+                f"[ppo] stop_signals must be distinct names among {', '.join(SIGNALS)}; "
+                f"not {', '.join(unknown) or 'repeated'}"
+            )
 
 
 @dataclass(frozen=True)
@@ -406,14 +420,21 @@ def profile_hash(profile: Profile) -> str:
 
 
 def toml_value(value) -> str:
-    """An integer, a finite float or a string as a TOML value (the kinds a profile is written
-    with); a float is written with repr, which reads back as the same float."""
+    """An integer, a finite float, a string, a boolean or a tuple of strings as a TOML value (the
+    kinds a profile is written with); a float is written with repr, which reads back as the same
+    float."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ProfileError(f"only finite numbers are written into a profile, not {value!r}")
         return repr(value)
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ProfileError(f"only integers, floats and strings are written into a profile, not {value!r}")
+    if not isinstance(value, (int, str)):
+        raise ProfileError(
+            f"only integers, floats, strings, booleans and tuples of strings are written into a profile, not {value!r}"
+        )
     return str(value) if isinstance(value, int) else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -667,16 +667,30 @@ def ppo_fingerprints(ctx: Context) -> dict:
     return {k: fingerprint(r) for k, r in ppo_roles(ctx).by_kind().items()}
 
 
+def stop_rules_identity(profile: Profile) -> dict:
+    """What stop_on_warning adds to a PPO identity: the hash of the frozen rules that may stop it
+    ({} without the option). Refused when the rules file is missing or a named stop signal has
+    no frozen rule (it could never stop PPO)."""
+    if not profile.ppo.stop_on_warning:
+        return {}
+    if not signals.RULES_FILE.is_file():
+        raise ValueError(f"[ppo] stop_on_warning needs the frozen warning rules {signals.RULES_FILE}")
+    ruled = {rule.signal for rule in signals.frozen_rules()[0]}
+    missing = [s for s in profile.ppo.stop_signals if s not in ruled]
+    if missing:
+        raise ValueError(
+            f"[ppo] stop_signals {', '.join(missing)}: no frozen rule in {signals.RULES_FILE}, "
+            "so it could never stop PPO"
+        )
+    return {"warning_rules": sha256_file(signals.RULES_FILE)}
+
+
 def ppo_identity(ctx: Context, initial: dict) -> dict:
     """What a PPO state is computed from: the run's identity, the SFT and judge files it starts
     from, and the initial roles' fingerprints (`ppo_fingerprints`; what its checkpoints are
     loaded against)."""
+    stops = stop_rules_identity(ctx.profile)  # the rules that may stop it are part of what it is computed from
     judge, *members = [sha256_file(path) for path in judge_files(ctx)]
-    stops = {}
-    if ctx.profile.ppo.stop_on_warning:  # the rules that may stop it are part of what it is computed from
-        if not signals.RULES_FILE.is_file():
-            raise ValueError(f"[ppo] stop_on_warning needs the frozen warning rules {signals.RULES_FILE}")
-        stops = {"warning_rules": sha256_file(signals.RULES_FILE)}
     return ctx.identity(
         stage="ppo",
         sft=sha256_file(ctx.trained_in / "sft" / "actor.safetensors"),
@@ -721,14 +735,18 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         def watch(history: dict) -> bool:
             """Print each frozen warning rule the first time it fires; True stops PPO when asked to."""
             fired = signals.firings(history, rules, window)
+            stopping = (
+                [s for s in fired if s in cfg.stop_signals or not cfg.stop_signals] if cfg.stop_on_warning else []
+            )
             for rule in rules:
                 if rule.signal in fired and rule.signal not in announced:
                     announced.add(rule.signal)
                     _say(
                         f"warning: over-optimisation signal {rule.signal} fired at iteration {fired[rule.signal]} "
-                        f"({rule.describe()})" + ("; PPO stops here (stop_on_warning)" if cfg.stop_on_warning else "")
+                        f"({rule.describe()})"
+                        + ("; PPO stops here (stop_on_warning)" if rule.signal in stopping else "")
                     )
-            return cfg.stop_on_warning and bool(fired)
+            return bool(stopping)
 
         out, tm = train_ppo(
             roles,

@@ -12,6 +12,7 @@ import os
 import random
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ from rlhf.config import ProfileError, load_profile, override, profile_text_with
 from rlhf.ppo_math import design_score
 from rlhf.studies.statistics import across_seeds, gao_fit
 from rlhf.studies.validation import bon_kl_bound, validation_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # One xdist worker runs the module: the small study is built once, and no worker waits for another's.
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("frontier")]
@@ -104,7 +107,6 @@ def test_a_fits_curve_is_its_formula_at_evenly_spaced_d_and_only_where_it_descri
 def test_the_frontier_writes_each_fits_curve_and_the_page_computes_none(small_frontier):
     """The report reads every number from frontier.json: each fit that describes its points
     carries its curve up to the study's largest d; rlhf.report imports nothing from rlhf.studies."""
-    from pathlib import Path
 
     import rlhf
     from rlhf.studies.statistics import gao_curve
@@ -463,25 +465,49 @@ def test_confirmation_needs_the_choice_made_on_validation(tmp_path):
         frontier.run_confirmation(tmp_path / "nothing", n=5)
 
 
-def test_confirmation_runs_the_choice_and_the_default_on_fresh_seeds(small_frontier, tmp_path):
+def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fresh_seeds(
+    small_frontier, tmp_path, monkeypatch
+):
+    from rlhf import signals
     from rlhf.studies import frontier
 
     out, result = small_frontier
     study = tmp_path / "study"
     shutil.copytree(out, study)
+    # The small budget's 4 iterations are too few for the committed kl_growth rule: a rules file
+    # whose kl_growth rule fires at the first iteration with a growth (iteration 1) makes the stop real.
+    rules = tmp_path / "warning_rules.json"
+    kl_growth = {"signal": frontier.STOP_SIGNAL, "threshold": -1e30, "patience": 1}
+    rules.write_text(json.dumps({"format": signals.RULES_FORMAT, "window": 1, "rules": [kl_growth]}))
+    monkeypatch.setattr(signals, "RULES_FILE", rules)
     record = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
     sel = result["selection"]
     want = [("spec-default", 4)] + (
         [] if (sel["arm"], sel["iteration"]) == ("spec-default", 4) else [(sel["arm"], sel["iteration"])]
     )
-    assert [(p["arm"], p["iteration"]) for p in record["points"]] == want
+    assert [(p["arm"], p["iteration"]) for p in record["points"]] == [*want, ("spec-default-stop", None)]
+    stopped = record["points"][-1]
+    for row in stopped["seeds"]:
+        arm = study / "confirm" / row["folder"] / "arms" / "spec-default-stop"
+        ppo = load_profile(str(arm / "profile.toml")).ppo
+        assert (ppo.stop_on_warning, ppo.stop_signals, ppo.kl_coef) == (True, ("kl_growth",), frontier.SPEC_KL)
+        history = json.loads((arm / "ppo" / "history.json").read_text())
+        assert row["iteration"] == len(history["iterations"]) == 2 < ppo.iterations  # fired at 1: 2 done
+        rec = json.loads((arm / "test-final.json").read_text())
+        assert rec["iteration"] == 2
+        # its test rows are those of the stopped policy, not of the default's last iteration
+        default = json.loads((arm.parent / "spec-default" / "test-iter-0004.json").read_text())
+        assert rec["ppo_rows"] != default["ppo_rows"]
+    assert "where a warning stopped PPO (iteration per seed: 2, 2)" in (study / "confirmation.html").read_text()
     frontier_seeds = {load_profile(str(study / s["folder"] / "profile.toml")).seeds for s in result["seeds"]}
     confirm_seeds = {load_profile(str(f / "profile.toml")).seeds for f in sorted((study / "confirm").glob("seed-*"))}
     assert len(confirm_seeds) == 2 and not confirm_seeds & frontier_seeds  # fresh training seeds
     for p in record["points"]:
         for row in p["seeds"]:
             rec = json.loads(
-                (
+                frontier.test_file(study / "confirm" / row["folder"], frontier.STOP_ARM, None).read_text()
+                if p["iteration"] is None
+                else (
                     study / "confirm" / row["folder"] / "arms" / p["arm"] / f"test-iter-{p['iteration']:04d}.json"
                 ).read_text()
             )
@@ -632,3 +658,32 @@ def test_a_study_extended_by_grid_arms_keeps_what_it_measured_and_runs_only_the_
             study, n=2, revision="r002", sft_budget="full", workers=1,
             profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=changed, say=lambda line: None,
         )  # fmt: skip
+
+
+def test_the_stopping_rule_is_the_best_rule_of_the_study_the_rules_were_chosen_on():
+    """The confirmation's stop signal is not picked by hand: recomputed from the committed r002
+    study's in-sample scores (the study the frozen rules were chosen on), by the declared
+    criterion, written out here (most early warnings; ties: fewer false alarms)."""
+    from rlhf import signals
+    from rlhf.io import sha256_file
+    from rlhf.studies import frontier
+    from rlhf.studies.warnings import best_rule
+
+    scored = json.loads((ROOT / "results" / "frontier-r002" / "frontier.json").read_text())["warnings"]
+    assert scored["in_sample"] is True and scored["rules_sha256"] == sha256_file(signals.RULES_FILE)
+    top = max(s["early"] for s in scored["scores"])
+    (by_hand,) = [
+        s["signal"]
+        for s in scored["scores"]
+        if s["early"] == top
+        and s["false_alarms"] == min(t["false_alarms"] for t in scored["scores"] if t["early"] == top)
+    ]
+    assert best_rule(scored) == by_hand == frontier.STOP_SIGNAL
+    # the rule the lab then applies is that signal's frozen rule
+    rules, _ = signals.frozen_rules()
+    assert [r.signal for r in rules].count(frontier.STOP_SIGNAL) == 1
+    tied = {
+        **scored,
+        "scores": [{**s, "early": 5, "false_alarms": 9 if s["signal"] == "kl" else 3} for s in scored["scores"]],
+    }
+    assert best_rule(tied) == signals.SIGNALS[1]  # the first in SIGNALS' order among the fewest false alarms

@@ -72,3 +72,55 @@ def test_without_the_option_a_warning_is_printed_and_changes_nothing(rules_file,
     patience = json.loads(rules_file.read_text())["rules"][0]["patience"]
     assert f"fired at iteration {patience - 1}" in capsys.readouterr().out
     assert "warning_rules" not in read_json(ctx.run / "ppo" / "state-continuous.pt.gz.json")["identity"]
+
+
+def test_only_the_named_signals_rules_stop_ppo(small_profile_file, tmp_path, monkeypatch, capsys):
+    """With [ppo] stop_signals, a firing rule of another signal is printed and changes nothing;
+    the named signal's rule (here one that never fires) is the only one that could stop PPO."""
+    path = tmp_path / "warning_rules.json"
+    never = {"signal": "kl_growth", "threshold": 1e30, "patience": 1}
+    path.write_text(json.dumps({**RULES, "rules": [{**RULES["rules"][0], "patience": 2}, never]}))
+    monkeypatch.setattr(signals, "RULES_FILE", path)
+    changes = {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): ("kl_growth",)}
+    ctx = lab.open_context(tmp_path / "run", override(load_profile(str(small_profile_file)), changes))
+    for stage in (lab.stage_sft, lab.stage_judge, lab.stage_ppo):
+        stage(ctx, protocol=False)
+    state = load_state(ctx.run / "ppo" / "state-continuous.pt.gz")
+    assert state["iterations_done"] == ctx.profile.ppo.iterations == 4  # truncation_rate fired, did not stop
+    out = capsys.readouterr().out
+    assert "signal truncation_rate fired at iteration 1 (" in out and "PPO stops here" not in out
+    assert read_json(ctx.run / "ppo" / "state-continuous.pt.gz.json")["identity"]["warning_rules"] == sha256_file(path)
+
+
+def test_a_stop_signal_needs_the_option_a_known_name_and_a_frozen_rule(small_profile_file, tmp_path, monkeypatch):
+    from rlhf.config import ProfileError
+
+    base = load_profile(str(small_profile_file))
+    with pytest.raises(ProfileError, match="set stop_on_warning = true"):
+        override(base, {("ppo", "stop_signals"): ("kl",)})
+    with pytest.raises(ProfileError, match="not kl_grwth"):
+        override(base, {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): ("kl_grwth",)})
+    with pytest.raises(ProfileError, match="not repeated"):
+        override(base, {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): ("kl", "kl")})
+    path = tmp_path / "warning_rules.json"
+    path.write_text(json.dumps(RULES))  # a rule for truncation_rate only
+    monkeypatch.setattr(signals, "RULES_FILE", path)
+    profile = override(base, {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): ("kl",)})
+    with pytest.raises(ValueError, match="stop_signals kl: no frozen rule"):
+        lab.stop_rules_identity(profile)
+    named = override(base, {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): ("truncation_rate",)})
+    assert lab.stop_rules_identity(named) == {"warning_rules": sha256_file(path)}
+    assert lab.stop_rules_identity(base) == {}
+
+
+def test_the_command_line_names_the_stopping_signals(small_profile_file):
+    from rlhf import cli
+
+    parser = cli.build_parser()
+    args = ["lab", "--out", "x", "--profile", str(small_profile_file)]
+    named = cli._profile(parser.parse_args([*args, "--stop-on-warning", "kl_growth", "kl"]))
+    assert (named.ppo.stop_on_warning, named.ppo.stop_signals) == (True, ("kl_growth", "kl"))
+    anyrule = cli._profile(parser.parse_args([*args, "--stop-on-warning"]))
+    assert (anyrule.ppo.stop_on_warning, anyrule.ppo.stop_signals) == (True, ())
+    off = cli._profile(parser.parse_args(args))
+    assert (off.ppo.stop_on_warning, off.ppo.stop_signals) == (False, ())

@@ -441,6 +441,14 @@ def confirmation_table(point: dict) -> Table:
     return Table(["PPO − SFT", "mean over seeds", "SD", "95% t-interval over seeds", "positive seeds"], rows)
 
 
+def point_where(point: dict) -> str:
+    """'at iteration N', or for a point stopped by a warning rule the iteration of each seed."""
+    if point["iteration"] is not None:
+        return f"at iteration {point['iteration']}"
+    stops = ", ".join(str(r["iteration"]) for r in point["seeds"])
+    return f"where a warning stopped PPO (iteration per seed: {stops})"
+
+
 def render_confirmation_html(record: dict, result: dict) -> str:
     st = record["study"]
     title = f"RLHF with PPO — the frontier's choice confirmed on test ({st['n']} fresh seeds, {st['revision']})"
@@ -453,8 +461,7 @@ def render_confirmation_html(record: dict, result: dict) -> str:
         f"{esc(LEARNING_RATES)}</p>"
     )
     sections = [("How the points were chosen", [intro])] + [
-        (f"{p['arm']} at iteration {p['iteration']} ({p['describe']})", [confirmation_table(p).html()])
-        for p in record["points"]
+        (f"{p['arm']} {point_where(p)} ({p['describe']})", [confirmation_table(p).html()]) for p in record["points"]
     ]
     return page_html(title, sections, {})
 

@@ -174,6 +174,16 @@ MORE_ARMS = (
 
 ARMS = default_arms()
 
+# The confirmation's third point: the SPEC's default stopped by one frozen warning rule
+# (`rlhf lab --stop-on-warning kl_growth`), against the same default run to its fixed last
+# iteration. The signal is the rule with the most early warnings on the study the rules were
+# chosen on (rlhf.studies.warnings.best_rule on r002's validation runs: 13 of 39 falls warned
+# early, 2 of 12 held runs warned falsely); a test recomputes that choice from the committed study.
+STOP_SIGNAL = "kl_growth"
+STOP_ARM = Arm(
+    "spec-default-stop", "judge", raw=SPEC_KL, ppo=(("stop_on_warning", True), ("stop_signals", (STOP_SIGNAL,)))
+)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -304,6 +314,13 @@ def arm_context(seed_dir: Path, arm: Arm, revision: str) -> lab.Context:
     ctx = lab.Context(arm_dir, profile, seed_dir / "base_model", corpus, trained_in=seed_dir)
     lab.check_run_record(ctx)
     return ctx
+
+
+def final_iteration(ctx: lab.Context) -> int:
+    """How many iterations PPO's final state holds (as checkpoints count them): the profile's
+    last, or fewer where a warning rule stopped it (stop_on_warning; a rule that fires at
+    iteration k, counted from 0, stops PPO with k + 1 done)."""
+    return len(read_json(ctx.run / "ppo" / "history.json")["iterations"])
 
 
 def actor_at(ctx: lab.Context, iteration: int):
@@ -922,23 +939,33 @@ def test_rows(actor_model, reference_model, judge, ctx) -> list[dict]:
     return rubric_rows(score_rows(rows, ctx, actor_model, reference_model, judge), ctx)
 
 
-def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int], ...], revision: str, log: bool = True) -> str:
-    """Test evaluation of one confirmation seed: SFT once, each (arm, iteration) against it."""
+def test_file(seed_dir: Path, arm: Arm, it: int | None) -> Path:
+    """Where a confirmation seed keeps one point's test rows: at a fixed iteration, or (None)
+    wherever the arm's PPO ended (a warning may have stopped it)."""
+    name = "test-final.json" if it is None else f"test-iter-{it:04d}.json"
+    return seed_dir / "arms" / arm.name / name
+
+
+def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int | None], ...], revision: str, log: bool = True) -> str:
+    """Test evaluation of one confirmation seed: SFT once, each (arm, iteration) against it; an
+    iteration of None is the arm's final state, wherever its PPO stopped."""
     seed_dir = Path(seed_dir)
     with contextlib.ExitStack() as stack:
         if log:
             _log_to(seed_dir / "frontier.log", stack)
-        for arm, it in arms:
-            out = seed_dir / "arms" / arm.name / f"test-iter-{it:04d}.json"
+        for arm, point in arms:
+            out = test_file(seed_dir, arm, point)
             if out.is_file():
                 continue
             ctx = arm_context(seed_dir, arm, revision)
+            it = final_iteration(ctx) if point is None else point
             sft, judge = _roles_for_measuring(ctx)
             sft_path = seed_dir / "frontier" / "test-sft.json"
             if not sft_path.is_file():
                 write_json(sft_path, {"rows": test_rows(sft.model, sft.model, judge, ctx)})
             sft_rows = read_json(sft_path)["rows"]
-            ppo_rows = test_rows(actor_at(ctx, it).model, sft.model, judge, ctx)
+            final = ctx.profile.ppo.iterations if point is None else it  # a stopped run's final state
+            ppo_rows = test_rows(actor_at(ctx, final).model, sft.model, judge, ctx)
             write_json(
                 out,
                 {
@@ -971,9 +998,10 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
     settings = settings_of(study)
     by_name = {a.name: a for a in resolved(settings.arms, result.get("grid_choice"))}
     sel = result["selection"]
-    points = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
+    points: list[tuple[Arm, int | None]] = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
     if (sel["arm"], sel["iteration"]) != (points[0][0].name, points[0][1]):
         points.append((by_name[sel["arm"]], sel["iteration"]))
+    points.append((STOP_ARM, None))
     identity = {
         **study,
         "n": n,
@@ -990,7 +1018,7 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
     t0 = time.perf_counter()
     say(
         f"confirmation {root}: {n} fresh seed(s); points: "
-        + ", ".join(f"{a.name} at iteration {it}" for a, it in points)
+        + ", ".join(f"{a.name} at iteration {it}" if it is not None else f"{a.name} where it stops" for a, it in points)
     )
     run_tasks(folders, tuple(a for a, _ in points), study["revision"], settings, workers, say, confirm=True)
     for i, f in enumerate(folders):
@@ -1010,11 +1038,12 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
     return record
 
 
-def summarise_point(folders: list[Path], arm: Arm, it: int) -> dict:
-    """Per seed PPO - SFT on test per population, and across seeds (bounded intervals)."""
+def summarise_point(folders: list[Path], arm: Arm, it: int | None) -> dict:
+    """Per seed PPO - SFT on test per population, and across seeds (bounded intervals); `it`
+    None: each seed's final state, at the iteration where its PPO stopped."""
     rows = []
     for i, f in enumerate(folders):
-        rec = read_json(f / "arms" / arm.name / f"test-iter-{it:04d}.json")
+        rec = read_json(test_file(f, arm, it))
         spread = read_json(f / "frontier" / "sft.json")["spread"]["validation"]
         metrics = {}
         for pop in POPULATIONS:
@@ -1028,7 +1057,14 @@ def summarise_point(folders: list[Path], arm: Arm, it: int) -> dict:
             metrics[f"without_eos.{pop}.ppo"] = p["without_eos"]
         kl_coef = load_profile(str(f / "arms" / arm.name / "profile.toml")).ppo.kl_coef
         rows.append(
-            {"seed": i, "folder": f.name, "kl_coef": kl_coef, "sigma_validation": spread["sd"], "metrics": metrics}
+            {
+                "seed": i,
+                "folder": f.name,
+                "iteration": rec["iteration"],
+                "kl_coef": kl_coef,
+                "sigma_validation": spread["sd"],
+                "metrics": metrics,
+            }
         )
     return {
         "arm": arm.name,

@@ -134,3 +134,17 @@ def score_rules(rules_file: Path, folders: list[Path], per_seed: list[dict], ide
         "never_defined": [r["signal"] for r in frozen["rules"] if r["threshold"] is None],
         "scores": scores,
     }
+
+
+BEST_RULE = (
+    "the rule with the most early warnings on the study it was scored on; ties: fewer false alarms, then SIGNALS' order"
+)
+
+
+def best_rule(scored: dict) -> str:
+    """The signal of the best scored rule (BEST_RULE) in a `score_rules` record."""
+    if scored.get("status") != "scored" or not scored["scores"]:
+        raise StudyError("no scored warning rules to choose from")
+    order = {name: k for k, name in enumerate(SIGNALS)}
+    best = max(scored["scores"], key=lambda s: (s["early"], -s["false_alarms"], -order[s["signal"]]))
+    return best["signal"]
