@@ -687,3 +687,84 @@ def test_the_stopping_rule_is_the_best_rule_of_the_study_the_rules_were_chosen_o
         "scores": [{**s, "early": 5, "false_alarms": 9 if s["signal"] == "kl" else 3} for s in scored["scores"]],
     }
     assert best_rule(tied) == signals.SIGNALS[1]  # the first in SIGNALS' order among the fewest false alarms
+
+
+def test_curves_and_the_choice_recomputed_from_each_seeds_stored_rows(small_frontier):
+    """Every curve point is the mean over seeds of each seed's measurement, each measurement's gold
+    and proxy the mean of its stored rows; the choice is the best mean validation gold by the
+    written rule (oracle excluded, iteration >= 1; ties: smaller mean d, earlier arm, earlier
+    iteration), all recomputed here from the files, not by the module's functions."""
+    out, result = small_frontier
+    folders = [out / s["folder"] for s in result["seeds"]]
+    sft_gold = []
+    for f in folders:
+        it0 = json.loads((f / "frontier" / "sft.json").read_text())["iteration_0"]
+        assert it0["gold"] == sum(r["rubric_success"] for r in it0["rows"]) / len(it0["rows"])
+        sft_gold.append(it0["gold"])
+    assert result["sft_level"]["mean"] == pytest.approx(sum(sft_gold) / len(sft_gold), abs=1e-12)
+    candidates = []
+    for k, (name, arm) in enumerate(result["arms"].items()):
+        for row in arm["curve"][1:]:
+            golds, ds, gains = [], [], []
+            for f, g0 in zip(folders, sft_gold):
+                m = json.loads((f / "arms" / name / "validation" / f"iter-{row['iteration']:04d}.json").read_text())
+                rows = m["rows"]
+                assert m["gold"] == sum(r["rubric_success"] for r in rows) / len(rows)
+                assert m["proxy"] == pytest.approx(sum(r["learned_reward"] for r in rows) / len(rows), abs=1e-9)
+                golds.append(m["gold"])
+                ds.append(m["d"])
+                gains.append(m["gold"] - g0)
+            assert row["gold"]["mean"] == pytest.approx(sum(golds) / len(golds), abs=1e-12)
+            assert row["d"]["mean"] == pytest.approx(sum(ds) / len(ds), abs=1e-12)
+            assert row["gain"]["mean"] == pytest.approx(sum(gains) / len(gains), abs=1e-12)
+            if arm["design"] != "oracle":
+                candidates.append((-sum(golds) / len(golds), sum(ds) / len(ds), k, row["iteration"], name))
+    best = sorted(candidates)[0]
+    sel = result["selection"]
+    assert (sel["arm"], sel["iteration"]) == (best[4], best[3])
+    assert sel["mean_validation_gold"] == pytest.approx(-best[0], abs=1e-12)
+    assert sel["above_sft"] == (sel["mean_validation_gold"] > result["sft_level"]["mean"])
+
+
+def test_best_of_n_recomputed_from_each_seeds_stored_samples(small_frontier):
+    """Best-of-n keeps, per prompt, the judge's highest-scored of the first n samples (the first on
+    a tie); its gold and proxy are the means of the kept samples' success and score; the proxy on
+    the judge's own scale is (proxy - mean) / SD of that seed's SFT samples; the across-seed row
+    is their mean. Recomputed from the stored per-prompt samples."""
+    out, result = small_frontier
+    per_seed = {n: [] for n in (1, 2)}
+    for s in result["seeds"]:
+        sft = json.loads((out / s["folder"] / "frontier" / "sft.json").read_text())
+        bon = sft["best_of_n"]
+        scores, successes = bon["scores"], bon["successes"]
+        for point in bon["points"]:
+            n = point["n"]
+            kept = []
+            for prompt_scores in scores:
+                top = prompt_scores[0]
+                j = 0
+                for i in range(1, n):
+                    if prompt_scores[i] > top:
+                        top, j = prompt_scores[i], i
+                kept.append(j)
+            gold = sum(successes[p][j] for p, j in enumerate(kept)) / len(kept)
+            proxy = sum(scores[p][j] for p, j in enumerate(kept)) / len(kept)
+            assert point["gold"] == pytest.approx(gold, abs=1e-12)
+            assert point["proxy"] == pytest.approx(proxy, abs=1e-9)
+            assert point["kl_bound"] == pytest.approx(math.log(n) - (n - 1) / n, abs=1e-15)
+            spread = sft["spread"]["validation"]
+            per_seed[n].append((gold, (proxy - spread["mean"]) / spread["sd"]))
+    for point in result["best_of_n"]["points"]:
+        golds = [g for g, _ in per_seed[point["n"]]]
+        stds = [p for _, p in per_seed[point["n"]]]
+        assert point["gold"]["mean"] == pytest.approx(sum(golds) / len(golds), abs=1e-12)
+        assert point["proxy_std"]["mean"] == pytest.approx(sum(stds) / len(stds), abs=1e-9)
+
+
+def test_sign_counts_positive_seeds_and_the_sign_test_by_hand():
+    stats = across_seeds([0.1, -0.2, 0.0, 0.3, 0.05, 0.0])
+    assert (stats["positive"], stats["negative"], stats["zero"]) == (3, 1, 2)  # zeros are neither
+    # two-sided exact sign test on the 4 non-zero seeds, 3 vs 1: 2 * P(X <= 1), X ~ Binomial(4, 1/2)
+    assert stats["sign_test_p"] == pytest.approx(2 * (1 + 4) / 16)
+    assert across_seeds([0.2, 0.1, 0.3, 0.4, 0.5])["sign_test_p"] == pytest.approx(2 / 32)
+    assert across_seeds([0.0, 0.0])["sign_test_p"] == 1.0  # no non-zero seed: no evidence either way
