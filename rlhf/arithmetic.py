@@ -341,6 +341,17 @@ def differences(mine: dict, other: dict, sections=SECTIONS) -> list[str]:
     return out
 
 
+def unshared(mine: dict, other: dict) -> str:
+    """The entries one fingerprint holds and the other lacks (an older fingerprint, another
+    version of the lab), named for a user: every shared entry may be equal while the classes differ."""
+    names = []
+    for section in SECTIONS:
+        here, there = [n for n, _ in mine[section]], {n for n, _ in map(tuple, other.get(section, []))}
+        names += [f"{section}.{n} only here" for n in here if n not in there]
+        names += [f"{section}.{n} only there" for n in sorted(there - set(here))]
+    return ", ".join(names) if names else "the same entries in another order"
+
+
 def compared(mine: dict, other: dict) -> int:
     """How many entries both fingerprints hold."""
     return sum(len({n for n, _ in mine[s]} & {n for n, _ in map(tuple, other.get(s, []))}) for s in SECTIONS)
@@ -389,7 +400,10 @@ def verdict(fp: dict, known: dict[str, dict] | None = None) -> dict:
     elif matches:
         line = f"the golden numbers apply on this machine: arithmetic class {fp['class']} ({', '.join(matches)})"
     elif known:
-        parts = "; ".join(f"{name} from {entry}" for name, entry in first.items() if entry)
+        parts = "; ".join(
+            f"{name} from {entry}" if entry else f"{name} in which entries it holds ({unshared(fp, known[name])})"
+            for name, entry in first.items()
+        )
         line = (
             f"the golden numbers were not verified on this machine's arithmetic class {fp['class']}: "
             f"it parts from {parts} (rlhf arithmetic shows every difference)"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -165,3 +166,59 @@ def test_a_cpu_of_the_other_vendor_computes_the_same_class(tmp_path, here, recor
     assert emulated["probes"]["sqrt.vector_math"] != here["probes"]["sqrt.vector_math"]
     assert emulated["probes"]["adamw.single_tensor"] != here["probes"]["adamw.single_tensor"]
     assert emulated["probes"]["sqrt.ieee"] == here["probes"]["sqrt.ieee"]
+
+
+def test_the_verdict_reads_the_compared_entries_only_and_names_what_parts(here):
+    """What the class is made of decides the verdict: where the fingerprint was measured (env),
+    the probes and the BF16 section never part a class; one bit of one compared entry does, named;
+    a fingerprint holding other entries than a verified one is named as such, not as a blank."""
+    same = json.loads(json.dumps(here))
+    same["env"]["family_model"], same["env"]["vendor"] = "25/1", "AuthenticAMD"
+    same["probes"] = {k: "f" * 16 for k in same["probes"]}
+    same["bf16"] = [[name, "e" * 16] for name, _ in same["bf16"]]
+    assert arithmetic.class_of(same) == here["class"]
+    assert arithmetic.verdict(same, {"cpu-a": here})["verified"] == "cpu-a"
+
+    name, value = here["model"][5]
+    flipped = json.loads(json.dumps(here))
+    flipped["model"][5] = [name, value[:-1] + ("0" if value[-1] != "0" else "1")]  # one hex digit
+    flipped["class"] = arithmetic.class_of(flipped)
+    v = arithmetic.verdict(flipped, {"cpu-a": here})
+    assert v["verified"] is None and v["first_difference"] == {"cpu-a": f"model.{name}"}
+    assert f"cpu-a from model.{name}" in v["line"]
+
+    older = json.loads(json.dumps(here))
+    dropped = older["ops"].pop()[0]
+    older["class"] = arithmetic.class_of(older)
+    v = arithmetic.verdict(here, {"cpu-old": older})
+    assert v["verified"] is None and v["first_difference"] == {"cpu-old": None}
+    assert f"cpu-old in which entries it holds (ops.{dropped} only here)" in v["line"]
+
+
+def test_the_golden_comparison_fails_on_a_verified_class_and_skips_naming_the_difference_on_another(
+    small_run, here, request, tmp_path, monkeypatch
+):
+    """The golden test's decision, on a lab whose numbers are not the golden ones (the small
+    budget): on a verified class it fails naming the values; on an unverified class it skips,
+    naming where the CPU parts from the verified classes."""
+    import _pytest.outcomes
+
+    golden_test = pytest.importorskip("tests_reproducibility.test_golden")
+    monkeypatch.setattr(request.config, "_rlhf_reports", str(tmp_path), raising=False)
+    record = lambda *args: None  # noqa: E731 - the measured numbers are not this test's results
+    verified = (here, {**arithmetic.verdict(here, {"cpu-a": here})})
+    try:
+        golden_test.check_against_golden("r001", small_run.run, request, record, verified)
+    except AssertionError as err:
+        assert re.search(r"(?s)on a verified arithmetic class \(cpu-a.*states_sha256_continuous", str(err))
+    except _pytest.outcomes.Skipped as skip:  # a skip here would hide a failing golden test
+        pytest.fail(f"on a verified class the golden comparison skipped instead of failing: {skip}")
+    else:
+        pytest.fail("on a verified class the golden comparison passed with differing values")
+    other = json.loads(json.dumps(here))
+    other["ops"][0] = [other["ops"][0][0], "0" * 16]
+    other["class"] = arithmetic.class_of(other)
+    unverified = (here, arithmetic.verdict(here, {"cpu-b": other}))
+    with pytest.raises(_pytest.outcomes.Skipped, match=f"(?s)cpu-b from ops.{here['ops'][0][0]}.*golden value"):
+        golden_test.check_against_golden("r001", small_run.run, request, record, unverified)
+    assert (tmp_path / "golden_embedded.measured.json").is_file()  # what it measured, for the record
