@@ -6,6 +6,7 @@ call, so its existence proves that nothing on the frontier's path reads a test p
 
 from __future__ import annotations
 
+import html.parser
 import json
 import math
 import os
@@ -517,7 +518,7 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
         diffs = [row["metrics"]["rubric_success.test.ppo_minus_sft"] for row in p["seeds"]]
         assert p["across"]["rubric_success.test.ppo_minus_sft"]["mean"] == pytest.approx(sum(diffs) / 2, abs=1e-12)
         assert -1.0 <= p["across"]["rubric_success.test.ppo_minus_sft"]["t95"][0]
-    assert (study / "confirmation.html").is_file()
+    confirmation_page_shows(study / "confirmation.html", json.loads((study / "confirmation.json").read_text()))
     again = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
     assert again == json.loads((study / "confirmation.json").read_text())
 
@@ -768,3 +769,146 @@ def test_sign_counts_positive_seeds_and_the_sign_test_by_hand():
     assert stats["sign_test_p"] == pytest.approx(2 * (1 + 4) / 16)
     assert across_seeds([0.2, 0.1, 0.3, 0.4, 0.5])["sign_test_p"] == pytest.approx(2 / 32)
     assert across_seeds([0.0, 0.0])["sign_test_p"] == 1.0  # no non-zero seed: no evidence either way
+
+
+# ------------------------------------------------------------------- numbers read back from the pages
+
+
+class _Tables(html.parser.HTMLParser):
+    """Every <table> of a page as (section heading, header cells, rows of cell texts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: list[tuple[str, list[str], list[list[str]]]] = []
+        self.heading, self.in_h2 = "", False
+        self.row: list[str] | None = None
+        self.cell: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "h2":
+            self.in_h2, self.heading = True, ""
+        elif tag == "table":
+            self.tables.append((self.heading, [], []))
+        elif tag == "tr":
+            self.row = []
+        elif tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "h2":
+            self.in_h2 = False
+        elif tag in ("td", "th") and self.row is not None and self.cell is not None:
+            self.row.append(self.cell.strip())
+            self.cell = None
+        elif tag == "tr" and self.row is not None:
+            _, head, rows = self.tables[-1]
+            if head:
+                rows.append(self.row)
+            else:
+                head.extend(self.row)
+            self.row = None
+
+    def handle_data(self, data):
+        if self.in_h2:
+            self.heading += data
+        if self.cell is not None:
+            self.cell += data
+
+
+def page_tables(path) -> list[tuple[str, list[str], list[list[str]]]]:
+    parser = _Tables()
+    parser.feed(Path(path).read_text())
+    return parser.tables
+
+
+NUMBER = re.compile(r"[+\-−]?\d+(?:\.\d+)?(?:e[+\-]\d+)?")
+
+
+def shown(cell: str, *values) -> None:
+    """The cell shows exactly these numbers, in order, each to the page's rounding: a value is
+    (number, digits shown) or a number shown to 3 digits; scientific notation to 3 significant
+    digits; None is shown as a dash."""
+    pairs = [value if isinstance(value, tuple) else (value, 3) for value in values]
+    assert cell.count("—") == sum(v is None for v, _ in pairs), f"{cell!r}: a missing value is shown as —"
+    pairs = [(v, d) for v, d in pairs if v is not None]
+    got = NUMBER.findall(cell)
+    assert len(got) == len(pairs), f"{cell!r} shows {got}, not {values}"
+    for text, (v, digits) in zip(got, pairs):
+        g = float(text.replace("−", "-"))
+        tolerance = 0.005 * abs(v) if "e" in text else 0.5 * 10**-digits
+        assert abs(g - v) <= tolerance + 1e-12, f"{cell!r}: {text} is not {v}"
+
+
+def test_every_number_of_the_frontier_page_is_the_studys(small_frontier):
+    out, result = small_frontier
+    tables = {head[0]: rows for _, head, rows in page_tables(out / "report.html")}
+    arm_rows = {r[0].split(" (")[0]: r for r in tables["arm"]}
+    assert sorted(arm_rows) == sorted(result["arms"]) and len(tables["arm"]) == len(result["arms"])
+    for name, arm in result["arms"].items():
+        row = arm_rows[name]
+        best, last = arm["best"], arm["curve"][-1]
+        shown(row[1], *arm["kl_coef_per_seed"])
+        shown(row[2], best["gold"], (best["iteration"], 0), (best["d"], 2))
+        share = best["share_of_oracle_gain"]
+        shown(row[3], best["gain"], *([] if share is None else [(100 * share, 0)]))
+        shown(row[4], last["gold"]["mean"], last["gold"]["sd"])
+        shown(row[5], (last["d"]["mean"], 2))
+        shown(row[6], (last["proxy_std"]["mean"], 2))
+        shown(row[7], *((last[k]["mean"], 1) for k in ("cut_at_limit", "undecodable", "repeats_polite_closing")))
+        shown(row[8], (last["uncertified"]["mean"], 1))
+    for row, p in zip(tables["n"], result["best_of_n"]["points"], strict=True):
+        shown(row[0], (p["n"], 0))
+        shown(row[1], p["kl_bound"])
+        shown(row[2], p["d_bound"])
+        shown(row[3], p["gold"]["mean"], p["gold"]["sd"])
+        shown(row[4], (p["proxy_std"]["mean"], 2))
+        shown(row[5], (p["truncations"]["mean"], 1))
+    for row, s in zip(tables["seed"], result["seeds"], strict=True):
+        shown(row[0], (s["seed"], 0))
+        shown(row[1], (s["sigma_validation"], 2))
+        shown(row[2], (s["mean_validation"], 2))
+        shown(row[3], (s["train_spread"]["mean"], 2), (s["train_spread"]["sd"], 2))
+        shown(row[4], s["sft"]["gold"])
+    fits = {**{n: a["fit"] for n, a in result["arms"].items()}, "best-of-n": result["best_of_n"]["fit"]}
+    assert sorted(r[0] for r in tables["curve"]) == sorted(fits)
+    for row in tables["curve"]:
+        fit = fits[row[0]]
+        if "alpha" in fit:
+            shown(row[1], fit["alpha"])
+            shown(row[2], fit["beta"])
+            shown(row[4], (fit["r2"], 2))
+            shown(row[5], fit["rms_residual"])
+    for row, sc in zip(tables["signal"], result["warnings"]["scores"], strict=True):
+        assert row[0] == sc["signal"]
+        shown(row[2], (sc["fell"], 0))
+        shown(row[3], (sc["early"], 0))
+        if sc["median_lead"] is not None:
+            shown(row[4], (sc["median_lead"], 1))
+        shown(row[5], (sc["late"], 0))
+        shown(row[6], (sc["misses"], 0))
+        shown(row[7], (sc["false_alarms"], 0), (sc["held"], 0))
+    page = (out / "report.html").read_text()
+    sel = result["selection"]
+    chosen = re.search(r"at iteration <b>(\d+)</b>, mean validation gold ([\d.]+) against SFT's ([\d.]+)", page)
+    assert chosen and int(chosen[1]) == sel["iteration"]
+    shown(chosen[2], sel["mean_validation_gold"])
+    shown(chosen[3], sel["sft_mean_validation_gold"])
+
+
+def confirmation_page_shows(page, record: dict) -> None:
+    """Every number of confirmation.html read back equals the confirmation's JSON: per point, PPO -
+    SFT on each population, its mean, SD, interval (and the interval before the cut, where cut)
+    and the count of positive seeds."""
+    tables = page_tables(page)
+    assert len(tables) == len(record["points"])
+    pops = ("test", "all_unique_contexts", "probe_contexts")  # the page's order
+    for (heading, _, rows), point in zip(tables, record["points"], strict=True):
+        assert heading.startswith(point["arm"] + " ")
+        keys = [f"{q}.{pop}.ppo_minus_sft" for q in ("rubric_success", "learned_reward_std") for pop in pops]
+        for row, key in zip(rows, keys, strict=True):
+            st = point["across"][key]
+            shown(row[1], st["mean"])
+            shown(row[2], st["sd"])
+            cut = list(st["t95_unclipped"]) if st.get("clipped") else []
+            shown(row[3], *st["t95"], *cut)
+            shown(row[4], (st["positive"], 0), (st["n"], 0))
