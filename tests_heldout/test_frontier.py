@@ -519,6 +519,14 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
         assert p["across"]["rubric_success.test.ppo_minus_sft"]["mean"] == pytest.approx(sum(diffs) / 2, abs=1e-12)
         assert -1.0 <= p["across"]["rubric_success.test.ppo_minus_sft"]["t95"][0]
     confirmation_page_shows(study / "confirmation.html", json.loads((study / "confirmation.json").read_text()))
+    answers = json.loads((study / "confirmation-answers.json").read_text())
+    for p in record["points"]:
+        key = f"{p['arm']}@{'stop' if p['iteration'] is None else p['iteration']}"
+        for row in p["seeds"]:
+            test = [a for a in answers[row["folder"]] if a["population"] == "test"]
+            assert test and {a["sft"]["rubric_success"] for a in test} <= {True, False}
+            rate = sum(a[key]["rubric_success"] for a in test) / len(test)
+            assert rate == pytest.approx(row["metrics"]["rubric_success.test.ppo"], abs=1e-12)
     again = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
     assert again == json.loads((study / "confirmation.json").read_text())
 

@@ -1024,6 +1024,7 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
     for i, f in enumerate(folders):
         confirm_seed(f, tuple(points), study["revision"], log=workers > 1)
         say(f"seed {i}: test evaluated at {time.perf_counter() - t0:.0f} s")
+    write_json(out / "confirmation-answers.json", confirmation_answers(folders, tuple(points)), overwrite=True)
     record = {
         "study": identity,
         "interval": INTERVAL,
@@ -1036,6 +1037,33 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
     write_json(done, record)
     say(f"confirmation complete: {done} and {out / 'confirmation.html'}")
     return record
+
+
+ANSWER_KEYS = ("response", "finish_reason", "rubric_success", "learned_reward")
+
+
+def confirmation_answers(folders: list[Path], points: tuple[tuple[Arm, int | None], ...]) -> dict:
+    """Every held-out answer (test prompts and probe rows) of each confirmation seed, SFT's beside
+    each point's: {seed folder:
+    [{document_id, population, "sft": answer, "ARM@ITERATION": answer, ...}]}, an answer being its
+    text, how it ended, its rubric success and the judge's score (a stopped point's key ends
+    in "@stop"; its iteration per seed is in confirmation.json)."""
+
+    def answer(row: dict) -> dict:
+        return {k: row["rubric"]["rubric_success"] if k == "rubric_success" else row[k] for k in ANSWER_KEYS}
+
+    out = {}
+    for f in folders:
+        sft = read_json(f / "frontier" / "test-sft.json")["rows"]
+        rows = [{"document_id": r["document_id"], "population": r["population"], "sft": answer(r)} for r in sft]
+        for arm, it in points:
+            ppo = read_json(test_file(f, arm, it))["ppo_rows"]
+            if [r["document_id"] for r in ppo] != [r["document_id"] for r in rows]:
+                raise StudyError(f"{f.name}/{arm.name}: its test rows are not SFT's prompts in SFT's order")
+            for row, r in zip(rows, ppo):
+                row[f"{arm.name}@{'stop' if it is None else it}"] = answer(r)
+        out[f.name] = rows
+    return out
 
 
 def summarise_point(folders: list[Path], arm: Arm, it: int | None) -> dict:
