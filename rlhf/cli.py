@@ -558,11 +558,13 @@ def cmd_frontier(args) -> int:
         return 0
     if args.confirm:
         print(logdir_line(args.out), flush=True)
+        from rlhf.report.frontier import point_where
+
         record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
         for p in record["points"]:
             s = p["across"]["rubric_success.test.ppo_minus_sft"]
             print(
-                f"{p['arm']} at iteration {p['iteration']}: PPO - SFT test rubric success mean {s['mean']:+.3f}, "
+                f"{p['arm']} {point_where(p)}: PPO - SFT test rubric success mean {s['mean']:+.3f}, "
                 f"95% t-interval over {s['n']} seeds [{s['t95'][0]:+.3f}, {s['t95'][1]:+.3f}], "
                 f"positive in {s['positive']} of {s['n']}"
             )
