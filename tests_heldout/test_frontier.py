@@ -479,8 +479,11 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
     # whose kl_growth rule fires at the first iteration with a growth (iteration 1) makes the stop real.
     rules = tmp_path / "warning_rules.json"
     kl_growth = {"signal": frontier.STOP_SIGNAL, "threshold": -1e30, "patience": 1}
-    rules.write_text(json.dumps({"format": signals.RULES_FORMAT, "window": 1, "rules": [kl_growth]}))
-    monkeypatch.setattr(signals, "RULES_FILE", rules)
+    frozen = {"format": signals.RULES_FORMAT, "window": 1, "drop_margin": signals.DROP_MARGIN, "rules": [kl_growth]}
+    frozen["chosen_on"] = {"study": {"revision": "r002"}}
+    rules.write_text(json.dumps(frozen))
+    monkeypatch.setattr(signals, "RULES_FILE", rules)  # what PPO stops by
+    monkeypatch.setattr(frontier, "RULES_FILE", rules)  # what the confirmation scores
     record = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
     sel = result["selection"]
     want = [("spec-default", 4)] + (
@@ -519,6 +522,21 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
         assert p["across"]["rubric_success.test.ppo_minus_sft"]["mean"] == pytest.approx(sum(diffs) / 2, abs=1e-12)
         assert -1.0 <= p["across"]["rubric_success.test.ppo_minus_sft"]["t95"][0]
     confirmation_page_shows(study / "confirmation.html", json.loads((study / "confirmation.json").read_text()))
+    # The frozen rules scored on these fresh seeds, against test gold at every kept checkpoint of
+    # the runs that went to the last iteration; the last checkpoint's gold is the point's own.
+    warned = record["warnings"]
+    assert warned["status"] == "scored" and warned["in_sample"] is False and "test rubric success" in warned["gold"]
+    runs = {r["name"] for sc in warned["scores"] for r in sc["runs"]}
+    assert runs == {f"{row['folder']}/{p['arm']}" for p in record["points"][:-1] for row in p["seeds"]}
+    for row in record["points"][0]["seeds"]:
+        arm = study / "confirm" / row["folder"] / "arms" / "spec-default"
+        for it in (2, 4):
+            gold = json.loads((arm / "test-gold" / f"iter-{it:04d}.json").read_text())
+            sft_rows = json.loads((arm.parents[1] / "frontier" / "test-sft.json").read_text())["rows"]
+            assert gold["n"] == len(gold["success"]) == sum(r["population"] == "test" for r in sft_rows)
+            assert gold["gold"] == sum(gold["success"]) / len(gold["success"])
+        assert gold["gold"] == pytest.approx(row["metrics"]["rubric_success.test.ppo"], abs=1e-12)
+    assert "Over-optimisation warnings on these seeds" in (study / "confirmation.html").read_text()
     answers = json.loads((study / "confirmation-answers.json").read_text())
     for p in record["points"]:
         key = f"{p['arm']}@{'stop' if p['iteration'] is None else p['iteration']}"
@@ -907,7 +925,7 @@ def confirmation_page_shows(page, record: dict) -> None:
     """Every number of confirmation.html read back equals the confirmation's JSON: per point, PPO -
     SFT on each population, its mean, SD, interval (and the interval before the cut, where cut)
     and the count of positive seeds."""
-    tables = page_tables(page)
+    tables = [t for t in page_tables(page) if t[0] != "Over-optimisation warnings on these seeds"]
     assert len(tables) == len(record["points"])
     pops = ("test", "all_unique_contexts", "probe_contexts")  # the page's order
     for (heading, _, rows), point in zip(tables, record["points"], strict=True):

@@ -187,7 +187,8 @@ def warnings_table(result: dict) -> Table | None:
             "false alarms (runs where gold held)",
         ],
         rows,
-        f"Warnings scored against validation gold, {sample}: the rules of {warn['rules_file']} chosen on "
+        f"Warnings scored against {warn.get('gold', 'validation gold')}, {sample}: the rules of "
+        f"{warn['rules_file']} chosen on "
         f"{warn['chosen_on']['study'].get('revision')}; gold falls at the first checkpoint from which it stays more "
         f"than {warn['drop_margin']} below the seed's SFT at every later one (checkpoints every 10 iterations, so a "
         "lead is measured to the checkpoint that saw the fall)",
@@ -463,6 +464,9 @@ def render_confirmation_html(record: dict, result: dict) -> str:
     sections = [("How the points were chosen", [intro])] + [
         (f"{p['arm']} {point_where(p)} ({p['describe']})", [confirmation_table(p).html()]) for p in record["points"]
     ]
+    warned = warnings_table(record)
+    if warned is not None:
+        sections.append(("Over-optimisation warnings on these seeds", [warned.html()]))
     return page_html(title, sections, {})
 
 

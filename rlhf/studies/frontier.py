@@ -1025,10 +1025,13 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
         confirm_seed(f, tuple(points), study["revision"], log=workers > 1)
         say(f"seed {i}: test evaluated at {time.perf_counter() - t0:.0f} s")
     write_json(out / "confirmation-answers.json", confirmation_answers(folders, tuple(points)), overwrite=True)
+    warned = confirmation_warnings(folders, points, study["revision"])
+    say(f"warning rules scored on the confirmation seeds' test gold at {time.perf_counter() - t0:.0f} s")
     record = {
         "study": identity,
         "interval": INTERVAL,
         "points": [summarise_point(folders, a, it) for a, it in points],
+        "warnings": warned,
         "wall_seconds_this_invocation": time.perf_counter() - t0,
     }
     from rlhf.report.frontier import write_confirmation_report
@@ -1037,6 +1040,48 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
     write_json(done, record)
     say(f"confirmation complete: {done} and {out / 'confirmation.html'}")
     return record
+
+
+def test_gold_curve(seed_dir: Path, arm: Arm, revision: str) -> list[dict]:
+    """A confirmation arm's test rubric success (gold) at every checkpoint its PPO kept, each
+    stored in arms/ARM/test-gold/iter-NNNN.json: what its warnings are scored against on the
+    confirmation seeds (the rules are frozen; nothing here chooses anything)."""
+    ctx = arm_context(seed_dir, arm, revision)
+    curve = []
+    for it in measured_iterations(ctx.profile):
+        path = seed_dir / "arms" / arm.name / "test-gold" / f"iter-{it:04d}.json"
+        if not path.is_file():
+            rows = [
+                r for r in rubric_rows(generate_heldout(actor_at(ctx, it).model, ctx), ctx) if r["population"] == "test"
+            ]
+            success = [bool(r["rubric"]["rubric_success"]) for r in rows]
+            write_json(
+                path, {"iteration": it, "gold": sum(success) / len(success), "n": len(success), "success": success}
+            )
+        rec = read_json(path)
+        curve.append({"iteration": rec["iteration"], "gold": rec["gold"]})
+    return curve
+
+
+CONFIRM_WARNINGS_GOLD = (
+    "test rubric success of the greedy answers to the 180 test prompts at every kept checkpoint of "
+    "the confirmation seeds' runs that went to the last iteration (not the stopped one), SFT's as the level"
+)
+
+
+def confirmation_warnings(folders: list[Path], points, revision: str) -> dict:
+    """The frozen warning rules scored on the confirmation seeds: fresh training seeds that set
+    no rule, with gold measured on test (CONFIRM_WARNINGS_GOLD)."""
+    arms = [a for a, it in points if it is not None]
+    per_seed = []
+    for f in folders:
+        sft = [r for r in read_json(f / "frontier" / "test-sft.json")["rows"] if r["population"] == "test"]
+        seed = {"sft": {"gold": sum(r["rubric"]["rubric_success"] for r in sft) / len(sft)}, "arms": {}}
+        for arm in arms:
+            design = load_profile(str(f / "arms" / arm.name / "profile.toml")).ppo.reward_design
+            seed["arms"][arm.name] = {"reward_design": design, "points": test_gold_curve(f, arm, revision)}
+        per_seed.append(seed)
+    return {**score_rules(RULES_FILE, folders, per_seed, None), "gold": CONFIRM_WARNINGS_GOLD}
 
 
 ANSWER_KEYS = ("response", "finish_reason", "rubric_success", "learned_reward")
