@@ -19,6 +19,7 @@ refuses a mismatch names the parts that changed with `describe_change`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rlhf import runtime
@@ -90,3 +91,20 @@ def describe_change(old: dict, new: dict, width: int = 40) -> str | None:
         return None
     detail = "; ".join(f"{k} was {str(old.get(k))[:width]}, now {str(new.get(k))[:width]}" for k in changed)
     return f"identity changed in {', '.join(changed)} ({detail})"
+
+
+def profile_changes(old: dict, new: dict) -> list[str]:
+    """The profile keys whose values differ between two profiles' plain data (Profile.to_dict),
+    as '[table] key: old -> new' (a top-level key without a table), in table order; compared as
+    JSON holds them (a tuple read back from run.json is a list)."""
+    old, new = json.loads(json.dumps(old)), json.loads(json.dumps(new))
+    out = []
+    for table in dict.fromkeys([*old, *new]):
+        a, b = old.get(table), new.get(table)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [
+                f"[{table}] {k}: {a.get(k)!r} -> {b.get(k)!r}" for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)
+            ]
+        elif a != b:
+            out.append(f"{table}: {a!r} -> {b!r}")
+    return out

@@ -241,12 +241,18 @@ def check_run_record(ctx: Context) -> dict:
             "device": ctx.device,
             "precision": ctx.precision,
             "determinism": ctx.determinism,
+            "profile_values": ctx.profile.to_dict(),  # not compared: names the keys of a changed config
             "stages": {},
         }
         write_json(path, record)
         return record
     record = read_json(path)
     change = identities.describe_change(record["identity"], current)
+    if change and "profile_values" in record and record["identity"].get("config") != current["config"]:
+        keys = identities.profile_changes(record["profile_values"], ctx.profile.to_dict())
+        change += "; the profile's " + (
+            "changed keys: " + "; ".join(keys) if keys else "keys are equal, its file differs"
+        )
     if change:
         profile = current["profile"] if current["profile"] in PROFILES else "PROFILE.toml"
         raise StateError(

@@ -1,6 +1,8 @@
 """Bad input on resume (changed identity, damaged state files, a CUDA profile without CUDA) is refused
 with a message naming the problem, and nothing existing is overwritten."""
 
+import json
+import re
 import shutil
 
 import pytest
@@ -29,14 +31,50 @@ def stopped_run(tmp_path_factory):
     return ctx
 
 
-def test_resume_with_changed_config_is_refused(stopped_run):
+@pytest.mark.parametrize(
+    "table,key,value",
+    [
+        ("sft", "lr", 1e-3),
+        ("seeds", "torch", 50),
+        ("ppo", "reward_design", "iterated-judge"),
+        ("ppo", "refresh_every", 7),
+        ("ppo", "kl_coef", 0.05),
+        ("runtime", "torch_threads", 2),
+    ],
+)
+def test_resume_with_changed_config_is_refused_naming_the_key(stopped_run, table, key, value):
+    """Any profile value (a learning rate, a seed, the reward design or one of its parameters, the
+    thread count) changes the run's identity; the refusal names the key, its old and new value."""
     before = sha256_file(stopped_run.run / "run.json")
-    with pytest.raises(
-        StateError, match=r"identity changed in config .*Nothing was written.*rlhf lab --out NEW_FOLDER"
-    ):
-        lab.open_context(stopped_run.run, override(bad_input_profile(), {("sft", "lr"): 1e-3}))
+    old = getattr(getattr(bad_input_profile(), table), key)
+    with pytest.raises(StateError) as refused:
+        lab.open_context(stopped_run.run, override(bad_input_profile(), {(table, key): value}))
+    message = str(refused.value)
+    assert re.search(r"identity changed in [a-z, ]*config .*Nothing was written.*rlhf lab --out NEW_FOLDER", message)
+    assert f"changed keys: [{table}] {key}: {old!r} -> {value!r}" in message
     assert not (stopped_run.run / "sft" / "state-resumed.pt.gz").exists()
     assert sha256_file(stopped_run.run / "run.json") == before
+
+
+def test_every_profile_value_is_part_of_the_identity():
+    """The config hash is over Profile.to_dict(): every field of every table is in it (a field
+    left out there could change a result without changing the identity)."""
+    import dataclasses
+
+    from rlhf.config import Profile
+
+    profile = bad_input_profile()
+    data = profile.to_dict()
+    for table in dataclasses.fields(Profile):
+        if table.name == "source":
+            continue
+        value = getattr(profile, table.name)
+        if dataclasses.is_dataclass(value):
+            assert set(data[table.name]) == {f.name for f in dataclasses.fields(value)}, table.name
+        else:
+            assert table.name in data
+    for table, key in (("ppo", "stop_signals"), ("ppo", "ensemble_lambda"), ("seeds", "judge_refresh")):
+        assert key in data[table]
 
 
 @pytest.mark.parametrize("part", ["revision", "code", "arithmetic", "profile", "dtype"])
@@ -249,3 +287,34 @@ def test_a_compare_file_that_is_not_a_fingerprint_is_refused_before_measuring(
     assert len(lines) == 1 and lines[0].startswith("rlhf arithmetic: error: ") and str(path) in lines[0], lines
     assert re.search(problem, lines[0]), lines[0]
     assert not (tmp_path / "mine.json").exists()
+
+
+def test_run_json_records_the_runtime_threads_pin_and_determinism_in_force(stopped_run):
+    """What the runtime set is observable in run.json, every setting by name (written out here,
+    so that a setting dropped from the record fails this test), each equal to what torch and the
+    environment report now."""
+    import os
+
+    import torch
+
+    from rlhf import runtime
+
+    record = read_json(stopped_run.run / "run.json")
+    arithmetic = record["arithmetic"]
+    assert set(arithmetic) == {
+        "comparable", "cpu_capability", "environment", "machine", "mkl", "mkl_branch", "mkl_sees_intel",
+        "note", "overridden_user_settings", "pin", "status", "threads", "torch",
+    }  # fmt: skip
+    assert arithmetic["threads"] == torch.get_num_threads() == stopped_run.profile.runtime.torch_threads == 1
+    assert arithmetic["environment"] == {k: os.environ.get(k) for k in runtime.PIN}
+    assert arithmetic["torch"] == torch.__version__ and arithmetic["mkl_branch"] == runtime.mkl_branch_in_force()
+    assert record["identity"]["arithmetic"] == runtime.identity_tag() and "threads=1" in runtime.identity_tag()
+    determinism = record["determinism"]
+    assert set(determinism) == {
+        "applied", "overridden_user_settings", "deterministic_algorithms", "cublas_workspace_config",
+        "matmul_allow_tf32", "cudnn_allow_tf32", "cudnn_deterministic", "cudnn_benchmark", "complete",
+    }  # fmt: skip
+    assert determinism["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
+    assert determinism["cudnn_benchmark"] == torch.backends.cudnn.benchmark
+    assert set(record["precision"]) == {"dtype", "force", "reason", "requested", "stored"}
+    assert record["profile_values"] == json.loads(json.dumps(stopped_run.profile.to_dict()))
