@@ -781,6 +781,14 @@ def test_best_of_n_recomputed_from_each_seeds_stored_samples(small_frontier):
             assert point["kl_bound"] == pytest.approx(math.log(n) - (n - 1) / n, abs=1e-15)
             spread = sft["spread"]["validation"]
             per_seed[n].append((gold, (proxy - spread["mean"]) / spread["sd"]))
+        # sigma: the sample SD of the judge's scores of each prompt's first temperature-1 SFT sample
+        first = [prompt_scores[0] for prompt_scores in scores]
+        mean = sum(first) / len(first)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in first) / (len(first) - 1))
+        assert bon["spread"]["mean"] == pytest.approx(mean, abs=1e-9) and bon["spread"]["sd"] == pytest.approx(
+            sd, rel=1e-9
+        )
+        assert s["sigma_validation"] == sft["spread"]["validation"]["sd"] == pytest.approx(sd, rel=1e-9)
     for point in result["best_of_n"]["points"]:
         golds = [g for g, _ in per_seed[point["n"]]]
         stds = [p for _, p in per_seed[point["n"]]]
@@ -865,7 +873,7 @@ def shown(cell: str, *values) -> None:
         assert abs(g - v) <= tolerance + 1e-12, f"{cell!r}: {text} is not {v}"
 
 
-def test_every_number_of_the_frontier_page_is_the_studys(small_frontier):
+def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_path):
     out, result = small_frontier
     tables = {head[0]: rows for _, head, rows in page_tables(out / "report.html")}
     arm_rows = {r[0].split(" (")[0]: r for r in tables["arm"]}
@@ -902,8 +910,26 @@ def test_every_number_of_the_frontier_page_is_the_studys(small_frontier):
         if "alpha" in fit:
             shown(row[1], fit["alpha"])
             shown(row[2], fit["beta"])
+            shown(row[3], (fit["d_star"], 2))
             shown(row[4], (fit["r2"], 2))
             shown(row[5], fit["rms_residual"])
+    # The small study's refreshes may label no pair (accuracies None): the refresh table is also
+    # read back from the page rendered with every column distinct, so a swapped column shows.
+    from rlhf.report.frontier import render_frontier_html
+
+    distinct = {"after_iteration": 5, "successes": 3.5, "answers": 64, "new_pairs": 7.5, "seeds_with_pairs": 2}
+    distinct.update(accuracy_before=0.25, accuracy_after=0.875)
+    variant = json.loads(json.dumps(result))
+    variant["arms"]["iterated-judge"]["refreshes"] = [distinct, *result["arms"]["iterated-judge"]["refreshes"]]
+    (tmp := tmp_path / "variant-report.html").write_text(render_frontier_html(variant, None))
+    (refresh_rows,) = [rows for _, head, rows in page_tables(tmp) if head[0] == "after iteration"]
+    for row, r in zip(refresh_rows, variant["arms"]["iterated-judge"]["refreshes"], strict=True):
+        shown(row[0], (r["after_iteration"], 0))
+        shown(row[1], (r["successes"], 1), (r["answers"], 0))
+        shown(row[2], (r["new_pairs"], 1))
+        shown(row[3], (r["seeds_with_pairs"], 0))
+        shown(row[4], r["accuracy_before"])
+        shown(row[5], r["accuracy_after"])
     for row, sc in zip(tables["signal"], result["warnings"]["scores"], strict=True):
         assert row[0] == sc["signal"]
         shown(row[2], (sc["fell"], 0))
@@ -919,6 +945,10 @@ def test_every_number_of_the_frontier_page_is_the_studys(small_frontier):
     assert chosen and int(chosen[1]) == sel["iteration"]
     shown(chosen[2], sel["mean_validation_gold"])
     shown(chosen[3], sel["sft_mean_validation_gold"])
+    grid = result["grid_choice"]
+    best_c = re.search(r"c = ([\d.]+) \(([^,]+), mean validation gold ([\d.]+) at iteration (\d+)\)", page)
+    assert best_c and (float(best_c[1]), best_c[2], int(best_c[4])) == (grid["c"], grid["arm"], grid["iteration"])
+    shown(best_c[3], grid["mean_validation_gold"])
 
 
 def confirmation_page_shows(page, record: dict) -> None:
