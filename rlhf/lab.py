@@ -67,7 +67,7 @@ from rlhf.models import check_tokenizer, compute_dtype, directory_identity, load
 from rlhf.ppo import STATE_KEYS, train_ppo
 from rlhf.report import write_reports
 from rlhf.roles import PpoRoles, Role, assert_role_isolation, fingerprint, load_role, new_role, save_role
-from rlhf.runtime import configure_determinism, configure_torch, seed_system_rngs
+from rlhf.runtime import configure_determinism, configure_torch, rng_state, seed_system_rngs, set_rng_state
 from rlhf.sft import train_sft
 from rlhf.shortcut import run_shortcut_audit
 
@@ -162,8 +162,16 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
         model_dir = run / "base_model"
         if not (model_dir / "config.json").is_file():
             build_embedded(model_dir)
-    ctx = Context(run, profile, model_dir, corpus)
-    check_run_record(ctx)
+    # Context applies the profile's threads and seed to this process; a refused run puts back
+    # the caller's (a library caller continues after the refusal).
+    threads, rngs = torch.get_num_threads(), rng_state()
+    try:
+        ctx = Context(run, profile, model_dir, corpus)
+        check_run_record(ctx)
+    except Exception:
+        torch.set_num_threads(threads)
+        set_rng_state(rngs)
+        raise
     return ctx
 
 

@@ -45,10 +45,15 @@ def stopped_run(tmp_path_factory):
 def test_resume_with_changed_config_is_refused_naming_the_key(stopped_run, table, key, value):
     """Any profile value (a learning rate, a seed, the reward design or one of its parameters, the
     thread count) changes the run's identity; the refusal names the key, its old and new value."""
+    import torch
+
     before = sha256_file(stopped_run.run / "run.json")
     old = getattr(getattr(bad_input_profile(), table), key)
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
     with pytest.raises(StateError) as refused:
         lab.open_context(stopped_run.run, override(bad_input_profile(), {(table, key): value}))
+    # the refused run leaves this process as it was (its thread count and global generator)
+    assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng)
     message = str(refused.value)
     assert re.search(r"identity changed in [a-z, ]*config .*Nothing was written.*rlhf lab --out NEW_FOLDER", message)
     assert f"changed keys: [{table}] {key}: {old!r} -> {value!r}" in message
