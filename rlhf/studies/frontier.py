@@ -958,14 +958,17 @@ def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int | None], ...], revision: s
             if out.is_file():
                 continue
             ctx = arm_context(seed_dir, arm, revision)
-            it = final_iteration(ctx) if point is None else point
+            it = final_iteration(ctx) if point is None else point  # recorded: where a stopped run ended
             sft, judge = _roles_for_measuring(ctx)
             sft_path = seed_dir / "frontier" / "test-sft.json"
             if not sft_path.is_file():
                 write_json(sft_path, {"rows": test_rows(sft.model, sft.model, judge, ctx)})
             sft_rows = read_json(sft_path)["rows"]
-            final = ctx.profile.ppo.iterations if point is None else it  # a stopped run's final state
-            ppo_rows = test_rows(actor_at(ctx, final).model, sft.model, judge, ctx)
+            # actor_at reads the final state (state-continuous) for the profile's last iteration,
+            # which is where a stopped run saved its last state too
+            ppo_rows = test_rows(
+                actor_at(ctx, ctx.profile.ppo.iterations if point is None else point).model, sft.model, judge, ctx
+            )
             write_json(
                 out,
                 {
@@ -1051,6 +1054,8 @@ def test_gold_curve(seed_dir: Path, arm: Arm, revision: str) -> list[dict]:
     for it in measured_iterations(ctx.profile):
         path = seed_dir / "arms" / arm.name / "test-gold" / f"iter-{it:04d}.json"
         if not path.is_file():
+            # Generated as the evaluation generates (probe rows in the same batches), so that the last
+            # checkpoint's gold is the confirmation point's own to the bit; only test rows are kept.
             rows = [
                 r for r in rubric_rows(generate_heldout(actor_at(ctx, it).model, ctx), ctx) if r["population"] == "test"
             ]
