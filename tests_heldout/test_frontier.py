@@ -796,6 +796,96 @@ def test_best_of_n_recomputed_from_each_seeds_stored_samples(small_frontier):
         assert point["proxy_std"]["mean"] == pytest.approx(sum(stds) / len(stds), abs=1e-9)
 
 
+def _favourite(scores: list[float], n: int) -> int:
+    """The first of the highest among the first n (written out, not rlhf's best_of)."""
+    top, j = scores[0], 0
+    for i in range(1, n):
+        if scores[i] > top:
+            top, j = scores[i], i
+    return j
+
+
+def test_best_of_n_under_the_ensemble_recomputed_from_each_members_scores(small_frontier):
+    """Best-of-n ranked by an ensemble reward: the same draws as under the judge (member 0's scores
+    are the judge's best-of-n scores), the reward per sample the members' minimum, their mean, and
+    mean - lambda * SD (divisor k) recomputed from each member's stored score, the favourite of the
+    first n by that reward, its gold from the stored successes; across seeds the mean, and the
+    change of gold from n = 1 to the largest n per seed."""
+    out, result = small_frontier
+    e = result["best_of_n_ensemble"]
+    assert set(e["designs"]) == {"ensemble-mean", "ensemble-min", "ensemble-uncertainty"}
+    assert e["ensemble_size"] == 2 and e["members"] == ["judge", "judge-1"]  # the ensemble arm's k
+    changes: dict[str, list[float]] = {d: [] for d in e["designs"]}
+    golds: dict[tuple[str, int], list[float]] = {}
+    for s in result["seeds"]:
+        bon = json.loads((out / s["folder"] / "frontier" / "sft.json").read_text())["best_of_n"]
+        rec = json.loads((out / s["folder"] / "frontier" / "best-of-n-ensemble.json").read_text())
+        members = rec["member_scores"]  # [k][n][P]
+        assert [[members[0][j][p] for j in range(len(members[0]))] for p in range(len(bon["scores"]))] == bon["scores"]
+        assert rec["successes"] == bon["successes"]
+        assert members[1] != members[0]  # another judge, not a copy
+        lam = rec["ensemble_lambda"]
+        for design, got in rec["designs"].items():
+            for j in range(len(members[0])):
+                for p in range(len(bon["scores"])):
+                    xs = [m[j][p] for m in members]
+                    mean = sum(xs) / len(xs)
+                    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+                    want = {"ensemble-min": min(xs), "ensemble-mean": mean, "ensemble-uncertainty": mean - lam * sd}
+                    assert got["rewards"][j][p] == pytest.approx(want[design], abs=1e-5), (design, j, p)
+            rewards = [[got["rewards"][j][p] for j in range(len(members[0]))] for p in range(len(bon["scores"]))]
+            for point in got["points"]:
+                kept = [_favourite(r, point["n"]) for r in rewards]
+                gold = sum(bon["successes"][p][j] for p, j in enumerate(kept)) / len(kept)
+                assert point["gold"] == pytest.approx(gold, abs=1e-12), (design, point["n"])
+                assert point["proxy"] == pytest.approx(sum(r[j] for r, j in zip(rewards, kept)) / len(kept), abs=1e-9)
+                golds.setdefault((design, point["n"]), []).append(gold)
+            changes[design].append(got["points"][-1]["gold"] - got["points"][0]["gold"])
+        assert s["best_of_n_ensemble"] == {d: v["points"] for d, v in rec["designs"].items()}
+    for design, summary in e["designs"].items():
+        for point in summary["points"]:
+            values = golds[(design, point["n"])]
+            assert point["gold"]["mean"] == pytest.approx(sum(values) / len(values), abs=1e-12)
+        assert summary["gold_change"]["mean"] == pytest.approx(sum(changes[design]) / len(changes[design]), abs=1e-12)
+    judge = [s["best_of_n"][-1]["gold"] - s["best_of_n"][0]["gold"] for s in result["seeds"]]
+    assert e["judge_gold_change"]["mean"] == pytest.approx(sum(judge) / len(judge), abs=1e-12)
+
+
+def test_an_ensemble_best_of_n_of_other_draws_is_refused(small_frontier, tmp_path):
+    """The ensemble's best-of-n must rank the judge's best-of-n draws: when the stored judge scores
+    are not those of its draws (other samples), it refuses and writes nothing."""
+    from rlhf.studies import frontier
+    from rlhf.studies.frontier import StudyError
+
+    out, result = small_frontier
+    seed_dir = tmp_path / "seed-0"
+    shutil.copytree(out / "seed-0", seed_dir)
+    (seed_dir / "frontier" / "best-of-n-ensemble.json").unlink()
+    shutil.rmtree(seed_dir / "best-of-n-ensemble")
+    sft = json.loads((seed_dir / "frontier" / "sft.json").read_text())
+    sft["best_of_n"]["scores"][0][1] += 1.0
+    (seed_dir / "frontier" / "sft.json").write_text(json.dumps(sft))
+    settings = frontier.settings_of(json.loads((out / "study.json").read_text())["identity"])
+    with pytest.raises(StudyError, match="not the same samples"):
+        frontier.ensemble_best_of_n(seed_dir, "r002", settings, log=False)
+    assert not (seed_dir / "frontier" / "best-of-n-ensemble.json").exists()
+
+
+def test_a_study_made_before_the_ensembles_best_of_n_gains_it_by_extension_only():
+    """An identity without `bon_ensembles` (a study made before) is extended by that measurement
+    alone; with any other setting changed too it is not an extension; a study that has it gains
+    nothing."""
+    from rlhf.studies import frontier
+
+    new = {"format": 1, "code": "b", "settings": frontier.Settings().record()}
+    old = {**new, "code": "a", "settings": {k: v for k, v in new["settings"].items() if k != "bon_ensembles"}}
+    assert frontier.added_arms(old, new) == ["best-of-n under the ensembles"]
+    assert frontier.settings_of(old).bon_ensembles == ()
+    assert frontier.added_arms(new, new) == []
+    other = {**new, "settings": {**new["settings"], "kl_samples_per_prompt": 3}}
+    assert frontier.added_arms(old, other) is None
+
+
 def test_sign_counts_positive_seeds_and_the_sign_test_by_hand():
     stats = across_seeds([0.1, -0.2, 0.0, 0.3, 0.05, 0.0])
     assert (stats["positive"], stats["negative"], stats["zero"]) == (3, 1, 2)  # zeros are neither
@@ -897,6 +987,23 @@ def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_pat
         shown(row[3], p["gold"]["mean"], p["gold"]["sd"])
         shown(row[4], (p["proxy_std"]["mean"], 2))
         shown(row[5], (p["truncations"]["mean"], 1))
+    e = result["best_of_n_ensemble"]
+    ens_rows = tables["best of n"]
+    assert len(ens_rows) == len(result["best_of_n"]["points"]) + 1
+    designs = list(e["designs"])
+    for row, p in zip(ens_rows, result["best_of_n"]["points"]):
+        shown(row[0], (p["n"], 0))
+        shown(row[1], p["gold"]["mean"], p["gold"]["sd"])
+        for cell, d in zip(row[2:], designs, strict=True):
+            g = e["designs"][d]["points"][result["best_of_n"]["points"].index(p)]["gold"]
+            shown(cell, g["mean"], g["sd"])
+    last = ens_rows[-1]
+    shown(last[0], (e["ns"][0], 0), (e["ns"][-1], 0))
+    for cell, c in zip(
+        last[1:], [e["judge_gold_change"], *(e["designs"][d]["gold_change"] for d in designs)], strict=True
+    ):
+        interval = c["t95_unclipped"] if c.get("clipped") else []
+        shown(cell, c["mean"], *c["t95"], *interval, (c["positive"], 0), (c["negative"], 0), (c["n"], 0))
     for row, s in zip(tables["seed"], result["seeds"], strict=True):
         shown(row[0], (s["seed"], 0))
         shown(row[1], (s["sigma_validation"], 2))

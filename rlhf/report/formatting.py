@@ -52,6 +52,19 @@ def fmt_ci(d: dict | None) -> str:
     return f"[{fmt_signed(lo)}, {fmt_signed(hi)}]"
 
 
+def fmt_t95(stats: dict) -> str:
+    """A 95% t-interval over seeds (rlhf.studies.statistics.across_seeds); when it was cut to the
+    quantity's bounds, the formula's value beside it."""
+    t = stats.get("t95")
+    if not t:
+        return "—"
+    text = f"[{fmt_signed(t[0])}, {fmt_signed(t[1])}]"
+    if stats.get("clipped"):
+        lo, hi = stats["t95_unclipped"]
+        text += f" (cut to the bounds; the formula gives [{fmt_signed(lo)}, {fmt_signed(hi)}])"
+    return text
+
+
 def esc(s) -> str:
     return html.escape(str(s), quote=False)
 

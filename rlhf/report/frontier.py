@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rlhf.io import write_text
 from rlhf.report import wording
-from rlhf.report.formatting import esc, fmt, fmt_signed
+from rlhf.report.formatting import esc, fmt, fmt_signed, fmt_t95
 from rlhf.report.plots import _figure, _png
 from rlhf.report.render import page_html
 from rlhf.report.tables import Table
@@ -315,6 +315,31 @@ def bon_table(result: dict) -> Table:
     )
 
 
+def bon_ensemble_table(result: dict) -> Table:
+    """Best-of-n's gold per n ranked by the judge alone and by each ensemble reward (the same
+    draws), and the change from n = 1 to the largest n over seeds."""
+    e = result["best_of_n_ensemble"]
+    designs = list(e["designs"])
+    rows = []
+    for k, p in enumerate(result["best_of_n"]["points"]):
+        cells = [f"{fmt(p['gold']['mean'])} ± {fmt(p['gold']['sd'])}"]
+        for d in designs:
+            g = e["designs"][d]["points"][k]["gold"]
+            cells.append(f"{fmt(g['mean'])} ± {fmt(g['sd'])}")
+        rows.append([p["n"], *cells])
+    changes = [e["judge_gold_change"], *(e["designs"][d]["gold_change"] for d in designs)]
+    rows.append(
+        [
+            f"n = {e['ns'][0]} → {e['ns'][-1]}",
+            *(
+                f"{fmt_signed(c['mean'])} {fmt_t95(c)}; {c['positive']} up, {c['negative']} down of {c['n']}"
+                for c in changes
+            ),
+        ]
+    )
+    return Table(["best of n", "gold, judge", *(f"gold, {d}" for d in designs)], rows)
+
+
 def seeds_table(result: dict) -> Table:
     rows = [
         [
@@ -390,7 +415,23 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
             else []
         ),
         *([("Over-optimisation warnings", [warned.html(), "@warnings"])] if warned is not None else []),
-        ("Best-of-n", [bon_table(result).html()]),
+        (
+            "Best-of-n",
+            [
+                bon_table(result).html(),
+                *(
+                    [
+                        f"<p>The same draws ranked by an ensemble of {e['ensemble_size']} judges "
+                        f"({esc(', '.join(e['members']))}; λ = {fmt(e['ensemble_lambda'], 2)} for "
+                        "ensemble-uncertainty) instead of the judge alone: gold (± seed SD) per n, and its change "
+                        "from the smallest to the largest n (95% t-interval over seeds).</p>",
+                        bon_ensemble_table(result).html(),
+                    ]
+                    if (e := result.get("best_of_n_ensemble"))
+                    else []
+                ),
+            ],
+        ),
         (
             "Fits",
             [
@@ -432,12 +473,14 @@ def confirmation_table(point: dict) -> Table:
     ):
         for pop, pop_name in POP_NAMES.items():
             s = point["across"][f"{key}.{pop}.ppo_minus_sft"]
-            interval = f"[{fmt_signed(s['t95'][0])}, {fmt_signed(s['t95'][1])}]"
-            if s.get("clipped"):
-                lo, hi = s["t95_unclipped"]
-                interval += f" (cut to its bounds from [{fmt_signed(lo)}, {fmt_signed(hi)}])"
             rows.append(
-                [f"{label}, {pop_name}", fmt_signed(s["mean"]), fmt(s["sd"]), interval, f"{s['positive']} of {s['n']}"]
+                [
+                    f"{label}, {pop_name}",
+                    fmt_signed(s["mean"]),
+                    fmt(s["sd"]),
+                    fmt_t95(s),
+                    f"{s['positive']} of {s['n']}",
+                ]
             )
     return Table(["PPO − SFT", "mean over seeds", "SD", "95% t-interval over seeds", "positive seeds"], rows)
 

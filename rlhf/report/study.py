@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rlhf.io import write_text
 from rlhf.report import wording
-from rlhf.report.formatting import esc, fmt, fmt_signed
+from rlhf.report.formatting import esc, fmt, fmt_signed, fmt_t95
 from rlhf.report.labels import POPULATION_LABELS
 from rlhf.report.plots import _figure, _png
 from rlhf.report.render import page_html
@@ -25,18 +25,6 @@ DIFF_ROWS = tuple((k, p) for k in ("rubric_success", "learned_reward") for p in 
 def _label(key: str, pop: str) -> str:
     name = "rubric success" if key == "rubric_success" else wording.SCORE_SHORT
     return f"{name}, {POPULATION_LABELS[pop]}"
-
-
-def _interval(stats: dict) -> str:
-    """The t-interval; when it was cut to the quantity's bounds, the formula's value beside it."""
-    t = stats.get("t95")
-    if not t:
-        return "—"
-    text = f"[{fmt_signed(t[0])}, {fmt_signed(t[1])}]"
-    if stats.get("clipped"):
-        lo, hi = stats["t95_unclipped"]
-        text += f" (cut to the bounds; the formula gives [{fmt_signed(lo)}, {fmt_signed(hi)}])"
-    return text
 
 
 def differences_table(result: dict) -> Table:
@@ -54,7 +42,7 @@ def differences_table(result: dict) -> Table:
                 fmt(ppo["mean"]),
                 fmt_signed(s["mean"]),
                 fmt(s["sd"]),
-                _interval(s),
+                fmt_t95(s),
                 f"{s['positive']} of {s['n']}",
                 fmt(s["sign_test_p"]),
                 f"{fmt_signed(boot['diff'])} [{fmt_signed(boot['ci95'][0])}, {fmt_signed(boot['ci95'][1])}]",
@@ -86,7 +74,7 @@ def other_table(result: dict) -> Table:
     for m, s in result["across"].items():
         if m.startswith(("rubric_success.", "learned_reward.")):
             continue
-        rows.append([m, fmt(s["mean"]), fmt(s["sd"]), _interval(s), f"{fmt(s['min'])} … {fmt(s['max'])}"])
+        rows.append([m, fmt(s["mean"]), fmt(s["sd"]), fmt_t95(s), f"{fmt(s['min'])} … {fmt(s['max'])}"])
     return Table(
         ["quantity", "mean", "SD", "95% t-interval", "min … max"],
         rows,
@@ -162,7 +150,7 @@ def token_table(view: dict) -> Table:
     )
 
 
-def _point_with_interval(ax, x: float, y: float, interval: list, **style) -> None:
+def _point_withfmt_t95(ax, x: float, y: float, interval: list, **style) -> None:
     """One point at (x, y) with its [low, high] interval as an error bar."""
     ax.errorbar([x], [y], yerr=[[y - interval[0]], [interval[1] - y]], **style)
 
@@ -178,12 +166,12 @@ def plot_seeds(result: dict) -> bytes:
         for j, r in enumerate(rows):
             b = r["single_run_bootstrap"][m]
             label = "one run: diff, bootstrap 95% (prompts)" if j == 0 else None
-            _point_with_interval(ax, j, b["diff"], b["ci95"], fmt="o", color="#4c72b0", capsize=3, label=label)
+            _point_withfmt_t95(ax, j, b["diff"], b["ci95"], fmt="o", color="#4c72b0", capsize=3, label=label)
         s = result["across"][f"{m}.ppo_minus_sft"]
         x = len(rows) + 0.8
         if s["t95"]:
             label = "mean over seeds, 95% t-interval"
-            _point_with_interval(ax, x, s["mean"], s["t95"], fmt="D", color="#c44e52", capsize=5, ms=8, label=label)
+            _point_withfmt_t95(ax, x, s["mean"], s["t95"], fmt="D", color="#c44e52", capsize=5, ms=8, label=label)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(list(range(len(rows))) + [x], [str(r["index"]) for r in rows] + ["mean"])
         ax.set(title=f"PPO − SFT: {_label(key, pop)}", xlabel="training seed (run)")

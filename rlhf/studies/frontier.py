@@ -61,7 +61,14 @@ from rlhf.studies.derivation import profile_source, seed_changes, write_run_prof
 from rlhf.studies.seeds import identity_of_study
 from rlhf.studies.sft_budget import budget_changes
 from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, gao_curve, gao_fit, metric_bounds
-from rlhf.studies.validation import KL_ESTIMATOR, best_of_n, measure_policy, score_spread, validation_prompts
+from rlhf.studies.validation import (
+    KL_ESTIMATOR,
+    best_of_n,
+    best_of_n_ensemble,
+    measure_policy,
+    score_spread,
+    validation_prompts,
+)
 from rlhf.studies.warnings import score_rules
 
 FORMAT = "rlhf-frontier-1"
@@ -192,13 +199,21 @@ class Settings:
     arms: tuple[Arm, ...] = ARMS
     bon_ns: tuple[int, ...] = BON_NS
     kl_samples: int = KL_SAMPLES
+    # Best-of-n ranked by each of these ensemble rewards too, on the same draws (with ensemble arms:
+    # their members; none without).
+    bon_ensembles: tuple[str, ...] = ENSEMBLE_DESIGNS
 
     def record(self) -> dict:
         return {
             "arms": [{**dataclasses.asdict(a), "ppo": [list(kv) for kv in a.ppo]} for a in self.arms],
             "bon_ns": list(self.bon_ns),
             "kl_samples_per_prompt": self.kl_samples,
+            "bon_ensembles": list(self.bon_ensembles),
         }
+
+    def ensemble_arm(self) -> Arm | None:
+        """The first ensemble arm: its members and lambda rank the ensemble's best-of-n."""
+        return next((a for a in self.arms if a.design in ENSEMBLE_DESIGNS), None)
 
 
 def measurement_seeds(profile) -> dict[str, int]:
@@ -234,8 +249,14 @@ def prepare_seed(
     seed-i/frontier/sft.json: the SFT policy on validation prompts (iteration 0, best-of-n, the
     judge's spreads). `confirm`: spreads only."""
     seed_dir = Path(seed_dir)
-    if _seed_ready(seed_dir, ensemble):  # nothing to do (an extended study's seeds): not even opened
-        return str(seed_dir)
+    if not _seed_ready(seed_dir, ensemble):  # else nothing to do (an extended study's seeds): not even opened
+        _train_and_measure_sft(seed_dir, revision, settings, confirm=confirm, log=log, ensemble=ensemble)
+    if ensemble and settings.bon_ensembles and not confirm and not (seed_dir / "frontier" / BON_ENSEMBLE).is_file():
+        ensemble_best_of_n(seed_dir, revision, settings, log=log)
+    return str(seed_dir)
+
+
+def _train_and_measure_sft(seed_dir: Path, revision: str, settings: Settings, *, confirm, log, ensemble) -> None:
     with contextlib.ExitStack() as stack:
         if log:
             _log_to(seed_dir / "frontier.log", stack)
@@ -248,7 +269,7 @@ def prepare_seed(
                 lab.stage_judge_member(ctx, name, protocol=False)
         out = seed_dir / "frontier" / "sft.json"
         if out.is_file():
-            return str(seed_dir)
+            return
         sft, judge = _roles_for_measuring(ctx)
         view = ctx.corpus.learning_view()
         seeds = measurement_seeds(ctx.profile)
@@ -277,7 +298,62 @@ def prepare_seed(
         record["seeds"] = seeds
         record["seconds"] = time.perf_counter() - t0
         write_json(out, record)
-    return str(seed_dir)
+
+
+BON_ENSEMBLE = "best-of-n-ensemble.json"  # in seed-i/frontier/
+BON_ENSEMBLE_RUN = "best-of-n-ensemble"  # seed-i/best-of-n-ensemble: the run folder that measures it
+
+
+def ensemble_best_of_n(seed_dir: Path, revision: str, settings: Settings, *, log: bool = True) -> None:
+    """seed-i/frontier/best-of-n-ensemble.json: best-of-n ranked by each ensemble reward of
+    `settings.bon_ensembles`, on the draws of the seed's best-of-n (the same seed), scored by the
+    seed's judge and members as the first ensemble arm uses them (its k, its lambda). Measured in
+    a run folder of its own (seed-i/best-of-n-ensemble) that reads the seed's trained states, so
+    a study whose seeds were measured before can gain it; member 0's scores must equal those of
+    the seed's best-of-n, or nothing is written."""
+    arm = settings.ensemble_arm()
+    if arm is None:
+        raise StudyError("best-of-n under an ensemble needs an ensemble arm (its members)")
+    spec = dataclasses.replace(arm, name=BON_ENSEMBLE_RUN, c=None, raw=SPEC_KL, c_from_grid=False)
+    with contextlib.ExitStack() as stack:
+        if log:
+            _log_to(seed_dir / "frontier.log", stack)
+        ctx = arm_context(seed_dir, spec, revision, run_dir=seed_dir / BON_ENSEMBLE_RUN)
+        sft, _ = _roles_for_measuring(ctx)
+        members = []
+        for path in lab.judge_files(ctx):
+            role = ctx.role("judge")
+            load_role(role, path)
+            role.freeze()
+            members.append(role)
+        seed = measurement_seeds(ctx.profile)["best_of_n"]
+        t0 = time.perf_counter()
+        record = best_of_n_ensemble(
+            sft.model,
+            members,
+            ctx.corpus.learning_view(),
+            ctx,
+            ns=settings.bon_ns,
+            seed=seed,
+            designs=settings.bon_ensembles,
+        )
+        stored = read_json(seed_dir / "frontier" / "sft.json")["best_of_n"]
+        mine = [list(per_prompt) for per_prompt in zip(*record["member_scores"][0])]  # [P][n]
+        if stored["seed"] != seed or mine != stored["scores"]:
+            raise StudyError(
+                f"{seed_dir}: the judge's scores of the ensemble's best-of-n draws differ from the seed's "
+                "best-of-n: not the same samples. Nothing was written"
+            )
+        record["members"] = [p.parent.name for p in lab.judge_files(ctx)]
+        record["seconds"] = time.perf_counter() - t0
+        write_json(seed_dir / "frontier" / BON_ENSEMBLE, record)
+        print(
+            f"best-of-n under the ensemble ({len(members)} judges): "
+            + "; ".join(
+                f"{d} gold " + " ".join(f"{p['gold']:.3f}" for p in v["points"]) for d, v in record["designs"].items()
+            ),
+            flush=True,
+        )
 
 
 def _seed_ready(seed_dir: Path, ensemble: bool) -> bool:
@@ -296,12 +372,12 @@ def measured_iterations(profile) -> list[int]:
     return [*range(cfg.checkpoint_every, cfg.iterations, cfg.checkpoint_every), cfg.iterations]
 
 
-def arm_context(seed_dir: Path, arm: Arm, revision: str) -> lab.Context:
-    """The arm's run folder seed-i/arms/ARM: its profile (written on first use, checked after),
-    the seed's corpus and base, and the seed's SFT and judge to start from."""
+def arm_context(seed_dir: Path, arm: Arm, revision: str, *, run_dir: Path | None = None) -> lab.Context:
+    """The arm's run folder seed-i/arms/ARM (or `run_dir`): its profile (written on first use,
+    checked after), the seed's corpus and base, and the seed's SFT and judge to start from."""
     spread = read_json(seed_dir / "frontier" / "sft.json")["spread"]
     seed_profile = load_profile(str(seed_dir / "profile.toml"))
-    arm_dir = seed_dir / "arms" / arm.name
+    arm_dir = run_dir or seed_dir / "arms" / arm.name
     profile = write_run_profile(
         arm_dir / "profile.toml",
         (seed_dir / "profile.toml").read_text(),
@@ -422,20 +498,27 @@ def _check_record(path: Path, identity: dict) -> None:
 EXTENSION_MAY_CHANGE = ("settings", "code", "profile_sha256")
 
 
+# Measurements a study may gain by extension: a setting the newer identity records and the older
+# one lacks (the study was made before the measurement existed), with what the log calls it.
+ADDABLE_MEASUREMENTS = {"bon_ensembles": "best-of-n under the ensembles"}
+
+
 def added_arms(old: dict, new: dict) -> list[str] | None:
-    """The names of the arms `new` adds to the study of identity `old`, when that is its only
-    change (every old arm kept as it was, in its order; the study's format, profile, revision,
+    """What `new` adds to the study of identity `old` - the names of its new arms, and of the
+    measurements it gains (ADDABLE_MEASUREMENTS) - when that is its only change (every old arm
+    kept as it was, in its order; the other settings, the study's format, profile, revision,
     seeds and budget the same; the code may be newer); else None."""
     same = {k: v for k, v in old.items() if k not in EXTENSION_MAY_CHANGE}
     if same != {k: v for k, v in new.items() if k not in EXTENSION_MAY_CHANGE}:
         return None
     so, sn = old["settings"], new["settings"]
-    if {k: v for k, v in so.items() if k != "arms"} != {k: v for k, v in sn.items() if k != "arms"}:
+    gained = [k for k in ADDABLE_MEASUREMENTS if k in sn and k not in so]
+    if {k: v for k, v in so.items() if k != "arms"} != {k: v for k, v in sn.items() if k not in ("arms", *gained)}:
         return None
     names = {a["name"] for a in so["arms"]}
     if [a for a in sn["arms"] if a["name"] in names] != so["arms"]:
         return None
-    return [a["name"] for a in sn["arms"] if a["name"] not in names]
+    return [a["name"] for a in sn["arms"] if a["name"] not in names] + [ADDABLE_MEASUREMENTS[k] for k in gained]
 
 
 def extend_study(out: Path, identity: dict, say) -> bool:
@@ -456,7 +539,9 @@ def extend_study(out: Path, identity: dict, say) -> bool:
             (out / f"{name}.{ext}").rename(out / f"{name}-before-extension-{k}.{ext}")
     extended = {"identity": identity, "extended_from": [*record.get("extended_from", []), record["identity"]]}
     write_json(path, extended, overwrite=True)
-    say(f"study {out} extended by the arms {', '.join(added)}; the arms measured before are kept")
+    arms = [name for name in added if name not in ADDABLE_MEASUREMENTS.values()]
+    parts = ([f"the arms {', '.join(arms)}"] if arms else []) + [name for name in added if name not in arms]
+    say(f"study {out} extended by {' and '.join(parts)}; what was measured before is kept")
     return True
 
 
@@ -657,6 +742,7 @@ def settings_of(identity: dict) -> Settings:
         arms=tuple(Arm(**{**a, "ppo": tuple(tuple(kv) for kv in a.get("ppo", ()))}) for a in rec["arms"]),
         bon_ns=tuple(rec["bon_ns"]),
         kl_samples=rec["kl_samples_per_prompt"],
+        bon_ensembles=tuple(rec.get("bon_ensembles", ())),  # a study made before they were measured: none
     )
 
 
@@ -824,6 +910,7 @@ def collect(folders: list[Path], settings: Settings) -> dict:
         fit["curve"] = gao_curve(fit, d_max)
     sft_level = across_seeds([s["sft"]["gold"] for s in per_seed])
     add_best_points(arms, sft_level["mean"])
+    bon_ensemble = collect_ensemble_best_of_n(folders, settings, per_seed)
     return {
         "interval": INTERVAL,
         "kl_estimator": KL_ESTIMATOR,
@@ -839,10 +926,52 @@ def collect(folders: list[Path], settings: Settings) -> dict:
             "fit": bon_fit,
             "gain_over": "best-of-1 (one temperature-1 SFT sample)",
         },
+        **({"best_of_n_ensemble": bon_ensemble} if bon_ensemble is not None else {}),
         "grid_choice": choice,
         "oracle_min_gain": ORACLE_MIN_GAIN,
         "selection": select(arms, sft_level),
         "warnings": score_rules(RULES_FILE, folders, per_seed, _identity_of(folders)),
+    }
+
+
+def collect_ensemble_best_of_n(folders: list[Path], settings: Settings, per_seed: list[dict]) -> dict | None:
+    """Best-of-n ranked by each ensemble reward (seed-i/frontier/best-of-n-ensemble.json), per n:
+    gold, the ranking reward and truncations over seeds; and per ranking (the judge alone, each
+    ensemble) the change of gold from n = 1 to the largest n, per seed and over seeds. Each seed's
+    points are added to its `per_seed` entry. None when the study measures none."""
+    if settings.ensemble_arm() is None or not settings.bon_ensembles:
+        return None
+    records = [read_json(f / "frontier" / BON_ENSEMBLE) for f in folders]
+    rate, count = (-1.0, 1.0), (0, len(records[0]["successes"]))  # a difference of rates; answers per seed
+    designs = {}
+    for design in settings.bon_ensembles:
+        per = [r["designs"][design]["points"] for r in records]
+        designs[design] = {
+            "points": [
+                {
+                    "n": n,
+                    "kl_bound": per[0][k]["kl_bound"],
+                    "d_bound": per[0][k]["d_bound"],
+                    "gold": across_seeds([p[k]["gold"] for p in per], (0.0, 1.0)),
+                    "reward": across_seeds([p[k]["proxy"] for p in per]),
+                    "truncations": across_seeds([p[k]["truncations"] for p in per], count),
+                }
+                for k, n in enumerate(settings.bon_ns)
+            ],
+            "gold_change": across_seeds([p[-1]["gold"] - p[0]["gold"] for p in per], rate),
+        }
+        for seed, points in zip(per_seed, per):
+            seed.setdefault("best_of_n_ensemble", {})[design] = points
+    return {
+        "ensemble_size": records[0]["ensemble_size"],
+        "ensemble_lambda": records[0]["ensemble_lambda"],
+        "members": records[0]["members"],
+        "ns": list(settings.bon_ns),
+        "draws": "the same temperature-1 SFT samples as best-of-n under the judge (the same seed)",
+        "judge_gold_change": across_seeds(
+            [s["best_of_n"][-1]["gold"] - s["best_of_n"][0]["gold"] for s in per_seed], rate
+        ),
+        "designs": designs,
     }
 
 

@@ -12,6 +12,7 @@ pair's chosen answer (rlhf.rubric.chosen_actions), not from a label.
     sequence_log_ratios              sum_t (log pi(y_t) - log pi_SFT(y_t)) per sampled answer
     measure_policy                   gold, proxy, truncations, UNCERTIFIED and KL from SFT
     best_of_n                        n SFT samples per prompt, the judge's favourite kept
+    best_of_n_ensemble               the same samples, an ensemble's reward choosing
     score_spread                     mean and SD of the judge's scores of SFT samples
 
 KL from the SFT policy (SPEC §12): per prompt, the mean over k temperature-1 samples y ~ pi of
@@ -30,6 +31,7 @@ from rlhf import rubric
 from rlhf.corpus import LearningView, first_units
 from rlhf.evaluate import policy_responses
 from rlhf.masks import masked_sum
+from rlhf.ppo_math import design_score
 from rlhf.roles import Role, reward_scores
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, decode_response, encode_prompt
@@ -166,6 +168,40 @@ def best_of(scores: list[float], n: int) -> int:
     return first.index(max(first))
 
 
+def sft_draws(sft_model, records: list[dict], prompt_ids, ctx, *, n: int, seed: int) -> list[dict]:
+    """n temperature-1 SFT samples per prompt, from one generator seeded `seed`, each checked by
+    the rubric: [n] of {"responses": [P], "verdicts": [P]}. The draws best-of-n ranks, under one
+    judge or under an ensemble (the same seed gives the same samples)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        resp = answers(sft_model, prompt_ids, ctx, generator)
+        out.append({"responses": resp, "verdicts": rubric_verdicts(records, resp, ctx)})
+    return out
+
+
+def best_of_n_points(scores: list[list[float]], draws: list[dict], ns: tuple[int, ...]) -> list[dict]:
+    """For every n: the favourite of the first n samples of each prompt by `scores` ([n_max][P],
+    the ranking reward), its gold, that reward and its truncations averaged over the prompts,
+    with the KL bound of best-of-n."""
+    n_max, prompts = len(scores), len(scores[0])
+    out = []
+    for n in ns:
+        picked = [best_of([scores[j][p] for j in range(n_max)], n) for p in range(prompts)]
+        verdicts = [draws[j]["verdicts"][p] for p, j in enumerate(picked)]
+        out.append(
+            {
+                "n": n,
+                "gold": _mean([v["rubric_success"] for v in verdicts]),
+                "proxy": _mean([scores[j][p] for p, j in enumerate(picked)]),
+                "truncations": sum(v["finish_reason"] != "eos" for v in verdicts),
+                "kl_bound": bon_kl_bound(n),
+                "d_bound": math.sqrt(bon_kl_bound(n)),
+            }
+        )
+    return out
+
+
 def best_of_n(sft_model, judge: Role, view: LearningView, ctx, *, ns: tuple[int, ...], seed: int) -> dict:
     """max(ns) temperature-1 SFT samples per validation prompt (generator seeded `seed`), each
     scored by the judge and checked by the rubric; for every n, the judge's favourite of the
@@ -173,35 +209,53 @@ def best_of_n(sft_model, judge: Role, view: LearningView, ctx, *, ns: tuple[int,
     temperature-1 answer whose judge scores give the spread sigma (score_spread)."""
     records = validation_prompts(view, ctx.profile.evaluation.max_units)
     prompt_ids = encode_records(records, ctx)
-    generator = torch.Generator().manual_seed(seed)
-    samples: list[dict] = []  # [n_max] of {"verdicts": [P], "scores": [P]}
-    for _ in range(max(ns)):
-        resp = answers(sft_model, prompt_ids, ctx, generator)
-        samples.append(
-            {"verdicts": rubric_verdicts(records, resp, ctx), "scores": judge_scores(judge, prompt_ids, resp, ctx)}
-        )
-    out = []
-    for n in ns:
-        picked = [best_of([samples[j]["scores"][p] for j in range(max(ns))], n) for p in range(len(records))]
-        out.append(
-            {
-                "n": n,
-                "gold": _mean([samples[j]["verdicts"][p]["rubric_success"] for p, j in enumerate(picked)]),
-                "proxy": _mean([samples[j]["scores"][p] for p, j in enumerate(picked)]),
-                "truncations": sum(samples[j]["verdicts"][p]["finish_reason"] != "eos" for p, j in enumerate(picked)),
-                "kl_bound": bon_kl_bound(n),
-                "d_bound": math.sqrt(bon_kl_bound(n)),
-            }
-        )
-    first_scores = samples[0]["scores"]
+    draws = sft_draws(sft_model, records, prompt_ids, ctx, n=max(ns), seed=seed)
+    scores = [judge_scores(judge, prompt_ids, d["responses"], ctx) for d in draws]  # [n_max][P]
+    first_scores = scores[0]
     return {
         "seed": seed,
         "samples_per_prompt": max(ns),
-        "points": out,
+        "points": best_of_n_points(scores, draws, ns),
         "spread": {"mean": _mean(first_scores), "sd": _sd(first_scores), "n": len(first_scores)},
-        "scores": [[s["scores"][p] for s in samples] for p in range(len(records))],
-        "successes": [[bool(s["verdicts"][p]["rubric_success"]) for s in samples] for p in range(len(records))],
+        "scores": [[s[p] for s in scores] for p in range(len(records))],
+        "successes": [[bool(d["verdicts"][p]["rubric_success"]) for d in draws] for p in range(len(records))],
     }
+
+
+def best_of_n_ensemble(
+    sft_model, members: list[Role], view: LearningView, ctx, *, ns: tuple[int, ...], seed: int, designs: tuple[str, ...]
+) -> dict:
+    """Best-of-n ranked by an ensemble's reward instead of one judge: the same draws as best_of_n
+    (same seed), each scored by every member (member 0 the lab's judge, so its scores are
+    best_of_n's), combined per ensemble design through the one scoring path
+    (rlhf.ppo_math.design_score, the reward PPO pays under that design, before the truncation
+    penalty), and for every n the favourite of the first n by that reward kept."""
+    records = validation_prompts(view, ctx.profile.evaluation.max_units)
+    prompt_ids = encode_records(records, ctx)
+    draws = sft_draws(sft_model, records, prompt_ids, ctx, n=max(ns), seed=seed)
+    member_scores = [[judge_scores(m, prompt_ids, d["responses"], ctx) for d in draws] for m in members]  # [k][n][P]
+    out: dict = {
+        "seed": seed,
+        "samples_per_prompt": max(ns),
+        "ensemble_size": len(members),
+        "ensemble_lambda": ctx.profile.ppo.ensemble_lambda,
+        "member_scores": member_scores,
+        "successes": [[bool(d["verdicts"][p]["rubric_success"]) for d in draws] for p in range(len(records))],
+        "designs": {},
+    }
+    for design in designs:
+        rewards = []
+        for j, d in enumerate(draws):
+            s = torch.tensor(
+                [member_scores[k][j] for k in range(len(members))], dtype=torch.float32
+            )  # [k, P], as PPO holds them
+            truncated = torch.tensor([v["finish_reason"] != "eos" for v in d["verdicts"]])
+            r = design_score(
+                s[0], truncated, design=design, member_scores=s, ensemble_lambda=ctx.profile.ppo.ensemble_lambda
+            )
+            rewards.append(r.tolist())
+        out["designs"][design] = {"points": best_of_n_points(rewards, draws, ns), "rewards": rewards}
+    return out
 
 
 def score_spread(sft_model, judge: Role, prompts: list[dict], ctx, *, seed: int) -> dict:
