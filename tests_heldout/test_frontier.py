@@ -963,9 +963,29 @@ def shown(cell: str, *values) -> None:
         assert abs(g - v) <= tolerance + 1e-12, f"{cell!r}: {text} is not {v}"
 
 
-def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_path):
-    out, result = small_frontier
-    tables = {head[0]: rows for _, head, rows in page_tables(out / "report.html")}
+def bon_ensemble_shows(ens_rows: list[list[str]], result: dict) -> None:
+    """The best-of-n-under-the-ensemble table: gold per n and ranking, then the change n = 1 -> max."""
+    e = result["best_of_n_ensemble"]
+    assert len(ens_rows) == len(result["best_of_n"]["points"]) + 1
+    designs = list(e["designs"])
+    for row, p in zip(ens_rows, result["best_of_n"]["points"]):
+        shown(row[0], (p["n"], 0))
+        shown(row[1], p["gold"]["mean"], p["gold"]["sd"])
+        for cell, d in zip(row[2:], designs, strict=True):
+            g = e["designs"][d]["points"][result["best_of_n"]["points"].index(p)]["gold"]
+            shown(cell, g["mean"], g["sd"])
+    last = ens_rows[-1]
+    shown(last[0], (e["ns"][0], 0), (e["ns"][-1], 0))
+    for cell, c in zip(
+        last[1:], [e["judge_gold_change"], *(e["designs"][d]["gold_change"] for d in designs)], strict=True
+    ):
+        interval = c["t95_unclipped"] if c.get("clipped") else []
+        shown(cell, c["mean"], *c["t95"], *interval, (c["positive"], 0), (c["negative"], 0), (c["n"], 0))
+
+
+def frontier_page_shows(page: Path, result: dict) -> dict:
+    """Every number of a frontier page read back equals the study's JSON; returns its tables."""
+    tables = {head[0]: rows for _, head, rows in page_tables(page)}
     arm_rows = {r[0].split(" (")[0]: r for r in tables["arm"]}
     assert sorted(arm_rows) == sorted(result["arms"]) and len(tables["arm"]) == len(result["arms"])
     for name, arm in result["arms"].items():
@@ -987,23 +1007,7 @@ def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_pat
         shown(row[3], p["gold"]["mean"], p["gold"]["sd"])
         shown(row[4], (p["proxy_std"]["mean"], 2))
         shown(row[5], (p["truncations"]["mean"], 1))
-    e = result["best_of_n_ensemble"]
-    ens_rows = tables["best of n"]
-    assert len(ens_rows) == len(result["best_of_n"]["points"]) + 1
-    designs = list(e["designs"])
-    for row, p in zip(ens_rows, result["best_of_n"]["points"]):
-        shown(row[0], (p["n"], 0))
-        shown(row[1], p["gold"]["mean"], p["gold"]["sd"])
-        for cell, d in zip(row[2:], designs, strict=True):
-            g = e["designs"][d]["points"][result["best_of_n"]["points"].index(p)]["gold"]
-            shown(cell, g["mean"], g["sd"])
-    last = ens_rows[-1]
-    shown(last[0], (e["ns"][0], 0), (e["ns"][-1], 0))
-    for cell, c in zip(
-        last[1:], [e["judge_gold_change"], *(e["designs"][d]["gold_change"] for d in designs)], strict=True
-    ):
-        interval = c["t95_unclipped"] if c.get("clipped") else []
-        shown(cell, c["mean"], *c["t95"], *interval, (c["positive"], 0), (c["negative"], 0), (c["n"], 0))
+    bon_ensemble_shows(tables["best of n"], result)
     for row, s in zip(tables["seed"], result["seeds"], strict=True):
         shown(row[0], (s["seed"], 0))
         shown(row[1], (s["sigma_validation"], 2))
@@ -1020,6 +1024,37 @@ def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_pat
             shown(row[3], (fit["d_star"], 2))
             shown(row[4], (fit["r2"], 2))
             shown(row[5], fit["rms_residual"])
+    for row, sc in zip(tables["signal"], result["warnings"]["scores"], strict=True):
+        assert row[0] == sc["signal"]
+        shown(row[2], (sc["fell"], 0))
+        shown(row[3], (sc["early"], 0))
+        if sc["median_lead"] is not None:
+            shown(row[4], (sc["median_lead"], 1))
+        shown(row[5], (sc["late"], 0))
+        shown(row[6], (sc["misses"], 0))
+        shown(row[7], (sc["false_alarms"], 0), (sc["held"], 0))
+    text = page.read_text()
+    sel = result["selection"]
+    chosen = re.search(r"at iteration <b>(\d+)</b>, mean validation gold ([\d.]+) against SFT's ([\d.]+)", text)
+    assert chosen and int(chosen[1]) == sel["iteration"]
+    shown(chosen[2], sel["mean_validation_gold"])
+    shown(chosen[3], sel["sft_mean_validation_gold"])
+    grid = result["grid_choice"]
+    best_c = re.search(r"c = ([\d.]+) \(([^,]+), mean validation gold ([\d.]+) at iteration (\d+)\)", text)
+    assert best_c and (float(best_c[1]), best_c[2], int(best_c[4])) == (grid["c"], grid["arm"], grid["iteration"])
+    shown(best_c[3], grid["mean_validation_gold"])
+    return tables
+
+
+@pytest.mark.parametrize("revision", ["r001", "r002"])
+def test_every_number_of_the_committed_frontier_pages_is_their_studys(revision):
+    folder = ROOT / "results" / f"frontier-{revision}"
+    frontier_page_shows(folder / "report.html", json.loads((folder / "frontier.json").read_text()))
+
+
+def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_path):
+    out, result = small_frontier
+    frontier_page_shows(out / "report.html", result)
     # The small study's refreshes may label no pair (accuracies None): the refresh table is also
     # read back from the page rendered with every column distinct, so a swapped column shows.
     from rlhf.report.frontier import render_frontier_html
@@ -1037,25 +1072,15 @@ def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_pat
         shown(row[3], (r["seeds_with_pairs"], 0))
         shown(row[4], r["accuracy_before"])
         shown(row[5], r["accuracy_after"])
-    for row, sc in zip(tables["signal"], result["warnings"]["scores"], strict=True):
-        assert row[0] == sc["signal"]
-        shown(row[2], (sc["fell"], 0))
-        shown(row[3], (sc["early"], 0))
-        if sc["median_lead"] is not None:
-            shown(row[4], (sc["median_lead"], 1))
-        shown(row[5], (sc["late"], 0))
-        shown(row[6], (sc["misses"], 0))
-        shown(row[7], (sc["false_alarms"], 0), (sc["held"], 0))
-    page = (out / "report.html").read_text()
-    sel = result["selection"]
-    chosen = re.search(r"at iteration <b>(\d+)</b>, mean validation gold ([\d.]+) against SFT's ([\d.]+)", page)
-    assert chosen and int(chosen[1]) == sel["iteration"]
-    shown(chosen[2], sel["mean_validation_gold"])
-    shown(chosen[3], sel["sft_mean_validation_gold"])
-    grid = result["grid_choice"]
-    best_c = re.search(r"c = ([\d.]+) \(([^,]+), mean validation gold ([\d.]+) at iteration (\d+)\)", page)
-    assert best_c and (float(best_c[1]), best_c[2], int(best_c[4])) == (grid["c"], grid["arm"], grid["iteration"])
-    shown(best_c[3], grid["mean_validation_gold"])
+    # The same for best-of-n under the ensemble (on the small study its rankings may pick alike).
+    for k, design in enumerate(variant["best_of_n_ensemble"]["designs"].values()):
+        for j, p in enumerate(design["points"]):
+            p["gold"] = {**p["gold"], "mean": 0.1 * (k + 1) + 0.01 * j, "sd": 0.001 * (k + 1)}
+        design["gold_change"] = {**design["gold_change"], "mean": -0.1 * (k + 1)}
+    tmp.unlink()
+    tmp.write_text(render_frontier_html(variant, None))
+    (ens_rows,) = [rows for _, head, rows in page_tables(tmp) if head[0] == "best of n"]
+    bon_ensemble_shows(ens_rows, variant)
 
 
 def confirmation_page_shows(page, record: dict) -> None:
