@@ -10,6 +10,57 @@
 A study's page is written by rlhf.report.study, a run profile's TOML by rlhf.config.profile_text_with.
 """
 
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+# What a process reads from its environment when the lab is imported (the CPU pin before torch
+# loads, the crash-injection point of rlhf.io): a server that imported the lab under other values
+# cannot serve a task that needs these.
+IMPORT_TIME_ENVIRONMENT = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "ONEDNN_MAX_CPU_ISA",
+    "RLHF_CPU_PIN",
+    "RLHF_CRASH_AT",
+)
+PRELOAD = ["rlhf.lab", "rlhf.studies.frontier", "rlhf.studies.seeds"]
+_server_environment: dict | None = None  # IMPORT_TIME_ENVIRONMENT as the fork server imported the lab
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` processes for a study's runs, each running one task and exiting (nothing passes
+    from one run to the next), in this process's environment. They fork from a server that has
+    imported the lab once (multiprocessing's forkserver, preloaded), so a task starts without
+    importing torch and transformers again (about 4 s each); where the server imported it under
+    other IMPORT_TIME_ENVIRONMENT values than this process has now, they start fresh (spawn)."""
+    global _server_environment
+    now = {k: os.environ.get(k) for k in IMPORT_TIME_ENVIRONMENT}
+    ctx: multiprocessing.context.BaseContext
+    if _server_environment in (None, now):
+        _server_environment = now
+        server = multiprocessing.get_context("forkserver")
+        server.set_forkserver_preload(PRELOAD)
+        ctx = server
+    else:
+        ctx = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        max_tasks_per_child=1,
+        initializer=_take_environment,
+        initargs=(dict(os.environ),),
+    )
+
+
+def _take_environment(environment: dict) -> None:
+    """A forked task's environment is the study process's when it queued the task, not the
+    server's from when the server started."""
+    os.environ.clear()
+    os.environ.update(environment)
+
 
 class StudyError(ValueError):
     """A study folder or its arguments are not what the study needs."""

@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -56,7 +55,7 @@ from rlhf.identities import code_sha256, describe_change
 from rlhf.io import output_folder, read_json, write_json
 from rlhf.roles import load_role
 from rlhf.signals import RULES_FILE
-from rlhf.studies import StudyError
+from rlhf.studies import StudyError, worker_pool
 from rlhf.studies.derivation import profile_source, seed_changes, write_run_profile
 from rlhf.studies.seeds import identity_of_study
 from rlhf.studies.sft_budget import budget_changes
@@ -605,8 +604,7 @@ def run_tasks(
                 say(f"seed {i}, arm {a.name}: done at {time.perf_counter() - t0:.0f} s")
         return
     failed = []
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+    with worker_pool(workers) as pool:
         pending: dict = {
             pool.submit(prepare_seed, str(f), revision, settings, confirm=confirm, ensemble=ensemble): ("seed", i, None)
             for i, f in enumerate(folders)

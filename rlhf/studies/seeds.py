@@ -20,11 +20,10 @@ does (rlhf.lab). A finished study (DIR/seeds.json there) recomputes nothing.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import re
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 
 from rlhf import lab
@@ -32,7 +31,7 @@ from rlhf.config import load_profile, profile_hash
 from rlhf.identities import code_sha256, describe_change
 from rlhf.io import dumps_json, output_folder, read_json, sha256_text, write_json
 from rlhf.report.study import write_study_report
-from rlhf.studies import StudyError
+from rlhf.studies import StudyError, worker_pool
 from rlhf.studies.changed_answer import answer_kinds, changed_answer_view, study_answers
 from rlhf.studies.derivation import (
     DERIVATION,
@@ -243,9 +242,7 @@ def run_all(folders: list[Path], revision: str, workers: int, say=print) -> None
         return
 
     failed = []
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1
-    ) as pool:
+    with worker_pool(workers) as pool:
         pending = {pool.submit(run_seed, str(f), revision, i == 0): i for i, f in todo}
         for i, f in todo:
             say(f"seed {i}: queued in {f} (log: {f / 'lab.log'})")
