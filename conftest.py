@@ -348,13 +348,21 @@ def embedded_base(embedded_profile, embedded_dir):
 
 @pytest.fixture(scope="session")
 def lab_run(tmp_path_factory):
-    """The embedded lab on r001 run once per session, as `rlhf lab` runs it: SFT, judge and PPO
-    with the interrupt/resume protocol, evaluation, shortcut audit and reports.
+    """The embedded lab on r001 run once per session, as `rlhf lab` runs it, but for the
+    interrupt/resume legs of SFT and the judge: SFT and the judge once each, PPO with the protocol
+    at the SPEC's boundary (iteration 40 of 100), evaluation, shortcut audit and reports. SFT's
+    and the judge's protocol at the same boundary as here (epoch 1) are checked on the small-budget
+    lab (`small_run`, tests_reproducibility/test_resume_small.py); running them here too would
+    repeat 20 SFT epochs and 2 judge epochs (about a minute on 2 cores) to check the same code.
 
     tests_reproducibility and tests_heldout assert on its files; it takes a few minutes on 2 cores.
     Built once per test run across xdist workers (`shared_lab`): read it, copy it before writing.
     """
-    return shared_lab(tmp_path_factory, "lab_run", "embedded", "r001", protocol=True)
+    return shared_lab(tmp_path_factory, "lab_run", "embedded", "r001", protocol=LAB_RUN_PROTOCOL)
+
+
+# The stages `lab_run` runs with the interrupt/resume protocol.
+LAB_RUN_PROTOCOL = ("ppo",)
 
 
 @pytest.fixture(scope="session")
@@ -364,14 +372,20 @@ def lab_run_r002(tmp_path_factory):
     return shared_lab(tmp_path_factory, "lab_run_r002", "embedded", "r002", protocol=False)
 
 
-def _run_whole_lab(run, revision: str, protocol: bool, profile="embedded"):
+def _run_whole_lab(run, revision: str, protocol: bool | tuple[str, ...], profile="embedded"):
+    """`rlhf lab`'s run; `protocol`: True, False, or the training stages that run with it (the
+    others run once, before run_lab, which then skips them as complete)."""
     import time as _time
 
     from rlhf import lab
 
     t0 = _time.perf_counter()
     ctx = lab.open_context(run, profile, revision=revision)
-    lab.run_lab(ctx, protocol=protocol)
+    if not isinstance(protocol, bool):
+        for name, stage in (("sft", lab.stage_sft), ("judge", lab.stage_judge)):
+            if name not in protocol:
+                stage(ctx, protocol=False)
+    lab.run_lab(ctx, protocol=bool(protocol))
     ctx.stage_seconds = {
         "total": _time.perf_counter() - t0,
         **{s: read_timing(run / s / "timings.json") for s in ("sft", "judge", "ppo")},
@@ -513,7 +527,7 @@ def small_run(tmp_path_factory, small_profile_file):
     return shared_lab(tmp_path_factory, "small_run", load_profile(str(small_profile_file)), "r001", protocol=True)
 
 
-def shared_lab(tmp_path_factory, name: str, profile, revision: str, protocol: bool):
+def shared_lab(tmp_path_factory, name: str, profile, revision: str, protocol: bool | tuple[str, ...]):
     """The whole lab (`_run_whole_lab`) run once per test run, whatever the number of xdist
     workers (pytest-xdist's recipe: the first worker runs it under a file lock in the workers'
     shared temporary root; the others wait, then open the finished run). Returns the run's

@@ -185,9 +185,10 @@ def test_the_pin_is_in_every_identity_and_results_file(lab_run):
     record = read_json(run / "run.json")
     tag = record["identity"]["arithmetic"]
     assert tag == runtime.identity_tag()
-    for stage in ("sft", "judge", "ppo"):
-        for leg in ("boundary", "resumed", "continuous"):
-            assert read_json(run / stage / f"state-{leg}.pt.gz.json")["identity"]["arithmetic"] == tag
+    legs = sorted(run.glob("*/state-*.pt.gz.json"))
+    assert {p.parent.name for p in legs} == {"sft", "judge", "ppo"} and len(legs) == 5  # PPO's three legs
+    for sidecar in legs:
+        assert read_json(sidecar)["identity"]["arithmetic"] == tag
     assert read_json(run / "evaluation" / "results.json")["arithmetic"] == record["arithmetic"]
     assert read_json(run / "shortcut_audit" / "results.json")["arithmetic"] == record["arithmetic"]
     assert read_json(run / "results.json")["run"]["arithmetic"] == record["arithmetic"]
