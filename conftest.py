@@ -358,11 +358,7 @@ def lab_run(tmp_path_factory):
     tests_reproducibility and tests_heldout assert on its files; it takes a few minutes on 2 cores.
     Built once per test run across xdist workers (`shared_lab`): read it, copy it before writing.
     """
-    return shared_lab(tmp_path_factory, "lab_run", "embedded", "r001", protocol=LAB_RUN_PROTOCOL)
-
-
-# The stages `lab_run` runs with the interrupt/resume protocol.
-LAB_RUN_PROTOCOL = ("ppo",)
+    return shared_lab(tmp_path_factory, "lab_run", "embedded", "r001", protocol=True, once=("sft", "judge"))
 
 
 @pytest.fixture(scope="session")
@@ -372,20 +368,19 @@ def lab_run_r002(tmp_path_factory):
     return shared_lab(tmp_path_factory, "lab_run_r002", "embedded", "r002", protocol=False)
 
 
-def _run_whole_lab(run, revision: str, protocol: bool | tuple[str, ...], profile="embedded"):
-    """`rlhf lab`'s run; `protocol`: True, False, or the training stages that run with it (the
-    others run once, before run_lab, which then skips them as complete)."""
+def _run_whole_lab(run, revision: str, protocol: bool, profile="embedded", once: tuple[str, ...] = ()):
+    """`rlhf lab`'s run; the training stages named in `once` (sft, judge) run first without the
+    interrupt/resume protocol, and run_lab skips them as complete."""
     import time as _time
 
     from rlhf import lab
 
     t0 = _time.perf_counter()
     ctx = lab.open_context(run, profile, revision=revision)
-    if not isinstance(protocol, bool):
-        for name, stage in (("sft", lab.stage_sft), ("judge", lab.stage_judge)):
-            if name not in protocol:
-                stage(ctx, protocol=False)
-    lab.run_lab(ctx, protocol=bool(protocol))
+    stages = {"sft": lab.stage_sft, "judge": lab.stage_judge}
+    for name in once:
+        stages[name](ctx, protocol=False)
+    lab.run_lab(ctx, protocol=protocol)
     ctx.stage_seconds = {
         "total": _time.perf_counter() - t0,
         **{s: read_timing(run / s / "timings.json") for s in ("sft", "judge", "ppo")},
@@ -527,7 +522,7 @@ def small_run(tmp_path_factory, small_profile_file):
     return shared_lab(tmp_path_factory, "small_run", load_profile(str(small_profile_file)), "r001", protocol=True)
 
 
-def shared_lab(tmp_path_factory, name: str, profile, revision: str, protocol: bool | tuple[str, ...]):
+def shared_lab(tmp_path_factory, name: str, profile, revision: str, protocol: bool, once: tuple[str, ...] = ()):
     """The whole lab (`_run_whole_lab`) run once per test run, whatever the number of xdist
     workers (pytest-xdist's recipe: the first worker runs it under a file lock in the workers'
     shared temporary root; the others wait, then open the finished run). Returns the run's
@@ -541,7 +536,7 @@ def shared_lab(tmp_path_factory, name: str, profile, revision: str, protocol: bo
     run, seconds = folder / "run", folder / "stage_seconds.json"
     with FileLock(str(folder / "build.lock")):
         if not seconds.is_file():
-            ctx = _run_whole_lab(run, revision, protocol, profile)
+            ctx = _run_whole_lab(run, revision, protocol, profile, once)
             seconds.write_text(json.dumps(ctx.stage_seconds))
             return ctx
     from rlhf.config import load_profile

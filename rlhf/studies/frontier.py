@@ -232,13 +232,17 @@ def _log_to(path: Path, stack: contextlib.ExitStack) -> None:
 
 def _roles_for_measuring(ctx: lab.Context):
     """The SFT actor and the frozen judge of the seed's folder (ctx.trained_in)."""
-    sft = ctx.role("actor")
-    load_role(sft, ctx.trained_in / "sft" / "actor.safetensors")
-    sft.freeze()
-    judge = ctx.role("judge")
-    load_role(judge, ctx.trained_in / "judge" / "judge.safetensors")
-    judge.freeze()
-    return sft, judge
+    return (
+        _frozen_role(ctx, "actor", ctx.trained_in / "sft" / "actor.safetensors"),
+        _frozen_role(ctx, "judge", ctx.trained_in / "judge" / "judge.safetensors"),
+    )
+
+
+def _frozen_role(ctx: lab.Context, kind: str, path: Path):
+    role = ctx.role(kind)
+    load_role(role, path)
+    role.freeze()
+    return role
 
 
 def prepare_seed(
@@ -319,12 +323,8 @@ def ensemble_best_of_n(seed_dir: Path, revision: str, settings: Settings, *, log
             _log_to(seed_dir / "frontier.log", stack)
         ctx = arm_context(seed_dir, spec, revision, run_dir=seed_dir / BON_ENSEMBLE_RUN)
         sft, _ = _roles_for_measuring(ctx)
-        members = []
-        for path in lab.judge_files(ctx):
-            role = ctx.role("judge")
-            load_role(role, path)
-            role.freeze()
-            members.append(role)
+        paths = lab.judge_files(ctx)  # the judge, then each member
+        members = [_frozen_role(ctx, "judge", path) for path in paths]
         seed = measurement_seeds(ctx.profile)["best_of_n"]
         t0 = time.perf_counter()
         record = best_of_n_ensemble(
@@ -343,7 +343,7 @@ def ensemble_best_of_n(seed_dir: Path, revision: str, settings: Settings, *, log
                 f"{seed_dir}: the judge's scores of the ensemble's best-of-n draws differ from the seed's "
                 "best-of-n: not the same samples. Nothing was written"
             )
-        record["members"] = [p.parent.name for p in lab.judge_files(ctx)]
+        record["members"] = [p.parent.name for p in paths]
         record["seconds"] = time.perf_counter() - t0
         write_json(seed_dir / "frontier" / BON_ENSEMBLE, record)
         print(

@@ -180,6 +180,11 @@ def sft_draws(sft_model, records: list[dict], prompt_ids, ctx, *, n: int, seed: 
     return out
 
 
+def _successes(draws: list[dict]) -> list[list[bool]]:
+    """[P][n]: whether each prompt's j-th draw is a rubric success."""
+    return [[bool(d["verdicts"][p]["rubric_success"]) for d in draws] for p in range(len(draws[0]["verdicts"]))]
+
+
 def best_of_n_points(scores: list[list[float]], draws: list[dict], ns: tuple[int, ...]) -> list[dict]:
     """For every n: the favourite of the first n samples of each prompt by `scores` ([n_max][P],
     the ranking reward), its gold, that reward and its truncations averaged over the prompts,
@@ -218,7 +223,7 @@ def best_of_n(sft_model, judge: Role, view: LearningView, ctx, *, ns: tuple[int,
         "points": best_of_n_points(scores, draws, ns),
         "spread": {"mean": _mean(first_scores), "sd": _sd(first_scores), "n": len(first_scores)},
         "scores": [[s[p] for s in scores] for p in range(len(records))],
-        "successes": [[bool(d["verdicts"][p]["rubric_success"]) for d in draws] for p in range(len(records))],
+        "successes": _successes(draws),
     }
 
 
@@ -240,7 +245,7 @@ def best_of_n_ensemble(
         "ensemble_size": len(members),
         "ensemble_lambda": ctx.profile.ppo.ensemble_lambda,
         "member_scores": member_scores,
-        "successes": [[bool(d["verdicts"][p]["rubric_success"]) for d in draws] for p in range(len(records))],
+        "successes": _successes(draws),
         "designs": {},
     }
     for design in designs:
