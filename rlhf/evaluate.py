@@ -41,7 +41,7 @@ import torch
 from rlhf import events, rubric, runtime
 from rlhf.config import profile_hash
 from rlhf.corpus import first_units
-from rlhf.generate import generate
+from rlhf.generate import Prefill, generate, prefill
 from rlhf.io import crash_point, read_json, sha256_file, write_json
 from rlhf.judge import encode_pairs, evaluate_pairs
 from rlhf.ppo_math import mean_sampled_log_ratio
@@ -121,14 +121,39 @@ def check_probe_identity(rows: list[dict]) -> int:
     return len(by_context)
 
 
+def prefills(actor_model, prompt_ids: list[list[int]], ctx) -> list[Prefill]:
+    """The prompts' prefill (rlhf.generate.prefill), batch by batch as policy_draws batches
+    them, for several draws from the same prompts (policy_draws's `starts`)."""
+    return [
+        prefill(
+            actor_model,
+            chunk,
+            pad_id=ctx.pad_id,
+            max_new_tokens=max_new_tokens(ctx.profile, "evaluation"),
+            last_logits_only=ctx.profile.runtime.last_logits_only,
+        )
+        for chunk in _batches(prompt_ids)
+    ]
+
+
 @torch.no_grad()
-def policy_responses(
-    actor_model, prompt_ids: list[list[int]], ctx, generator: torch.Generator | None = None
-) -> list[list[int]]:
-    """Token ids for each prompt (EOS included when the row stopped by itself): greedy when
-    `generator` is None, else drawn at the profile's PPO temperature from `generator`."""
-    out = []
-    for chunk in _batches(prompt_ids):
+def policy_draws(
+    actor_model,
+    prompt_ids: list[list[int]],
+    ctx,
+    generator: torch.Generator | None = None,
+    starts: list[Prefill] | None = None,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """(token ids, log-probs) for each prompt: the ids as policy_responses gives them, and the
+    log-prob of each drawn token under the distribution it was drawn from (FP32, EOS included;
+    rlhf.generate records it as it draws). `starts`: the prompts' prefills (rlhf.evaluate.prefills),
+    when several draws share them; the draws are the same bits either way."""
+    chunks = list(_batches(prompt_ids))
+    if starts is not None and len(starts) != len(chunks):
+        raise ValueError(f"{len(starts)} prefills for {len(chunks)} batches of prompts")
+    responses, logps = [], []
+    firsts: list[Prefill | None] = list(starts) if starts is not None else [None] * len(chunks)
+    for chunk, start in zip(chunks, firsts):
         gen = generate(
             actor_model,
             chunk,
@@ -139,9 +164,19 @@ def policy_responses(
             temperature=ctx.profile.ppo.temperature,
             generator=generator,
             last_logits_only=ctx.profile.runtime.last_logits_only,
+            start=start,
         )
-        out += gen.responses
-    return out
+        responses += gen.responses
+        logps += gen.logps
+    return responses, logps
+
+
+def policy_responses(
+    actor_model, prompt_ids: list[list[int]], ctx, generator: torch.Generator | None = None
+) -> list[list[int]]:
+    """Token ids for each prompt (EOS included when the row stopped by itself): greedy when
+    `generator` is None, else drawn at the profile's PPO temperature from `generator`."""
+    return policy_draws(actor_model, prompt_ids, ctx, generator)[0]
 
 
 def greedy_responses(actor_model, prompt_ids: list[list[int]], ctx) -> list[list[int]]:

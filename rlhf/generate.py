@@ -12,6 +12,7 @@ explicit `torch.Generator`; greedy takes the argmax. A row stops at EOS or after
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,62 @@ class Generation:
     # Sampling only: the entropy (nats) of the distribution each token was drawn from, one per
     # drawn token: -sum_v p(v) log p(v) over the real tokens (an over-optimisation signal, docs/signals.md).
     entropies: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class Prefill:
+    """The first forward pass over a batch of left-padded prompts, kept so that several draws
+    from the same prompts (a greedy answer, then temperature-1 samples) start from it instead of
+    repeating it. Every draw's first step is this pass, so a draw from a Prefill equals, bit for
+    bit, one that computes it (tests_unit/test_training.py)."""
+
+    prompts: list[list[int]]
+    room: int  # the max_new_tokens its columns were padded for
+    use_cache: bool
+    last_logits_only: bool
+    ids: torch.Tensor  # [B, T + room] left-padded prompts (read-only: each draw writes into a copy)
+    mask: torch.Tensor  # [B, T + room]
+    logits: torch.Tensor  # [B, V] the last column's logits: the first drawn token's distribution
+    cache: object  # the KV cache after the prompts (None without one); each draw extends a copy
+
+
+@torch.inference_mode()
+def prefill(
+    model,
+    prompts: list[list[int]],
+    *,
+    pad_id: int,
+    max_new_tokens: int,
+    use_cache: bool = True,
+    last_logits_only: bool = False,
+) -> Prefill:
+    """One forward pass over the left-padded prompts (see generate's `last_logits_only`)."""
+    device = next(model.parameters()).device
+    ids, mask, T = _left_pad(prompts, pad_id, max_new_tokens, device)  # [B, T + N] each
+    out = _full_forward(model, ids[:, :T], mask[:, :T], use_cache, last_logits_only)
+    return Prefill(
+        [list(p) for p in prompts],
+        max_new_tokens,
+        use_cache,
+        last_logits_only,
+        ids,
+        mask,
+        out.logits[:, -1, :],
+        out.cache if use_cache else None,
+    )
+
+
+def _full_forward(model, ids: torch.Tensor, mask: torch.Tensor, use_cache: bool, last_logits_only: bool):
+    """A forward pass over every column of ids [B, L] (the prefill; every step without a cache)."""
+    if last_logits_only:
+        out = model.model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=use_cache)
+        # The last column, made contiguous before the vocabulary projection: torch 2.13's CPU
+        # BF16 linear with a frozen weight on a strided [B, 1, H] view (what transformers'
+        # logits_to_keep=1 passes) took 65 s for a 32-row batch at Qwen's vocabulary, 0.08 s
+        # contiguous.
+        out.logits = model.lm_head(out.last_hidden_state[:, -1:, :].contiguous())  # [B, 1, V]
+        return out
+    return model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=use_cache)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, room: int, device):
@@ -106,6 +163,7 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     last_logits_only: bool = False,
+    start: Prefill | None = None,
 ) -> Generation:
     """Draw up to `max_new_tokens` per prompt (see the module docstring).
 
@@ -116,51 +174,57 @@ def generate(
     [B, 1] projection rounds differently from a [B, L] one (4e-6 apart), and its golden hashes
     were made with the full one.
 
+    `start`: the prompts' prefill (rlhf.generate.prefill) made by an earlier call, so that
+    several draws from the same prompts run it once; it must be of these prompts, this
+    max_new_tokens, use_cache and last_logits_only.
+
     Inference mode rather than no_grad: nothing made here outlives the call as a tensor (the
     result is Python lists), and it spares each of the few hundred small ops of a step the
     autograd and version-counter bookkeeping. The kernels, and so every drawn bit, are the same.
     """
     if not greedy and generator is None:
         raise ValueError("sampling needs an explicit torch.Generator (seeded by the caller)")
+    if start is None:
+        start = prefill(
+            model,
+            prompts,
+            pad_id=pad_id,
+            max_new_tokens=max_new_tokens,
+            use_cache=use_cache,
+            last_logits_only=last_logits_only,
+        )
+    elif (start.prompts, start.room, start.use_cache, start.last_logits_only) != (
+        prompts,
+        max_new_tokens,
+        use_cache,
+        last_logits_only,
+    ):
+        raise ValueError("the prefill given is not of these prompts, max_new_tokens, use_cache and last_logits_only")
     device = next(model.parameters()).device
     n_tokens = token_count(model)
-    ids, mask, T = _left_pad(prompts, pad_id, max_new_tokens, device)  # [B, T + N] each
+    ids, mask = start.ids.clone(), start.mask.clone()  # [B, T + N] each; drawn tokens are written in
+    T = ids.shape[1] - max_new_tokens
     B = ids.shape[0]
     seen = mask.sum(-1)  # [B] real tokens in mask[:, :L]; the last one sits at seen - 1
     done = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, entropies = [], [], []
-    past = None
+    logits, past = start.logits, copy.deepcopy(start.cache)  # decode steps extend the cache
     prepared = _prepares_decode_masks(model.config)
     for L in range(T, T + max_new_tokens):  # L: columns the model sees this step
-        if use_cache and past is not None:
-            out = model(
-                input_ids=ids[:, L - 1 : L],
-                attention_mask=_decode_mask(mask[:, :L]) if prepared else mask[:, :L],
-                position_ids=(seen - 1).clamp(min=0)[:, None],
-                cache=past,
-                use_cache=True,
-            )
-        elif last_logits_only:
-            out = model.model(
-                input_ids=ids[:, :L],
-                attention_mask=mask[:, :L],
-                position_ids=_positions(mask[:, :L]),
-                use_cache=use_cache,
-            )
-            # The last column, made contiguous before the vocabulary projection: torch 2.13's CPU
-            # BF16 linear with a frozen weight on a strided [B, 1, H] view (what transformers'
-            # logits_to_keep=1 passes) took 65 s for a 32-row batch at Qwen's vocabulary, 0.08 s
-            # contiguous.
-            out.logits = model.lm_head(out.last_hidden_state[:, -1:, :].contiguous())  # [B, 1, V]
-        else:
-            out = model(
-                input_ids=ids[:, :L],
-                attention_mask=mask[:, :L],
-                position_ids=_positions(mask[:, :L]),
-                use_cache=use_cache,
-            )
-        past = out.cache if use_cache else None
-        token, logp, entropy = _next_token(out.logits[:, -1, :], greedy, temperature, generator, n_tokens)
+        if L > T:
+            if use_cache:
+                out = model(
+                    input_ids=ids[:, L - 1 : L],
+                    attention_mask=_decode_mask(mask[:, :L]) if prepared else mask[:, :L],
+                    position_ids=(seen - 1).clamp(min=0)[:, None],
+                    cache=past,
+                    use_cache=True,
+                )
+                past = out.cache
+            else:
+                out = _full_forward(model, ids[:, :L], mask[:, :L], False, last_logits_only)
+            logits = out.logits[:, -1, :]
+        token, logp, entropy = _next_token(logits, greedy, temperature, generator, n_tokens)
         token = token.masked_fill(done, pad_id)
         tokens.append(token)
         logps.append(logp)

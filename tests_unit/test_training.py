@@ -140,6 +140,37 @@ def test_kv_cache_and_full_recompute_draw_the_same_tokens_fp32(
     assert tf_diff <= 1e-4
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_draws_from_a_kept_prefill_are_the_draws_that_compute_it(
+    use_cache, embedded_profile, embedded_dir, embedded_base, move_adapters
+):
+    """Several draws from one kept prefill (a greedy answer, then two samples from one generator,
+    as the frontier's measurements draw them) equal, bit for bit, the same draws each computing
+    its own prefill: the tokens, the behaviour log-probs and the entropies. A draw extends a copy
+    of the prefill's cache, so the prefill serves every draw alike."""
+    from rlhf.generate import prefill
+
+    actor = new_role("actor", embedded_profile, embedded_dir)
+    move_adapters(actor.model, 31)
+    prompts = _prompts(embedded_base, embedded_profile)
+    kw = dict(eos_id=-1, pad_id=embedded_base.pad_id, max_new_tokens=24, use_cache=use_cache)  # no EOS: 24 steps
+
+    def draws(start):
+        gen = torch.Generator().manual_seed(7)
+        out = [generate(actor.model, prompts, greedy=True, start=start, **kw)]
+        out += [generate(actor.model, prompts, generator=gen, start=start, **kw) for _ in range(2)]
+        return [(g.responses, g.logps, g.ended, g.entropies) for g in out]
+
+    kept = prefill(actor.model, prompts, pad_id=embedded_base.pad_id, max_new_tokens=24, use_cache=use_cache)
+    assert draws(kept) == draws(None)
+    assert draws(kept) == draws(None)  # the kept prefill is unchanged by the draws made from it
+    for wrong in (prompts[:2], [p + [5] for p in prompts]):
+        with pytest.raises(ValueError, match="prefill given is not of these prompts"):
+            generate(actor.model, wrong, greedy=True, start=kept, **kw)
+    with pytest.raises(ValueError, match="prefill given is not of these prompts"):
+        generate(actor.model, prompts, greedy=True, start=kept, **{**kw, "max_new_tokens": 23})
+
+
 def test_prepared_decode_mask_is_the_one_transformers_builds(embedded_base):
     """generate passes one cached step's SDPA mask ready-made (rlhf.generate._decode_mask); it
     must be what create_causal_mask returns: None without padding, else the same bool tensor."""

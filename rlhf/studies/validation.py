@@ -17,8 +17,9 @@ pair's chosen answer (rlhf.rubric.chosen_actions), not from a label.
 
 KL from the SFT policy (SPEC §12): per prompt, the mean over k temperature-1 samples y ~ pi of
 ``sum_t log pi(y_t | y_<t) - log pi_SFT(y_t | y_<t)``, the sampled-token estimator of the
-sequence KL(pi || pi_SFT) (unbiased; one sample can be negative). Both log-probs are
-teacher-forced through the one scoring path (rlhf.scoring.response_logprobs).
+sequence KL(pi || pi_SFT) (unbiased; one sample can be negative). log pi is the log-prob each
+token was drawn with (recorded by rlhf.generate), log pi_SFT is teacher-forced through the one
+scoring path (rlhf.scoring.response_logprobs).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 from rlhf import rubric
 from rlhf.corpus import LearningView, first_units
-from rlhf.evaluate import policy_responses
+from rlhf.evaluate import policy_draws, policy_responses, prefills
 from rlhf.masks import masked_sum
 from rlhf.ppo_math import design_score
 from rlhf.roles import Role, reward_scores
@@ -39,7 +40,8 @@ from rlhf.tokens import collate, decode_response, encode_prompt
 BATCH_SIZE = 32
 KL_ESTIMATOR = (
     "sampled-token estimator of KL(pi || pi_SFT): per prompt, the mean over k temperature-1 samples y ~ pi of "
-    "sum_t [log pi(y_t | y_<t) - log pi_SFT(y_t | y_<t)], both teacher-forced; averaged over the validation "
+    "sum_t [log pi(y_t | y_<t) - log pi_SFT(y_t | y_<t)], log pi as each token was drawn, log pi_SFT "
+    "teacher-forced; averaged over the validation "
     "prompts. Unbiased for the sequence KL; one sample (and so a small average) can be negative, and d = "
     "sqrt(max(KL, 0))"
 )
@@ -82,14 +84,22 @@ def judge_scores(judge: Role, prompt_ids, responses, ctx) -> list[float]:
 
 
 @torch.no_grad()
-def sequence_log_ratios(model, sft_model, prompt_ids, responses, ctx) -> list[float]:
-    """``sum_t log pi(y_t) - log pi_SFT(y_t)`` over each answer's tokens (EOS included)."""
-    device = next(model.parameters()).device
-    out: list[float] = []
+def sequence_log_ratios(logps: list[list[float]], sft_model, prompt_ids, responses, ctx) -> list[float]:
+    """``sum_t log pi(y_t) - log pi_SFT(y_t)`` over each answer's tokens (EOS included).
+
+    log pi(y_t) as the token was drawn (`logps`: rlhf.evaluate.policy_draws, recorded by
+    rlhf.generate at temperature 1, as PPO's logp_old are), log pi_SFT(y_t) teacher-forced through
+    the one scoring path. Reading the policy's term from the draw spares a second forward pass of
+    the policy over every sample; through the KV cache it rounds differently from a full forward
+    by about 1e-6 per token, far below the estimator's sampling error.
+    """
+    if [len(lp) for lp in logps] != [len(r) for r in responses]:
+        raise ValueError("one log-prob per drawn token is needed: logps and responses differ in length")
+    device = next(sft_model.parameters()).device
+    sft: list[float] = []
     for batch in _batched_pairs(prompt_ids, responses, ctx.pad_id, device):
-        diff = response_logprobs(model, batch) - response_logprobs(sft_model, batch)  # [B, R]
-        out += masked_sum(diff, batch.response_mask, dim=-1).tolist()
-    return out
+        sft += masked_sum(response_logprobs(sft_model, batch), batch.response_mask, dim=-1).tolist()
+    return [sum(lp) - s for lp, s in zip(logps, sft)]
 
 
 def rubric_verdicts(records: list[dict], responses, ctx) -> list[dict]:
@@ -117,14 +127,20 @@ def measure_policy(model, sft_model, judge: Role, view: LearningView, ctx, *, kl
     KL 0, for the SFT policy itself)."""
     records = validation_prompts(view, ctx.profile.evaluation.max_units)
     prompt_ids = encode_records(records, ctx)
-    greedy = answers(model, prompt_ids, ctx)
+    starts = prefills(model, prompt_ids, ctx)  # the greedy answers and every sample start from them
+    greedy = policy_draws(model, prompt_ids, ctx, starts=starts)[0]
     verdicts = rubric_verdicts(records, greedy, ctx)
     scores = judge_scores(judge, prompt_ids, greedy, ctx)
+    if kl_samples and ctx.profile.ppo.temperature != 1.0:
+        raise ValueError(
+            f"the KL estimate needs temperature-1 samples of the policy; the profile samples at "
+            f"ppo.temperature = {ctx.profile.ppo.temperature}"
+        )
     generator = torch.Generator().manual_seed(seed)
     per_prompt = [0.0] * len(records)
     for _ in range(kl_samples):
-        sampled = answers(model, prompt_ids, ctx, generator)
-        for i, v in enumerate(sequence_log_ratios(model, sft_model, prompt_ids, sampled, ctx)):
+        sampled, logps = policy_draws(model, prompt_ids, ctx, generator, starts)
+        for i, v in enumerate(sequence_log_ratios(logps, sft_model, prompt_ids, sampled, ctx)):
             per_prompt[i] += v / kl_samples
     n = len(records)
     kl = _mean(per_prompt)
@@ -173,9 +189,10 @@ def sft_draws(sft_model, records: list[dict], prompt_ids, ctx, *, n: int, seed: 
     the rubric: [n] of {"responses": [P], "verdicts": [P]}. The draws best-of-n ranks, under one
     judge or under an ensemble (the same seed gives the same samples)."""
     generator = torch.Generator().manual_seed(seed)
+    starts = prefills(sft_model, prompt_ids, ctx)  # every draw starts from the same prefill
     out = []
     for _ in range(n):
-        resp = answers(sft_model, prompt_ids, ctx, generator)
+        resp = policy_draws(sft_model, prompt_ids, ctx, generator, starts)[0]
         out.append({"responses": resp, "verdicts": rubric_verdicts(records, resp, ctx)})
     return out
 
