@@ -148,6 +148,10 @@ def check_identity(saved: dict, current: dict, what: str = "state") -> None:
 def assert_states_equal(a, b, path: str = "state") -> int:
     """Recursively compare two states exactly (tensors bit for bit). Returns tensors compared."""
     if isinstance(a, torch.Tensor):
+        if isinstance(b, torch.Tensor) and a.device != b.device:
+            # A state read from disk sits on the CPU, one still in memory may sit on CUDA: the bits
+            # are what is compared, wherever they live.
+            a, b = a.cpu(), b.cpu()
         if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
             raise AssertionError(f"{path}: tensors differ")
         return 1

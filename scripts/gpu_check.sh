@@ -10,8 +10,9 @@
 # transformers, tokenizers and safetensors must then equal pyproject.toml's pins: the machine's
 # own transformers may differ (5.17, for one, has a generation API unlike the pinned 5.24: a
 # miniature run with 5.17 fails at the first cached generation step). Run: `pytest -m gpu
-# --random-weights -n 0` (the full Qwen2.5-0.5B shape with random weights, the real budgets; one
-# process, so the lab runs once) under `timeout` (GPU_CHECK_TIMEOUT seconds, default 540: the
+# --random-weights -n 0 -s` (the full Qwen2.5-0.5B shape with random weights, the real budgets; one
+# process, so the lab runs once; -s lets the lab's progress lines reach the log, so a run the
+# timeout stops still shows how far each stage got) under `timeout` (GPU_CHECK_TIMEOUT seconds, default 540: the
 # whole call stays within 10 minutes). Reports: reports/gpu/junit.xml and results.json, and the
 # log, copied to OUTDIR.
 # Exit status: pytest's, 124 when the timeout stopped it, 2 when the machine cannot run the tier
@@ -67,7 +68,7 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 "$PY" -c "import rlhf, transformers, tokenizers, safetensors, tqdm, matplotlib, pytest, xdist" || exit 2
 
-timeout "$LIMIT" "$PY" -m pytest -m gpu --random-weights -n 0 -p no:cacheprovider 2>&1 | tee "$OUTDIR/gpu_check.log"
+timeout "$LIMIT" "$PY" -m pytest -m gpu --random-weights -n 0 -s -p no:cacheprovider 2>&1 | tee "$OUTDIR/gpu_check.log"
 status=${PIPESTATUS[0]}
 cp reports/gpu/junit.xml reports/gpu/results.json "$OUTDIR"/ 2>/dev/null
 echo "gpu_check: pytest exit status $status; reports in $OUTDIR" | tee -a "$OUTDIR/gpu_check.log"

@@ -198,3 +198,18 @@ def test_resume_bit_identical_under_deterministic_cuda(qwen_ctx, stage, record_r
     b = load_state(folder / "state-continuous.pt.gz")
     record_result(f"qwen_{stage}_tensors_compared", assert_states_equal(b, a, stage))
     record_result(f"qwen_{stage}_sha256", check)
+
+
+def test_states_compare_bit_for_bit_across_devices():
+    """A state read from disk (CPU) against one still in memory (CUDA): the dry run's rehearsal
+    and the lab's protocol compare such pairs. Equal bits pass wherever they live; one changed
+    bit fails."""
+    if not torch.cuda.is_available():
+        pytest.fail("the gpu tier needs CUDA: no CUDA device is visible to torch")
+    on_cpu = {"w": torch.randn(64, 32, dtype=torch.bfloat16), "step": 3, "m": [torch.zeros(5)]}
+    on_cuda = {"w": on_cpu["w"].cuda(), "step": 3, "m": [on_cpu["m"][0].cuda()]}
+    assert assert_states_equal(on_cpu, on_cuda) == 2
+    assert assert_states_equal(on_cuda, on_cpu) == 2
+    on_cuda["w"][0, 0] += 1
+    with pytest.raises(AssertionError, match=r"state\.w: tensors differ"):
+        assert_states_equal(on_cpu, on_cuda)
