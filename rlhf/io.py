@@ -13,7 +13,8 @@ writes the manifest last). Neither is ever read.
 
 `crash_point(name)` is the fault-injection hook of the crash tests (tests_reproducibility):
 with `RLHF_CRASH_AT=name` (or `name@k` for the k-th time) the process kills itself with
-SIGKILL there, as a power cut would. Unset, it costs one dictionary lookup.
+SIGKILL there, as a power cut would (once the background writes in flight have landed, so that
+the moment is reproducible). Unset, it costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -57,6 +59,10 @@ def sha256_text(text: str) -> str:
 
 _CRASH_AT = os.environ.get("RLHF_CRASH_AT", "")
 _crash_counts: dict[str, int] = {}
+# Background writes in flight (rlhf.checkpoint.StateWriter's threads). A crash point lets them
+# land before it kills, so that each crash test kills at a reproducible moment; the kill inside
+# a background write itself (`write:NAME`, in the writing thread) is the test of losing one.
+WRITES_IN_FLIGHT: set[threading.Thread] = set()
 
 
 def crash_point(name: str) -> None:
@@ -68,6 +74,9 @@ def crash_point(name: str) -> None:
         return
     _crash_counts[name] = _crash_counts.get(name, 0) + 1
     if _crash_counts[name] == int(nth or 1):
+        for thread in list(WRITES_IN_FLIGHT):
+            if thread is not threading.current_thread():
+                thread.join()
         os.kill(os.getpid(), signal.SIGKILL)
 
 

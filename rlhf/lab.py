@@ -47,8 +47,17 @@ from typing import Callable, NamedTuple, TypedDict
 import torch
 from tqdm import tqdm
 
-from rlhf import events, identities, runtime, signals
-from rlhf.checkpoint import Interrupted, Leg, StateError, assert_states_equal, load_state, save_state, stop_requested
+from rlhf import costs, events, identities, runtime, signals
+from rlhf.checkpoint import (
+    Interrupted,
+    Leg,
+    StateError,
+    StateWriter,
+    assert_states_equal,
+    load_state,
+    save_state,
+    stop_requested,
+)
 from rlhf.config import ENSEMBLE_DESIGNS, PROFILES, Profile, load_profile, override, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
@@ -514,12 +523,15 @@ def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity:
         )
         state = start()
 
+    writer = StateWriter()  # checkpoints are written while the leg trains on
+
     def checkpoint(n: int, make_state) -> None:  # called after every epoch / iteration but the last
         interrupt = stop_requested()
         path = ck_dir / f"{name}-{n:04d}.pt.gz"
         if (interrupt or n % every == 0) and not path.exists():
-            save_state(path, make_state(), identity)
+            writer.save(path, make_state(), identity)
         if interrupt:
+            writer.wait()  # the checkpoint named below is on disk before the command stops
             raise Interrupted(
                 f"{stage}: stopped on request after {n} in the {name} run; checkpoint {path}. "
                 f"Run the same command again to continue from there."
@@ -531,9 +543,11 @@ def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity:
         state, timings = run_fn(
             Leg(state=state, stop=stop, checkpoint=checkpoint, progress=None if log is None else log.sync)
         )
+        writer.wait()
     finally:
         if log is not None:
             log.close()
+        writer.abandon()
     save_state(final, state, identity)
     if stop_requested():  # the end of a leg is a boundary too
         raise Interrupted(
@@ -561,6 +575,7 @@ def _epoch_stage(
     """SFT and the judge: the same resumable epoch stage over a different role and loss; the
     trained role is saved as `stage/kind.safetensors`, and `epoch_line(epoch record)` is printed
     per epoch."""
+    paid = costs.snapshot()
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
@@ -586,7 +601,11 @@ def _epoch_stage(
         if not (folder / f"{kind}.safetensors.json").is_file():  # a rerun keeps a complete artifact
             save_role(role, folder / f"{kind}.safetensors", identity)
         write_json(folder / "history.json", history, keep_existing=True)
-        write_json(folder / "timings.json", {"seconds": result.seconds, **(result.check or {})}, keep_existing=True)
+        write_json(
+            folder / "timings.json",
+            {"seconds": result.seconds, **(result.check or {}), "fixed_costs": costs.since(paid)},
+            keep_existing=True,
+        )
         mark_complete(ctx, stage, sha256_final=result.sha256_final)
     return result
 
@@ -716,6 +735,7 @@ def ppo_identity(ctx: Context, initial: dict) -> dict:
 
 
 def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> ProtocolResult:
+    paid = costs.snapshot()
     view = ctx.corpus.learning_view()
     initial = ppo_fingerprints(ctx)
     identity = ppo_identity(ctx, initial)
@@ -811,7 +831,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         write_json(folder / "history.json", result.state["history"], keep_existing=True)
         write_json(
             folder / "timings.json",
-            {"seconds": result.seconds, **result.timings, **(result.check or {})},
+            {"seconds": result.seconds, **result.timings, **(result.check or {}), "fixed_costs": costs.since(paid)},
             keep_existing=True,
         )
         write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)

@@ -12,13 +12,14 @@ have network access.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlhf import runtime
+from rlhf import costs, runtime
 from rlhf.config import Profile
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, read_json, sha256_file, write_text
 from rlhf.scoring import set_token_count
@@ -52,6 +53,9 @@ class Base:
     eos_id: int
     pad_id: int
     identity: dict = field(default_factory=dict)
+    # The kept base `model` was copied from (load_base), or None: what a role proves itself equal
+    # to instead of hashing its frozen tensors again (rlhf.roles.inherit_frozen_hashes).
+    copied_from: PreTrainedModel | None = None
 
 
 def how_to_get(profile: Profile, model_dir) -> str:
@@ -212,14 +216,16 @@ def load_tokenizer(model_dir):
 def load_base(
     profile: Profile, model_dir, *, device: str = "cpu", identity: dict | None = None, tokenizer=None
 ) -> Base:
-    """Load and verify the frozen base of `profile` from the local directory `model_dir`.
+    """Load and verify the frozen base of `profile` from the local directory `model_dir`: a copy
+    of its own for the caller (each role owns its backbone, SPEC §4).
 
     `identity` (the directory's file hashes) and `tokenizer` (loaded from the same directory)
-    may be passed in when the caller already has them: each role loads its own backbone, and
-    hashing a 1 GB checkpoint or parsing Qwen's 7 MB tokenizer.json (1.5 s) once is enough.
-    The files are still checked against the identity on every load.
+    may be passed in when the caller already has them: hashing a 1 GB checkpoint or parsing
+    Qwen's 7 MB tokenizer.json (1.5 s) once is enough. Every call checks the folder against
+    the profile (architecture, shape, revision, tokenizer, the recorded file hashes); the
+    weights themselves are read from the folder once per process (`kept_base`) and copied.
     """
-    from transformers import AutoConfig, Qwen2ForCausalLM
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bars say what is happening
@@ -231,17 +237,40 @@ def load_base(
     revision = check_revision(profile, model_dir) if profile.model.revision is not None else None
     tokenizer = load_tokenizer(model_dir) if tokenizer is None else tokenizer
     eos_id, pad_id = check_tokenizer(profile, tokenizer)
-    # Loaded in the compute dtype: BF16 weights widened to float32 where the CPU has no native BF16.
-    dtype = DTYPES[compute_dtype(profile)["dtype"]]
-    model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
-    model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
-    check_model(profile, model)
-    freeze(model)
-    set_token_count(model, len(tokenizer))  # type: ignore[arg-type]  # a transformers tokenizer has a length
     ident = dict(identity) if identity else {"files": directory_identity(model_dir)}
     check_recorded_files(model_dir, ident.get("files") or directory_identity(model_dir))
+    # Loaded in the compute dtype: BF16 weights widened to float32 where the CPU has no native BF16.
+    dtype_name = compute_dtype(profile)["dtype"]
+    kept = kept_base(model_dir, ident.get("files") or {}, dtype_name, device, len(tokenizer))  # type: ignore[arg-type]
+    model = copy.deepcopy(kept)
+    check_model(profile, model)
     ident.update({"profile": profile.name, "revision": revision, "eos_id": eos_id, "pad_id": pad_id})
-    return Base(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id, identity=ident)
+    return Base(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id, identity=ident, copied_from=kept)
+
+
+# The frozen base read from a model folder, kept for the process: every role is a copy of it
+# (rlhf.roles.new_role), so a stage that builds roles for several legs reads 1 GB from disk
+# and moves it to the device once, not once per role. One base is kept at a time, keyed by
+# what makes its tensors: the folder's file hashes, the dtype, the device and the token count.
+_KEPT: dict[tuple, Any] = {}
+
+
+def kept_base(model_dir: Path, files: dict[str, str], dtype_name: str, device: str, n_tokens: int):
+    """The frozen, eval-mode Qwen2ForCausalLM of `model_dir` in `dtype_name` on `device`, read
+    from the folder on first use in this process (counted as a base load, rlhf.costs) and kept;
+    never handed out itself, only copied (load_base)."""
+    from transformers import Qwen2ForCausalLM
+
+    key = (dumps_json(files), dtype_name, str(device), n_tokens)
+    if key not in _KEPT:
+        _KEPT.clear()  # one base at a time: a process that moves to another base frees the last
+        model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype_name], local_files_only=True)
+        model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to: its stub wants the model as argument
+        freeze(model)
+        set_token_count(model, n_tokens)
+        costs.count("base_loads")
+        _KEPT[key] = model
+    return _KEPT[key]
 
 
 def qwen2_config(profile: Profile, **extra):

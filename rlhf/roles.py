@@ -29,6 +29,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
+from rlhf import costs
 from rlhf.config import Profile
 from rlhf.io import dumps_json, read_verified, sha256_bytes, write_with_sidecar
 from rlhf.lora import count_lora_parameters, inject_lora, load_lora_state_dict, lora_parameters, lora_state_dict
@@ -144,6 +145,9 @@ def new_role(
     if kind not in ROLE_KINDS:
         raise ValueError(f"unknown role {kind!r}; roles are {ROLE_KINDS}")
     base = load_base(profile, model_dir, device=device, identity=base_identity, tokenizer=tokenizer)
+    if base.copied_from is not None:
+        inherit_frozen_hashes(base.copied_from, base.model)
+    costs.count("role_builds")
     seed = profile.seeds.judge_lora if kind == "judge" else profile.seeds.lora
     adapters = inject_lora(
         base.model, rank=profile.lora.rank, alpha=profile.lora.alpha, seed=seed, targets=profile.lora.targets
@@ -219,15 +223,73 @@ def _forgetter(key: int):
     return forget
 
 
+def _write_state(t: torch.Tensor) -> tuple:
+    """What a write through torch changes about a tensor (see _FROZEN_HASHES)."""
+    return (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), str(t.device))
+
+
+def _known_sha256(t: torch.Tensor) -> str | None:
+    """The remembered hash of `t`, or None when it was never hashed or has been written to since."""
+    entry = _FROZEN_HASHES.get(id(t))
+    if entry is not None and entry[0]() is t and entry[1] == _write_state(t):
+        return entry[2]
+    return None
+
+
+def _remember_sha256(t: torch.Tensor, digest: str) -> None:
+    _FROZEN_HASHES[id(t)] = (weakref.ref(t, _forgetter(id(t))), _write_state(t), digest)
+
+
 def frozen_tensor_sha256(t: torch.Tensor) -> str:
     """tensor_sha256 of a frozen tensor, computed again only when torch has written to it."""
-    state = (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), str(t.device))
-    entry = _FROZEN_HASHES.get(id(t))
-    if entry is not None and entry[0]() is t and entry[1] == state:
-        return entry[2]
-    digest = tensor_sha256(t)
-    _FROZEN_HASHES[id(t)] = (weakref.ref(t, _forgetter(id(t))), state, digest)
+    digest = _known_sha256(t)
+    if digest is None:
+        digest = tensor_sha256(t)
+        _remember_sha256(t, digest)
     return digest
+
+
+def inherit_frozen_hashes(source: nn.Module, copy: nn.Module) -> int:
+    """Give each frozen tensor of `copy` (a copy of the frozen base `source`) the hash of its
+    counterpart in `source`, once the two are proven equal tensor by tensor (dtype, shape and
+    every bit: `same_bits`, a comparison on the device, where SHA-256 would carry 1 GB through
+    the CPU). Returns the number of tensors compared.
+
+    The base's own hashes are computed on first use (and remembered while it lives), so every
+    role copied from one kept base is hashed once per process, whatever the number of roles."""
+    theirs, ours = list(_frozen_tensors(source)), list(_frozen_tensors(copy))
+    if len(theirs) != len(ours):
+        raise RoleIsolationError(f"the copy of the base has {len(ours)} tensors, the base {len(theirs)}")
+    pairs = list(zip(theirs, ours))
+    for (name, a), (name_b, b) in pairs:
+        if name != name_b or not same_bits(a, b):
+            raise RoleIsolationError(f"the copy of the base differs from the base at {name_b}")
+    if any(_known_sha256(a) is None for (_, a), _ in pairs):
+        costs.count("base_hashes")  # the kept base's first (and only) pass over its bytes
+    for (_, a), (_, b) in pairs:
+        _remember_sha256(b, frozen_tensor_sha256(a))
+    return len(pairs)
+
+
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when `a` and `b` have the same dtype, shape and bytes (what tensor_sha256 hashes):
+    compared as integers of the element's width, so that -0.0 and 0.0 differ and NaNs of equal
+    bits are equal, as they are to SHA-256."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    width = _SAME_SIZE_INTS[a.element_size()]
+    return torch.equal(a.view(width), b.view(width))
+
+
+def _frozen_tensors(model: nn.Module):
+    """(name, tensor) of every parameter and buffer of a bare base (no adapters yet), in order."""
+    yield from model.named_parameters()
+    yield from model.named_buffers()
 
 
 def manifest_sha256(named: dict[str, str]) -> str:
@@ -239,7 +301,10 @@ def fingerprint(role: Role, *, frozen: bool = True) -> dict:
     learned = {k: tensor_sha256(v) for k, v in sorted(role.learned_state().items())}
     out = {"role": role.kind, "learned": learned, "learned_sha256": manifest_sha256(learned)}
     if frozen:
-        base = {k: frozen_tensor_sha256(v) for k, v in sorted(role.frozen_named_tensors())}
+        frozen_tensors = sorted(role.frozen_named_tensors(), key=lambda kv: kv[0])
+        if any(_known_sha256(v) is None for _, v in frozen_tensors):
+            costs.count("base_hashes")  # a pass over the base's bytes, not a look-up
+        base = {k: frozen_tensor_sha256(v) for k, v in frozen_tensors}
         out.update(frozen=base, frozen_sha256=manifest_sha256(base))
     return out
 
