@@ -35,6 +35,9 @@ from rlhf.io import ArtifactExists, write_bytes, write_json
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # The submodule of a Qwen2 decoder layer that holds each projection: attention, then the MLP.
 _PARENT = {t: "self_attn" for t in TARGETS[:4]} | {t: "mlp" for t in TARGETS[4:]}
+# The projections that read their parent's input: q/k/v the attention's, gate/up the MLP's. Their
+# branches share one FP32 cast of it (SharedCast).
+SHARED_INPUT = {"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")}
 
 
 # PEFT's key naming on disk: "base_model.model.<qualified module>.lora_A.weight"
@@ -83,6 +86,7 @@ class LoRALinear(nn.Module):
         device = base.weight.device
         self.lora_A = nn.Parameter(a.to(device))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32, device=device))
+        self.shared_cast: SharedCast | None = None  # set by inject_lora for q/k/v and gate/up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Generation runs this 14 times per drawn token on tiny shapes, where every dispatched op
@@ -93,7 +97,8 @@ class LoRALinear(nn.Module):
         base = self.base
         dtype = base.weight.dtype
         base_out = F.linear(x, base.weight, base.bias)  # [..., out]
-        branch = F.linear(F.linear(_fp32(x), self.lora_A), self.lora_B)  # [..., out] FP32, unscaled
+        x32 = _fp32(x) if self.shared_cast is None else self.shared_cast.fp32(x)
+        branch = F.linear(F.linear(x32, self.lora_A), self.lora_B)  # [..., out] FP32, unscaled
         y = _scaled_sum(_fp32(base_out), branch, self.scaling, self.exact_scaling)
         return y if y.dtype == dtype else y.to(dtype)
 
@@ -107,6 +112,32 @@ class LoRALinear(nn.Module):
 def _fp32(t: torch.Tensor) -> torch.Tensor:
     """`t.float()` without dispatching an op when `t` is FP32 already (the embedded profile)."""
     return t if t.dtype == torch.float32 else t.float()
+
+
+class SharedCast:
+    """One FP32 cast of a module's input, shared by the adapters that read it (q/k/v read the
+    attention's input, gate/up the MLP's): in BF16 each `x.float()` is a kernel launch and a copy
+    of the activations, three times per attention and twice per MLP otherwise. The values are
+    the same bits (a cast is exact and deterministic); only the number of casts changes.
+
+    The cast is remembered for one forward of the parent module: hooks clear it as the parent's
+    forward starts and ends, so a tensor of another call is never matched, and nothing outlives
+    the call. An FP32 input is no cast at all (_fp32)."""
+
+    def __init__(self, parent: nn.Module):
+        self.x: torch.Tensor | None = None
+        self.x32: torch.Tensor | None = None
+        parent.register_forward_pre_hook(lambda _module, _args: self.clear())
+        parent.register_forward_hook(lambda _module, _args, _out: self.clear())
+
+    def fp32(self, x: torch.Tensor) -> torch.Tensor:
+        if x is not self.x:
+            self.x, self.x32 = x, _fp32(x)
+        assert self.x32 is not None
+        return self.x32
+
+    def clear(self) -> None:
+        self.x = self.x32 = None
 
 
 def _scaled_sum(base_out: torch.Tensor, branch: torch.Tensor, scaling: float, exact: bool) -> torch.Tensor:
@@ -216,7 +247,20 @@ def inject_lora(model: nn.Module, *, rank: int, alpha: float, seed: int, targets
         adapter = LoRALinear(module, rank=rank, alpha=alpha, generator=generator)
         setattr(parent, t, adapter)
         adapters[qual] = adapter
+    _share_casts(layers)
     return adapters
+
+
+def _share_casts(layers) -> None:
+    """One SharedCast per attention and per MLP, for its adapters that read its input."""
+    for layer in layers:
+        for parent_name, names in SHARED_INPUT.items():
+            parent = getattr(layer, parent_name)
+            readers = [getattr(parent, n) for n in names if isinstance(getattr(parent, n, None), LoRALinear)]
+            if len(readers) > 1:
+                shared = SharedCast(parent)
+                for adapter in readers:
+                    adapter.shared_cast = shared
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ def restore_torch_settings():
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
         os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        torch.utils.deterministic.fill_uninitialized_memory,
     )
     yield
     torch.use_deterministic_algorithms(saved[0])
@@ -37,6 +38,7 @@ def restore_torch_settings():
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     ) = saved[1:5]
+    torch.utils.deterministic.fill_uninitialized_memory = saved[6]
     if saved[5] is None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:
@@ -57,6 +59,8 @@ def test_cuda_profile_gets_every_deterministic_switch(restore_torch_settings, mo
     assert got["matmul_allow_tf32"] is False and got["cudnn_allow_tf32"] is False
     assert got["cudnn_deterministic"] is True and got["cudnn_benchmark"] is False
     assert got["overridden_user_settings"] == {}
+    # Deterministic algorithms kept, their NaN fill of every new tensor off (a launch each) and recorded
+    assert got["fill_uninitialized_memory"] is False and torch.utils.deterministic.fill_uninitialized_memory is False
 
 
 def test_a_users_other_cublas_workspace_is_replaced_and_reported(restore_torch_settings, monkeypatch):

@@ -306,6 +306,65 @@ def test_tiny_bf16_model_logits_unchanged_at_init_and_only_B_gets_gradient():
         assert not p.requires_grad and p.grad is None, name
 
 
+class _CastCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts dtype casts (aten._to_copy) to FP32: a kernel launch each on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.float32:
+            self.casts += 1
+        return func(*args, **kwargs)
+
+
+def _trained_like(model):
+    """Adapters with B away from zero, so every branch carries gradient to its input."""
+    adapters = inject_lora(model, **SPEC_LORA)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for a in adapters.values():
+            a.lora_B.copy_(torch.randn(a.lora_B.shape, generator=g) * 0.05)
+    return adapters
+
+
+def test_qkv_and_gate_up_cast_their_shared_input_once_with_the_same_bits():
+    """In BF16 the q/k/v branches read one FP32 cast of the attention's input and gate/up one of
+    the MLP's: 3 casts fewer per layer. Forward bits equal the per-adapter casts'; gradients
+    equal them to BF16's rounding (the three branches' input gradients are summed in FP32 once
+    instead of being rounded to BF16 one by one). In FP32 the adapters add no cast at all."""
+    ids = torch.tensor([[5, 900, 17, 1023, 3, 64, 7, 8]])
+    shared, unshared = build_tiny(torch.bfloat16), build_tiny(torch.bfloat16)
+    _trained_like(shared)
+    for a in _trained_like(unshared).values():
+        a.shared_cast = None  # each adapter casts its own input, as without SharedCast
+    counts, logits, grads = {}, {}, {}
+    for name, model in (("shared", shared), ("unshared", unshared)):
+        with _CastCount() as mode:
+            out = model(ids).logits
+        counts[name], logits[name] = mode.casts, out
+        nn.functional.cross_entropy(out[0, :-1].float(), ids[0, 1:]).backward()
+        grads[name] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    layers = TINY_CONFIG["num_hidden_layers"]
+    assert counts["unshared"] - counts["shared"] == 3 * layers  # (3 - 1) q/k/v + (2 - 1) gate/up
+    assert torch.equal(logits["shared"], logits["unshared"])
+    for n, g in grads["shared"].items():  # within 4 BF16 units of rounding, relative to the gradient's size
+        want = grads["unshared"][n]
+        assert float((g - want).norm() / want.norm()) <= 4 * 2**-8, n
+    fp32, fp32_casts = build_tiny(torch.float32), []
+    for _ in range(2):  # the bare base (its rotary positions are cast once), then with adapters: none added
+        with _CastCount() as mode:
+            fp32(ids)
+        fp32_casts.append(mode.casts)
+        if len(fp32_casts) == 1:
+            _trained_like(fp32)
+    assert fp32_casts[0] == fp32_casts[1]
+    # Nothing outlives the forward: the hooks cleared every remembered cast.
+    assert all(a.shared_cast.x is None for a in lora_modules(shared).values() if a.shared_cast is not None)
+
+
 def test_targets_subset_uses_canonical_order():
     model = build_tiny()
     adapters = inject_lora(model, **SPEC_LORA, targets=("v_proj", "q_proj"))

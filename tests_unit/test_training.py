@@ -171,6 +171,48 @@ def test_draws_from_a_kept_prefill_are_the_draws_that_compute_it(
         generate(actor.model, prompts, greedy=True, start=kept, **{**kw, "max_new_tokens": 23})
 
 
+def test_the_static_cache_step_draws_what_the_cached_step_draws(
+    monkeypatch, embedded_profile, embedded_dir, embedded_base, move_adapters
+):
+    """The CUDA path's decode step (rlhf.generate.GraphedDecoder: a static KV cache, static
+    inputs written before each replay, sampling outside) run on the CPU, where its 'replay' runs
+    the captured step eagerly: the same tokens and ends as the dynamic cache, behaviour log-probs
+    within KV_FP32_ATOL (its attention spans the static cache's columns, masked, so the last bits
+    may part); draws from one kept prefill bit for bit those computing it; one replay per decode
+    step; the step object made once per model and batch size, reused by later generations; and
+    the sampler advanced by exactly the steps drawn (rows ending at EOS stop the loop)."""
+    from rlhf import costs
+    from rlhf import generate as gen_module
+
+    actor = new_role("actor", embedded_profile, embedded_dir)
+    move_adapters(actor.model, 31)
+    prompts = _prompts(embedded_base, embedded_profile)
+    kw = dict(pad_id=embedded_base.pad_id, max_new_tokens=40)
+    for eos_id, seed in ((-1, 11), (embedded_base.eos_id, 249)):
+        dynamic_gen = torch.Generator().manual_seed(seed)
+        dynamic = generate(actor.model, prompts, eos_id=eos_id, generator=dynamic_gen, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(gen_module, "graphs_apply", lambda model, use_cache: use_cache)
+            start = costs.snapshot()
+            static_gen = torch.Generator().manual_seed(seed)
+            static = generate(actor.model, prompts, eos_id=eos_id, generator=static_gen, **kw)
+            paid = costs.since(start)
+            kept = gen_module.prefill(actor.model, prompts, max_new_tokens=40, pad_id=embedded_base.pad_id)
+            assert kept.graphed
+            again = [
+                generate(actor.model, prompts, eos_id=eos_id, start=kept, generator=torch.Generator().manual_seed(seed), **kw)
+                for _ in range(2)
+            ]
+        assert static.responses == dynamic.responses and static.ended == dynamic.ended
+        diff = max(abs(x - y) for a, b in zip(static.logps, dynamic.logps) for x, y in zip(a, b))
+        assert diff <= KV_FP32_ATOL
+        assert all((g.responses, g.logps, g.entropies) == (static.responses, static.logps, static.entropies) for g in again)
+        steps = max(len(r) for r in static.responses) - 1
+        assert paid["graph_replays"] == paid["decode_steps"] == steps
+        assert torch.equal(static_gen.get_state(), dynamic_gen.get_state())  # the same number of draws
+    assert list(actor.model._rlhf_decode_graphs) == [(len(prompts), gen_module.static_columns(kept.ids.shape[1]))]
+
+
 def test_prepared_decode_mask_is_the_one_transformers_builds(embedded_base):
     """generate passes one cached step's SDPA mask ready-made (rlhf.generate._decode_mask); it
     must be what create_causal_mask returns: None without padding, else the same bool tensor."""
