@@ -54,15 +54,8 @@ def test_sampling_stops_once_every_row_has_ended(flat_actor, embedded_base, use_
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 958, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
     sampler = torch.Generator().manual_seed(SEED)
-    out = generate(
-        flat_actor,
-        prompts,
-        eos_id=embedded_base.eos_id,
-        pad_id=embedded_base.pad_id,
-        max_new_tokens=MAX_NEW_TOKENS,
-        generator=sampler,
-        use_cache=use_cache,
-    )
+    ids = dict(eos_id=embedded_base.eos_id, pad_id=embedded_base.pad_id)
+    out = generate(flat_actor, prompts, max_new_tokens=MAX_NEW_TOKENS, generator=sampler, use_cache=use_cache, **ids)
     lengths = [len(r) for r in out.responses]
     steps = max(lengths)
     # The premise: every row ended by itself, at different steps, well before the limit.
