@@ -86,9 +86,11 @@ def refuse_run_record(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(lab, "run_identity", lambda _ctx: SAVED)
     lab.check_run_record(ctx)  # writes run.json
+    written = (tmp_path / lab.RUN_FILE).read_bytes()
     monkeypatch.setattr(lab, "run_identity", lambda _ctx: CURRENT)
     with pytest.raises(StateError) as refused:
         lab.check_run_record(ctx)
+    assert (tmp_path / lab.RUN_FILE).read_bytes() == written  # nothing written
     return str(refused.value)
 
 
