@@ -8,7 +8,12 @@ between CPU vendors. Two checks, neither reading a flag:
   byte, and differ from the single-tensor and multi-tensor paths on the same inputs;
 * use: SFT, the judge, PPO (actor and critic) and an iterated judge's refresh each step through
   the fused kernel at least once, and never through another AdamW path (torch's dispatch is
-  intercepted where it picks the kernel).
+  intercepted where it picks the kernel);
+* rate: each update of SFT, the judge, the actor and the critic runs at the SPEC §5 schedule's
+  rate for its index, written out below apart from rlhf.ppo_math: in the history the loop
+  records and in the optimizer's param_groups at the moment it steps (a global step pre-hook of
+  torch.optim), on a few updates with a warm-up of two (so that a schedule applied one update
+  early or late shows at the first update, the peak and the decay).
 """
 
 from __future__ import annotations
@@ -16,10 +21,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.optim.adam as torch_adam
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from rlhf import lab, refresh
+from rlhf import lab, ppo, refresh
 from rlhf.config import load_profile, override
+from rlhf.corpus import Corpus
+from rlhf.judge import train_judge
 from rlhf.optim import adamw
+from rlhf.roles import PpoRoles, new_role
+from rlhf.sft import train_sft
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
@@ -105,3 +115,97 @@ def test_every_training_path_steps_through_the_fused_kernel(small_profile_file, 
     assert seen["sft"] == 1 and seen["judge"] == 1  # one update each, one parameter group
     # PPO: the actor and the critic at each update of 3 iterations, and the judge's one refresh update
     assert seen["ppo"] == 2 * updates_per_iteration * 3 + 1
+
+
+# ---------------------------------------------------------------- the rate of every update
+
+UPDATES = 6  # per stage: 2 epochs of 3 updates (SFT, judge), 3 PPO iterations of 2 updates
+WARMUP_RATIO = 0.34  # warm = int(0.34 * 6) = 2: peak/2, peak, peak, then the decay to 10%
+
+
+def spec_rate(step: int, total: int, peak: float, warmup_ratio: float, min_ratio: float) -> float:
+    """SPEC §5: warm = max(1, int(warmup_ratio * total)); step < warm: peak * (step + 1) / warm;
+    else peak * (1 - min(1, (step - warm) / max(1, total - warm - 1)) * (1 - min_ratio))."""
+    warm = max(1, int(warmup_ratio * total))
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (1 - min(1, (step - warm) / max(1, total - warm - 1)) * (1 - min_ratio))
+
+
+@pytest.fixture
+def rates_in_force():
+    """[(optimizer, its param_groups' rates)] at the moment of each optimizer step, in order."""
+    steps: list = []
+    handle = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: steps.append((optimizer, [g["lr"] for g in optimizer.param_groups]))
+    )
+    yield steps
+    handle.remove()
+
+
+@pytest.fixture(scope="module")
+def schedule_profile(embedded_profile):
+    """Six updates per stage, two items per update, a warm-up of two updates, short answers."""
+    return override(
+        embedded_profile,
+        {
+            ("optim", "warmup_ratio"): WARMUP_RATIO,
+            ("sft", "epochs"): 2,
+            ("sft", "max_updates_per_epoch"): UPDATES // 2,
+            ("sft", "examples_per_update"): 2,
+            ("sft", "max_validation_examples"): 2,
+            ("judge", "epochs"): 2,
+            ("judge", "max_updates_per_epoch"): UPDATES // 2,
+            ("judge", "pairs_per_update"): 2,
+            ("judge", "max_validation_examples"): 2,
+            ("ppo", "iterations"): UPDATES // 2,
+            ("ppo", "max_new_tokens"): 8,
+        },
+    )
+
+
+def scheduled(profile, peak: float) -> list[float]:
+    optim = profile.optim
+    return [spec_rate(s, UPDATES, peak, optim.warmup_ratio, optim.min_lr_ratio) for s in range(UPDATES)]
+
+
+@pytest.mark.parametrize("stage", ["sft", "judge"])
+def test_each_sft_and_judge_update_runs_at_its_scheduled_rate(
+    stage, schedule_profile, embedded_dir, embedded_base, rates_in_force
+):
+    profile = schedule_profile
+    kind, train, peak = {
+        "sft": ("actor", train_sft, profile.sft.lr),
+        "judge": ("judge", train_judge, profile.judge.lr),
+    }[stage]
+    want = scheduled(profile, peak)
+    assert want[0] == peak / 2 and want[1] == want[2] == peak and want[-1] == pytest.approx(0.1 * peak)
+    role = new_role(kind, profile, embedded_dir)
+    view = Corpus.build("r001").learning_view()
+    state = train(role, view, embedded_base.tokenizer, embedded_base.eos_id, embedded_base.pad_id, profile)
+    assert [u["lr"] for u in state["history"]["updates"]] == pytest.approx(want, rel=1e-12)
+    assert all(len(rates) == 1 for _, rates in rates_in_force)  # one parameter group
+    assert [rates[0] for _, rates in rates_in_force] == pytest.approx(want, rel=1e-12)
+
+
+def test_each_actor_and_critic_update_runs_at_its_scheduled_rate(
+    schedule_profile, embedded_dir, embedded_base, rates_in_force
+):
+    profile = schedule_profile
+    roles = PpoRoles(
+        **{kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
+    )
+    view = Corpus.build("r001").learning_view()
+    state, _ = ppo.train_ppo(roles, view, embedded_base.tokenizer, embedded_base.eos_id, embedded_base.pad_id, profile)
+    iterations = state["history"]["iterations"]
+    for kind, role, peak in (
+        ("actor", roles.actor, profile.ppo.actor_lr),
+        ("critic", roles.critic, profile.ppo.critic_lr),
+    ):
+        want = scheduled(profile, peak)
+        assert [lr for it in iterations for lr in it[f"{kind}_lr"]] == pytest.approx(want, rel=1e-12), kind
+        learned = {id(p) for p in role.learned_parameters()}
+        stepped = [rates for opt, rates in rates_in_force if id(opt.param_groups[0]["params"][0]) in learned]
+        assert all(len(rates) == 1 for rates in stepped), kind  # one parameter group
+        assert [rates[0] for rates in stepped] == pytest.approx(want, rel=1e-12), kind
+    assert len(rates_in_force) == 2 * UPDATES  # the actor's and the critic's steps, nothing else

@@ -11,6 +11,10 @@ reference differ) and drawn heads (so values and scores are not zero). The actor
 EOS logit (a forward hook on its lm_head, so sampling and teacher-forced scoring both see it):
 the untrained base almost never ends by itself, and the rollout tests need both an answer that
 ended with EOS and one cut at the limit. The limit is 8 tokens instead of 64 to stay fast.
+
+The oracle design's tests (SPEC §12 (iv)) replace the actor's sampling by scripted answers, the
+grammar's renderings of chosen actions, so that which answer is a rubric success for which
+prompt is known by construction: a reward paid against another prompt's action shows.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import math
 import pytest
 import torch
 
-from rlhf import ppo, ppo_math
+from rlhf import ppo, ppo_math, rubric
 from rlhf.config import override
-from rlhf.generate import generate
+from rlhf.corpus import Corpus
+from rlhf.generate import Generation, generate
 from rlhf.masks import last_active_index
 from rlhf.optim import adamw
 from rlhf.roles import PpoRoles, critic_values, new_role, reward_scores
 from rlhf.scoring import response_logprobs
+from rlhf.tokens import encode_prompt, encode_response
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
@@ -422,3 +428,99 @@ def test_each_updates_kl_is_the_k3_estimate_on_the_sampled_tokens(make_roles, pr
     got = [s["update_shift"] for s in stats]
     assert got == pytest.approx(wanted, rel=1e-4, abs=1e-9)
     assert got[0] >= 0 and got[1] > 0  # the second update starts from a moved actor
+
+
+# ================================================================= the oracle design (SPEC §12 (iv))
+
+
+def scripted_sampling(answer_of):
+    """A stand-in for the actor's sampling (rlhf.generate.sample_like_ppo): row b answers
+    `answer_of(prompt_ids of row b)`, EOS included, as if drawn (log-probs -1, entropies 1)."""
+
+    def sample(model, prompts, *, eos_id, pad_id, profile, generator, use_cache=True):
+        responses = [answer_of(p) for p in prompts]
+        return Generation(
+            responses,
+            [[-1.0] * len(r) for r in responses],
+            [r[-1] == eos_id for r in responses],
+            [[1.0] * len(r) for r in responses],
+        )
+
+    return sample
+
+
+def hedged_answer(action: int, tokenizer, eos_id: int, profile) -> list[int]:
+    """The grammar's plain, hedged answer naming `action` (a rubric success for that action only)."""
+    return encode_response(tokenizer, rubric.render(action, 1, False), eos_id, profile.limits)
+
+
+def test_the_oracle_pays_each_answer_its_own_prompts_rubric_success(
+    make_roles, embedded_profile, embedded_base, monkeypatch
+):
+    """Four prompts of four different actions; the first three answers name their own prompt's
+    action, the fourth names the first prompt's. Paid: 1, 1, 1, 0 - and only that order: any
+    other pairing of answers with actions pays another vector (the first three actions are
+    distinct). The judge's score is not what is paid, and the paid score sits at the last token."""
+    profile = override(embedded_profile, {("ppo", "reward_design"): "oracle"})
+    tokenizer, eos_id = embedded_base.tokenizer, embedded_base.eos_id
+    actions = [0, 3, 5, 2]  # each prompt's action, as train_ppo reads it from the train pairs
+    said = [0, 3, 5, 0]  # the action each answer names
+    paid_by_hand = [1.0, 1.0, 1.0, 0.0]
+    answers = {b: hedged_answer(a, tokenizer, eos_id, profile) for b, a in enumerate(said)}
+    prompts = [[10 + b] * (3 + b) for b in range(4)]  # distinct, so that each row finds its answer
+    monkeypatch.setattr(ppo, "sample_like_ppo", scripted_sampling(lambda p: answers[prompts.index(p)]))
+    roles = make_roles(profile)
+    ro = ppo.rollout(
+        roles,
+        prompts,
+        eos_id,
+        embedded_base.pad_id,
+        profile,
+        torch.Generator().manual_seed(SAMPLING_SEED),
+        True,
+        {},
+        oracle_actions=actions,
+        tokenizer=tokenizer,
+    )
+    assert ro.responses == [answers[b] for b in range(4)] and ro.ended == [True] * 4
+    assert ro.paid.tolist() == paid_by_hand
+    assert not torch.equal(ro.paid, ro.score)  # the judge's score is computed, not paid
+    mask = ro.batch.response_mask
+    last = last_active_index(mask)
+    penalty = -profile.ppo.kl_coef * (ro.logp_old - ro.logp_ref)
+    for b in range(4):
+        assert float(ro.rewards[b, last[b]]) == pytest.approx(float(penalty[b, last[b]]) + paid_by_hand[b], abs=1e-6)
+
+
+def test_each_iterations_oracle_pays_the_rubric_success_on_its_own_prompts_family_action(
+    embedded_profile, embedded_dir, embedded_base, monkeypatch
+):
+    """train_ppo with the oracle design over two iterations: each drawn prompt is answered, in
+    turn, with its own family's action and with the next action (family i has action i // 40,
+    SPEC §2, read here from the prompt's family); the paid scores the history records are 1 and
+    0 in that order, prompt by prompt."""
+    profile = override(embedded_profile, {("ppo", "reward_design"): "oracle", ("ppo", "iterations"): 2})
+    tokenizer, eos_id = embedded_base.tokenizer, embedded_base.eos_id
+    view = Corpus.build("r001").learning_view()
+    family_of = {
+        tuple(encode_prompt(tokenizer, r["prompt"], profile.limits)): r["family"] for r in view.rollout_prompts()
+    }
+    rows: list[tuple[int, bool]] = []  # (the prompt's action, whether its answer names it)
+
+    def answer_of(prompt_ids):
+        action = int(family_of[tuple(prompt_ids)][2:]) // 40
+        right = len(rows) % 2 == 0
+        rows.append((action, right))
+        return hedged_answer(action if right else (action + 1) % 6, tokenizer, eos_id, profile)
+
+    monkeypatch.setattr(ppo, "sample_like_ppo", scripted_sampling(answer_of))
+    roles = PpoRoles(
+        **{kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
+    )
+    state, _ = ppo.train_ppo(roles, view, tokenizer, eos_id, embedded_base.pad_id, profile)
+    iterations = state["history"]["iterations"]
+    assert len(rows) == 8 and all(it["reward_design"] == "oracle" for it in iterations)
+    # The premise: each iteration's prompts call for more than one action, so a mix-up would show.
+    assert all(len({a for a, _ in rows[4 * i : 4 * i + 4]}) > 1 for i in range(2)), rows
+    paid = [p for it in iterations for p in it["paid_scores"]]
+    assert paid == [1.0 if right else 0.0 for _, right in rows]

@@ -1,6 +1,7 @@
 """The reward designs that keep the judge in distribution, piece by piece: the iterated judge's
-labeller (rlhf.refresh) on hand-made answers, when a refresh is due, the ensembles' scores
-(rlhf.ppo_math), and the profile keys that select and size them."""
+labeller (rlhf.refresh) on hand-made answers, the pairs a refresh stores from scripted answers,
+when a refresh is due, the ensembles' scores (rlhf.ppo_math), and the profile keys that select
+and size them."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import math
 import pytest
 import torch
 
-from rlhf import ppo_math, rubric
+from rlhf import ppo_math, refresh, rubric
 from rlhf.config import ENSEMBLE_DESIGNS, REWARD_DESIGNS, ProfileError, load_profile, override
+from rlhf.generate import Generation
 from rlhf.models import check_tokenizer, load_tokenizer
 from rlhf.refresh import label_pair, labeller_verdict, refresh_due
-from rlhf.tokens import encode_response
+from rlhf.roles import new_role
+from rlhf.tokens import decode_response, encode_response
 
 pytestmark = pytest.mark.unit
 
@@ -101,6 +104,83 @@ def test_the_labeller_refuses_anything_but_a_train_prompt_of_a_train_family(answ
     tokenizer, eos_id = tok
     with pytest.raises(ValueError, match="train prompts of train families only"):
         labeller_verdict(record, answers["right"], tokenizer, eos_id, ACTIONS)
+
+
+# Four train prompts of four families (family i has action i // 40, SPEC §2) and the two answers
+# the actor gives each, in the order it gives them: a success first, a success second, two
+# successes (no label), a success after an answer cut without EOS.
+FAMILIES = ("OH005", "OH050", "OH130", "OH210")
+ANSWER_PAIRS = {
+    "OH005": ("right", "wrong_action"),
+    "OH050": ("certain", "right_polite"),
+    "OH130": ("right", "right_polite"),
+    "OH210": ("right_without_eos", "right"),
+}
+
+
+def answer_ids(kind: str, action: int, tokenizer, eos_id: int, limits) -> list[int]:
+    text = {
+        "right": rubric.render(action, 1, False),
+        "right_polite": rubric.render(action, 0, True),
+        "right_without_eos": rubric.render(action, 1, False),
+        "certain": rubric.render(action, 2, False),  # unsupported certainty: never a success
+        "wrong_action": rubric.render((action + 1) % 6, 1, False),
+    }[kind]
+    ids = encode_response(tokenizer, text, eos_id, limits)
+    return ids[:-1] if kind == "right_without_eos" else ids
+
+
+def test_every_pair_a_refresh_stores_has_a_success_chosen_over_a_failure(
+    tok, embedded_profile, embedded_dir, embedded_base, monkeypatch
+):
+    """A refresh of a (fresh) judge on scripted answers: it stores exactly the three pairs
+    whose answers differ in rubric success, each with the prompt it answers, and in every stored
+    pair the chosen answer is a rubric success on the prompt family's action and the rejected one
+    is not - whichever of the two the actor gave first."""
+    tokenizer, eos_id = tok
+    profile = override(
+        embedded_profile,
+        {("ppo", "reward_design"): "iterated-judge", ("ppo", "refresh_prompts"): 4, ("ppo", "refresh_updates"): 1},
+    )
+    action_of = {family: int(family[2:]) // 40 for family in FAMILIES}
+    prompts = [
+        {"document_id": f"{family}-RL0", "family": family, "split": "train", "prompt": f"prompt of {family}"}
+        for family in FAMILIES
+    ]
+    encoded = [[20 + i] * (4 + i) for i in range(len(FAMILIES))]  # distinct, so each answer finds its prompt
+    answers = {
+        tuple(encoded[i]): [answer_ids(k, action_of[f], tokenizer, eos_id, profile.limits) for k in ANSWER_PAIRS[f]]
+        for i, f in enumerate(FAMILIES)
+    }
+
+    def scripted(model, asked, *, eos_id, pad_id, profile, generator, use_cache=True):
+        """The actor's two answers to each asked prompt, first then second, as if sampled."""
+        seen: dict[tuple, int] = {}
+        responses = []
+        for ids in asked:
+            k = seen[tuple(ids)] = seen.get(tuple(ids), -1) + 1
+            responses.append(answers[tuple(ids)][k])
+        return Generation(responses, [[-1.0] * len(r) for r in responses], [r[-1] == eos_id for r in responses])
+
+    monkeypatch.setattr(refresh, "sample_like_ppo", scripted)
+    judge = new_role("judge", profile, embedded_dir)
+    data = refresh.start(profile, "cpu")
+    corpus_pair = ("corpus", [10, 11, 12], answers[tuple(encoded[0])][0], answers[tuple(encoded[0])][1])
+    pad_id = embedded_base.pad_id
+    actor = judge  # any role stands for the actor: its sampling is scripted
+    record = refresh.refresh_judge(
+        judge, actor, data, prompts, encoded, [corpus_pair], action_of, tokenizer, eos_id, pad_id, profile, 2
+    )
+    by_id = {r["document_id"]: (r, encoded[i]) for i, r in enumerate(prompts)}
+    assert record["new_pairs"] == len(data.pairs) == 3
+    assert sorted(p[0] for p in data.pairs) == ["OH005-RL0", "OH050-RL0", "OH210-RL0"]
+    for document_id, prompt_ids, chosen, rejected in data.pairs:
+        prompt, ids = by_id[document_id]
+        action = action_of[prompt["family"]]
+        assert list(prompt_ids) == ids, document_id
+        assert sorted([list(chosen), list(rejected)]) == sorted(answers[tuple(ids)]), document_id
+        assert rubric.evaluate(*decode_response(tokenizer, chosen, eos_id), action)["rubric_success"], document_id
+        assert not rubric.evaluate(*decode_response(tokenizer, rejected, eos_id), action)["rubric_success"], document_id
 
 
 def test_a_refresh_is_due_at_multiples_of_k_and_never_after_the_last_iteration(embedded_profile):

@@ -132,21 +132,54 @@ def test_audit_end_to_end_on_r002_writes_once(tmp_path):
         S.run_shortcut_audit(ctx)
 
 
-def test_audit_refuses_a_changed_label_file(tmp_path, monkeypatch):
-    ctx = _untrained_run(tmp_path, "r001")
+@pytest.fixture(scope="module")
+def tampered_run(tmp_path_factory):
+    """One untrained r001 run for the tests that change its corpus while an audit runs; each
+    puts back what it changed, whatever the outcome."""
+    return _untrained_run(tmp_path_factory.mktemp("tampered"), "r001")
+
+
+def audit_while(ctx, change, out_dir):
+    """Run the audit with `change(corpus_root)` done while it scores (the scores are stubbed)."""
     calls = []
 
-    def tamper(judge, records, c):  # a label file changes while the audit runs
+    def tamper(judge, records, c):
         if not calls:
-            path = c.corpus.root / "labels" / "pair" / "test.jsonl"
-            path.chmod(0o644)
-            path.write_bytes(path.read_bytes() + b"\n")
+            change(c.corpus.root)
         calls.append(1)
         return [1.0] * len(records)
 
-    monkeypatch.setattr(S, "score_records", tamper)
-    with pytest.raises(S.ShortcutAuditError, match="labels/pair/test.jsonl"):
-        S.run_shortcut_audit(ctx, out_dir=tmp_path / "audit")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(S, "score_records", tamper)
+        return S.run_shortcut_audit(ctx, out_dir=out_dir)
+
+
+def test_audit_refuses_a_changed_label_file(tampered_run, tmp_path):
+    path = tampered_run.corpus.root / "labels" / "pair" / "test.jsonl"
+    original, mode = path.read_bytes(), path.stat().st_mode
+
+    def change(root):  # a label file changes while the audit runs
+        path.chmod(0o644)
+        path.write_bytes(original + b"\n")
+
+    try:
+        with pytest.raises(S.ShortcutAuditError, match="labels/pair/test.jsonl"):
+            audit_while(tampered_run, change, tmp_path / "audit")
+    finally:
+        path.write_bytes(original)
+        path.chmod(mode)
+    assert not (tmp_path / "audit" / "results.json").exists()
+
+
+def test_audit_refuses_a_corpus_file_that_appeared_during_it(tampered_run, tmp_path):
+    """A file added to the corpus folder while the audit runs is a change like any other: the
+    audit refuses, naming it, and writes nothing."""
+    added = tampered_run.corpus.root / "labels" / "pair" / "extra.jsonl"
+    try:
+        with pytest.raises(S.ShortcutAuditError, match=r"\['corpus/labels/pair/extra.jsonl'\] changed"):
+            audit_while(tampered_run, lambda root: added.write_text("{}\n"), tmp_path / "audit")
+    finally:
+        added.unlink(missing_ok=True)
     assert not (tmp_path / "audit" / "results.json").exists()
 
 
