@@ -210,3 +210,167 @@ def dtype_scoring(layers: int = 2, rounds: int = 2) -> dict:
         "dtype_chosen": runtime.choose_dtype("bfloat16", "cpu"),
         "arithmetic": runtime.describe()["note"],
     }
+
+
+# ------------------------------------------------------------------------------ launches per step
+
+
+def launch_counts(layers: int, *, diet: bool) -> dict:
+    """What the lab's hot paths ask of a GPU, counted on the CPU for a Qwen2 of the real structure
+    (14 query heads, 2 KV heads, tied embeddings, a BF16 base, the lab's LoRA on the 7
+    projections; widths shrunk: op counts do not depend on width) with `layers` layers:
+
+        ops     aten ops below autograd, views and metadata left out: about one kernel launch each
+        fills   the NaN fills deterministic mode adds to new tensors (the profiler's aten::fill_
+                called from aten::empty / empty_strided)
+
+    per cached decode step (generating N + 1 tokens minus generating N), per scoring forward
+    (rlhf.scoring.response_logprobs, 8 rows) and per training update (forward, backward, clip,
+    AdamW). `diet=False` is the path without the launch diet: fills on, each adapter casting its
+    own input; `diet=True` the CUDA profiles' path: fills off (rlhf.runtime.configure_determinism),
+    one FP32 cast per q/k/v and gate/up group (rlhf.lora.SharedCast). With `diet`, the decode step
+    is also counted as it runs where graphs apply (rlhf.generate.GraphedDecoder, its 'replay'
+    run eagerly here): `graphed_outside` ops issued by the host outside the captured step and
+    `graph_replays` per step (one launch of the whole step on a GPU)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlhf import generate as gen_module
+    from rlhf.lora import inject_lora, lora_modules, lora_parameters
+    from rlhf.masks import masked_sum
+    from rlhf.optim import adamw
+    from rlhf.scoring import response_logprobs, set_token_count
+    from rlhf.tokens import collate
+
+    not_kernels = {
+        "view", "_unsafe_view", "reshape", "transpose", "t", "expand", "slice", "select", "unsqueeze",
+        "squeeze", "as_strided", "permute", "detach", "alias", "_reshape_alias", "unbind", "split",
+        "split_with_sizes", "chunk", "narrow", "view_as", "expand_as", "lift_fresh", "resolve_conj",
+        "resolve_neg", "empty", "empty_like", "empty_strided", "_local_scalar_dense", "is_same_size",
+        "set_", "_has_compatible_shallow_copy_type", "item", "diagonal", "unflatten", "flatten",
+        "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_nonzero", "dim", "size",
+        "stride", "new_empty", "new_empty_strided",
+    }  # fmt: skip
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n, self.paused = 0, False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not self.paused and func.__name__.split(".")[0] not in not_kernels:
+                self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops(fn) -> int:
+        with Ops() as mode:
+            fn()
+        return mode.n
+
+    def fills(fn) -> int:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
+        return sum(
+            1
+            for e in prof.events()
+            if e.name == "aten::fill_" and e.cpu_parent is not None and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
+        )
+
+    config = Qwen2Config(
+        hidden_size=112, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=512,
+        rope_theta=1e6, rms_norm_eps=1e-6, eos_token_id=1, pad_token_id=0,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval().requires_grad_(False)
+    set_token_count(model, 1000)
+    inject_lora(model, rank=8, alpha=16, seed=49)
+    if not diet:
+        for adapter in lora_modules(model).values():
+            adapter.shared_cast = None
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 1000, (52 - 3 * b,), generator=g).tolist() for b in range(4)]
+    answers = [torch.randint(2, 1000, (10 + i,), generator=g).tolist() + [1] for i in range(8)]
+    batch = collate([torch.randint(2, 1000, (52,), generator=g).tolist() for _ in range(8)], answers, 0)
+
+    def decode(n: int):
+        start = gen_module.prefill(model, prompts, pad_id=0, max_new_tokens=n, last_logits_only=True)
+        return lambda: gen_module.generate(
+            model, prompts, eos_id=-5, pad_id=0, max_new_tokens=n, last_logits_only=True, start=start,
+            generator=torch.Generator().manual_seed(3),
+        )  # fmt: skip
+
+    def forward():
+        with torch.no_grad():
+            response_logprobs(model, batch)
+
+    params = lora_parameters(model)
+    optimizer = adamw(params, 1e-5, 0.01)
+
+    def update():
+        logp = response_logprobs(model, batch)
+        loss = -masked_sum(logp, batch.response_mask).sum() / batch.response_mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    update()  # the optimizer's state exists before counting
+    deterministic, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    out: dict = {}
+    try:
+        for name, counter, det in (("ops", ops, False), ("fills", fills, True)):
+            torch.use_deterministic_algorithms(det)
+            torch.utils.deterministic.fill_uninitialized_memory = not diet
+            out[name] = {
+                "decode_step": counter(decode(10)) - counter(decode(9)),
+                "forward": counter(forward),
+                "update": counter(update),
+            }
+        torch.use_deterministic_algorithms(False)
+        if diet:
+            out["graphed"] = _graphed_decode_counts(model, decode, Ops, gen_module)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    return out
+
+
+def _graphed_decode_counts(model, decode, Ops, gen_module) -> dict:
+    """Per decode step where graphs apply: host ops outside the captured step, and replays."""
+    from unittest import mock
+
+    from rlhf import costs
+
+    counts = {}
+    with mock.patch.object(gen_module, "graphs_apply", lambda model, use_cache: use_cache):
+        for n in (9, 10):
+            run = decode(n)
+            run()  # the step object exists (captured, on a GPU) before counting
+            step_graph = next(iter(model._rlhf_decode_graphs.values()))
+            inner = step_graph.replay
+            mode = Ops()
+
+            def paused_replay():
+                mode.paused = True
+                try:
+                    inner()
+                finally:
+                    mode.paused = False
+
+            step_graph.replay = paused_replay
+            start = costs.snapshot()
+            with mode:
+                run()
+            step_graph.replay = inner
+            counts[n] = (mode.n, costs.since(start)["graph_replays"])
+    return {"outside_ops": counts[10][0] - counts[9][0], "graph_replays": counts[10][1] - counts[9][1]}
+
+
+def launches_at(layers: int, one: dict, two: dict) -> dict:
+    """Counts of a `layers`-layer model from those of 1 and 2 layers: fixed + layers x per layer."""
+    if isinstance(one, dict):
+        return {k: launches_at(layers, one[k], two[k]) for k in one}
+    return 2 * one - two + layers * (two - one)

@@ -1508,6 +1508,50 @@ def test_full_width_scoring_bf16_against_fp32(benchmark, record_result):
     record_result("full_width_scoring_bf16_vs_fp32", measured)
 
 
+# ------------------------------------------------------------------------------ launches
+
+
+def test_launches_per_decode_step_forward_and_update(benchmark, record_result):
+    """Kernel launches the GPU path asks for, counted on the CPU (bench_harness.launch_counts) for
+    1- and 2-layer models of Qwen2.5-0.5B's structure and extended to its 24 layers (fixed + 24 x
+    per layer): aten ops and deterministic mode's NaN fills per cached decode step, scoring forward
+    and training update, without the launch diet and with it (fills off, one FP32 cast per q/k/v
+    and gate/up group), and, where decode steps replay a CUDA graph, the host's ops outside the
+    graph and the replays per step. Counts, not seconds: the same on every machine."""
+    measured: dict = {}
+
+    def run():
+        for diet in (False, True):
+            one, two = bench_harness.launch_counts(1, diet=diet), bench_harness.launch_counts(2, diet=diet)
+            measured["diet" if diet else "no_diet"] = {
+                "per_layer": _difference(two, one),
+                "at_24_layers": bench_harness.launches_at(24, one, two),
+            }
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    before, after = measured["no_diet"]["at_24_layers"], measured["diet"]["at_24_layers"]
+    for path in ("decode_step", "forward", "update"):
+        assert after["fills"][path] == 0 < before["fills"][path], path
+        assert 0 < after["ops"][path] < before["ops"][path], path
+        # 3 casts a layer fewer in a forward (q/k/v read one cast, gate/up one): 72 at 24 layers
+        assert before["ops"][path] - after["ops"][path] >= 72, path
+    graphed = after["graphed"]
+    assert graphed["graph_replays"] == 1 and 0 < graphed["outside_ops"] < 50, graphed
+    launches = {
+        "no_diet_per_decode_step": before["ops"]["decode_step"] + before["fills"]["decode_step"],
+        "graphed_per_decode_step": graphed["outside_ops"] + graphed["graph_replays"],
+    }
+    measured["launches"] = launches
+    SUMMARY["launches"] = measured
+    benchmark.extra_info.update(launches)
+    record_result("launches", measured)
+
+
+def _difference(a, b):
+    """a - b, leaf by leaf, of two nested dicts of counts."""
+    return {k: _difference(a[k], b[k]) for k in a} if isinstance(a, dict) else a - b
+
+
 # ------------------------------------------------------------------------------ memory
 
 

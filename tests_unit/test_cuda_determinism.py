@@ -93,3 +93,31 @@ def test_open_context_of_a_cuda_profile_records_the_settings_in_run_json(restore
     assert record["device"] == "cuda"
     assert record["determinism"] == ctx.determinism
     assert record["determinism"]["complete"] is True and torch.are_deterministic_algorithms_enabled()
+
+
+def _fills(fn) -> int:
+    """NaN fills of new tensors (aten::fill_ under aten::empty / empty_strided) while fn runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(
+        1
+        for e in prof.events()
+        if e.name == "aten::fill_" and e.cpu_parent is not None and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
+    )
+
+
+def test_deterministic_mode_of_a_cuda_profile_fills_no_new_tensor(restore_torch_settings):
+    """Deterministic algorithms stay on; the NaN fill they add to every new tensor (a kernel
+    launch each on a GPU) is off. The same fills show on the CPU, where this counts them."""
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+    def work():
+        y = torch.softmax(x @ x.T, dim=-1).to(torch.bfloat16)
+        return (y.float() * 2).sum()
+
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    with_fills = _fills(work)
+    configure_determinism(load_profile("qwen2.5-0.5b"))
+    assert torch.are_deterministic_algorithms_enabled()
+    assert with_fills >= 3 and _fills(work) == 0
