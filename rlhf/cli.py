@@ -434,10 +434,11 @@ def cmd_dry_run(args) -> int:
     projected time of each full stage from the measured step times."""
     from rlhf.miniature import dry_run
 
-    if args.model_dir is None:
+    profile = _profile(args)
+    if args.model_dir is None and profile.model.kind != "embedded":
         raise ValueError("--dry-run needs --model-dir DIR (the model the real run will use)")
     dry_run(
-        _profile(args),
+        profile,
         args.model_dir,
         out=args.out,
         layers=args.layers,

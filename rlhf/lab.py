@@ -338,6 +338,19 @@ class ProtocolResult(NamedTuple):
     seconds: float  # wall-clock seconds of the whole call
     sha256_final: str | None  # hash of the saved final state; None after --stop-after
     check: ResumeCheck | None  # resume_check.json as recorded (its JSON keys); None after --stop-after or --resume
+    # {leg: {"seconds": s, "clock": [[seconds into the leg, units done], ...]}} of each leg run: one
+    # mark after every update / iteration and one after every epoch's validation (the units
+    # unchanged), what the dry run's projection fits (rlhf.projection); {} for a stage command's leg
+    legs: dict = {}
+
+
+class LegRun(NamedTuple):
+    """What one leg of the protocol returns (_run_leg)."""
+
+    state: dict  # its final state
+    timings: dict  # durations from run_fn ({} when its final state was loaded)
+    seconds: float  # wall-clock seconds of the leg
+    clock: list  # [[seconds into the leg, units done], ...] after each update / iteration and validation
 
 
 def run_protocol(
@@ -367,20 +380,8 @@ def run_protocol(
     """
     folder = ctx.run / stage
     folder.mkdir(parents=True, exist_ok=True)
-    if stop_after is not None:
-        t = time.perf_counter()
-        state, tm = _logged(ctx, stage, None, run_fn, Leg(stop=stop_after))
-        save_state(folder / f"state-stop{stop_after:03d}.pt.gz", state, identity)
-        return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=None, check=None)
-    if resume:
-        stops = sorted(folder.glob("state-stop*.pt.gz"))
-        if not stops:
-            raise StateError(f"nothing to resume in {folder}: no state-stopNNN.pt.gz")
-        t = time.perf_counter()
-        start = load_state(stops[-1], identity)
-        state, tm = _logged(ctx, stage, start, run_fn, Leg(state=start))
-        manifest = save_state(folder / "state-resumed.pt.gz", state, identity)
-        return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=manifest["sha256"], check=None)
+    if stop_after is not None or resume:
+        return _stage_command_leg(ctx, stage, run_fn, identity, stop_after)
     if stage_complete(ctx, stage):
         raise FileExistsError(
             f"stage {stage} already ran in {ctx.run} and is complete (run.json); "
@@ -391,31 +392,30 @@ def run_protocol(
         if removed:
             _say(f"{stage}: removed what a crash left half-written in {sub}: {', '.join(removed)}")
     t = time.perf_counter()
-    seconds = {}
+    legs: dict[str, LegRun] = {}
+    leg = partial(_run_leg, ctx, stage, run_fn=run_fn, identity=identity, every=checkpoint_every)
     if protocol:
-        state_b, _, seconds["boundary"] = _run_leg(
-            ctx, stage, "boundary", lambda: None, boundary, run_fn, identity, checkpoint_every
-        )
-        state_r, _, seconds["resumed"] = _run_leg(
-            ctx,
-            stage,
-            "resumed",
-            lambda: load_state(folder / "state-boundary.pt.gz", identity),
-            None,
-            run_fn,
-            identity,
-            checkpoint_every,
-        )
-    state_c, tm_c, seconds["continuous"] = _run_leg(
-        ctx, stage, "continuous", lambda: None, None, run_fn, identity, checkpoint_every, compared=protocol
+        legs["boundary"] = leg("boundary", lambda: None, boundary)
+        legs["resumed"] = leg("resumed", lambda: load_state(folder / "state-boundary.pt.gz", identity), None)
+    legs["continuous"] = leg("continuous", lambda: None, None, compared=protocol)
+    check = _resume_check(folder, stage, boundary, legs)
+    clocks = {name: {"seconds": run.seconds, "clock": run.clock} for name, run in legs.items()}
+    continuous = legs["continuous"]
+    return ProtocolResult(
+        continuous.state, continuous.timings, time.perf_counter() - t, check["sha256_continuous"], check, clocks
     )
+
+
+def _resume_check(folder: Path, stage: str, boundary: int, legs: dict[str, LegRun]) -> ResumeCheck:
+    """Compare the resumed and the continuous final states (when the protocol ran); write
+    resume_check.json, keeping the first complete record a rerun finds."""
     check: ResumeCheck = {
         "stage": stage,
-        "protocol": protocol,
+        "protocol": "resumed" in legs,
         "sha256_continuous": read_json(folder / "state-continuous.pt.gz.json")["sha256"],
     }
-    if protocol:
-        compared = assert_states_equal(state_c, state_r, stage)
+    if "resumed" in legs:
+        compared = assert_states_equal(legs["continuous"].state, legs["resumed"].state, stage)
         check.update(
             {
                 "boundary": boundary,
@@ -423,13 +423,30 @@ def run_protocol(
                 "tensors_compared": compared,
                 "sha256_resumed": read_json(folder / "state-resumed.pt.gz.json")["sha256"],
                 "sha256_boundary": read_json(folder / "state-boundary.pt.gz.json")["sha256"],
-                "interrupted_and_resumed_s": seconds["boundary"] + seconds["resumed"],
+                "interrupted_and_resumed_s": legs["boundary"].seconds + legs["resumed"].seconds,
             }
         )
-    check["continuous_s"] = seconds["continuous"]
+    check["continuous_s"] = legs["continuous"].seconds
     write_json(folder / "resume_check.json", check, keep_existing=True)
-    check = read_json(folder / "resume_check.json")  # a rerun keeps the first complete record
-    return ProtocolResult(state_c, tm_c, time.perf_counter() - t, sha256_final=check["sha256_continuous"], check=check)
+    return read_json(folder / "resume_check.json")
+
+
+def _stage_command_leg(ctx: Context, stage: str, run_fn, identity: dict, stop_after: int | None) -> ProtocolResult:
+    """A stage command's single leg: --stop-after N (from scratch to N, saved as state-stopNNN)
+    or --resume (from the last state-stopNNN to the end, saved as state-resumed)."""
+    folder = ctx.run / stage
+    t = time.perf_counter()
+    if stop_after is not None:
+        state, tm = _logged(ctx, stage, None, run_fn, Leg(stop=stop_after))
+        save_state(folder / f"state-stop{stop_after:03d}.pt.gz", state, identity)
+        return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=None, check=None)
+    stops = sorted(folder.glob("state-stop*.pt.gz"))
+    if not stops:
+        raise StateError(f"nothing to resume in {folder}: no state-stopNNN.pt.gz")
+    start = load_state(stops[-1], identity)
+    state, tm = _logged(ctx, stage, start, run_fn, Leg(state=start))
+    manifest = save_state(folder / "state-resumed.pt.gz", state, identity)
+    return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=manifest["sha256"], check=None)
 
 
 def adopt_continuous_leg(ctx: Context, source, stage: str) -> bool:
@@ -495,8 +512,10 @@ def _also_progress(leg: Leg, progress) -> Leg:
     return replace(leg, progress=both)
 
 
-def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity: dict, every: int, compared=False):
-    """One leg of the protocol, crash-safe. Returns (final state, timings, seconds).
+def _run_leg(
+    ctx: Context, stage: str, name: str, start, stop, *, run_fn, identity: dict, every: int, compared=False
+) -> LegRun:
+    """One leg of the protocol, crash-safe.
 
     Its final state on disk is loaded, not recomputed. Otherwise the leg starts from `start()`
     (None or the boundary state) or from its own last checkpoint, and saves a checkpoint every
@@ -506,7 +525,7 @@ def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity:
     t = time.perf_counter()
     if final.is_file():
         _say(f"{stage}: {name} run already complete in {folder} (loaded, not recomputed)")
-        return load_state(final, identity), {}, 0.0
+        return LegRun(load_state(final, identity), {}, 0.0, [])
     ck_dir = folder / "checkpoints"
     saved = sorted(ck_dir.glob(f"{name}-*.pt.gz"))
     if saved:
@@ -539,10 +558,15 @@ def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity:
 
     # The legs that make the run write its event files; the continuous leg that checks them does not.
     log = _event_log(ctx, stage, state) if name != "continuous" or not compared else None
+    clock: list = []
+
+    def progress(step, total, history, timings) -> None:
+        clock.append([round(time.perf_counter() - t, 6), step])
+        if log is not None:
+            log.sync(step, total, history, timings)
+
     try:
-        state, timings = run_fn(
-            Leg(state=state, stop=stop, checkpoint=checkpoint, progress=None if log is None else log.sync)
-        )
+        state, timings = run_fn(Leg(state=state, stop=stop, checkpoint=checkpoint, progress=progress))
         writer.wait()
     finally:
         if log is not None:
@@ -554,7 +578,7 @@ def _run_leg(ctx: Context, stage: str, name: str, start, stop, run_fn, identity:
             f"{stage}: stopped on request at the end of the {name} run; its state {final}. "
             f"Run the same command again to continue from there."
         )
-    return state, timings, time.perf_counter() - t
+    return LegRun(state, timings, time.perf_counter() - t, clock)
 
 
 # ------------------------------------------------------------------------- stages
@@ -575,7 +599,7 @@ def _epoch_stage(
     """SFT and the judge: the same resumable epoch stage over a different role and loss; the
     trained role is saved as `stage/kind.safetensors`, and `epoch_line(epoch record)` is printed
     per epoch."""
-    paid = costs.snapshot()
+    paid, t = costs.snapshot(), time.perf_counter()
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
@@ -603,7 +627,13 @@ def _epoch_stage(
         write_json(folder / "history.json", history, keep_existing=True)
         write_json(
             folder / "timings.json",
-            {"seconds": result.seconds, **(result.check or {}), "fixed_costs": costs.since(paid)},
+            {
+                "seconds": result.seconds,
+                **(result.check or {}),
+                "fixed_costs": costs.since(paid),
+                "legs": result.legs,
+                "stage_seconds": time.perf_counter() - t,
+            },
             keep_existing=True,
         )
         mark_complete(ctx, stage, sha256_final=result.sha256_final)
@@ -735,7 +765,7 @@ def ppo_identity(ctx: Context, initial: dict) -> dict:
 
 
 def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> ProtocolResult:
-    paid = costs.snapshot()
+    paid, t_stage = costs.snapshot(), time.perf_counter()
     view = ctx.corpus.learning_view()
     initial = ppo_fingerprints(ctx)
     identity = ppo_identity(ctx, initial)
@@ -831,7 +861,14 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         write_json(folder / "history.json", result.state["history"], keep_existing=True)
         write_json(
             folder / "timings.json",
-            {"seconds": result.seconds, **result.timings, **(result.check or {}), "fixed_costs": costs.since(paid)},
+            {
+                "seconds": result.seconds,
+                **result.timings,
+                **(result.check or {}),
+                "fixed_costs": costs.since(paid),
+                "legs": result.legs,
+                "stage_seconds": time.perf_counter() - t_stage,
+            },
             keep_existing=True,
         )
         write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)
@@ -852,9 +889,10 @@ def run_lab(ctx: Context, *, protocol: bool = True) -> dict:
     reports) write their results whole and last, so a crash inside one reruns that one."""
     run_stages(ctx, protocol=protocol)
     if not stage_complete(ctx, "report"):
+        t = time.perf_counter()
         sweep_incomplete(ctx.run, sidecar_patterns=())
         write_reports(ctx.run, keep_existing=True)
-        mark_complete(ctx, "report")
+        mark_complete(ctx, "report", seconds=time.perf_counter() - t)
     return read_json(ctx.run / "results.json")
 
 
@@ -898,7 +936,7 @@ def run_stages(ctx: Context, *, protocol: bool = True, until: str = "shortcut_au
             sweep_incomplete(ctx.run / folder)
             if not (ctx.run / folder / "results.json").exists():  # written whole and last: there means done
                 write_results(ctx)
-            mark_complete(ctx, name)
+            mark_complete(ctx, name, seconds=time.perf_counter() - t)
             _say(f"{name}: {time.perf_counter() - t:.1f} s")
             _stop_if_requested(ctx)
             if done is not None:

@@ -126,6 +126,7 @@ RESULT_KEYS = (
     "hashes_after",
     "unchanged",
     "seconds",
+    "scoring_seconds",
 )
 
 
@@ -340,9 +341,12 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
     # so each kept pair has the counterfactual prompt it has in the full audit).
     kept = {r["document_id"] for r in C.first_units(test_pairs, ctx.profile.evaluation.max_units)}
     sets = {key: [r for r in records if r["document_id"] in kept] for key, records in sets.items()}
-    results = {}
+    results, scoring = {}, 0.0
     for key, records in sets.items():
-        summary = summarise(records, score_records(judge, records, ctx))
+        t = time.perf_counter()
+        scores = score_records(judge, records, ctx)
+        scoring += time.perf_counter() - t
+        summary = summarise(records, scores)
         kind = "baseline" if key == revision else key
         summary.update(
             description=DESCRIPTIONS[kind], meaning=MEANINGS[kind], **cue_counts(records, sets[revision], labels)
@@ -388,6 +392,7 @@ def run_shortcut_audit(ctx, out_dir=None) -> dict:
         "hashes_after": after,
         "unchanged": True,
         "seconds": time.perf_counter() - t0,
+        "scoring_seconds": scoring,  # of "seconds": the judge scoring the pairs (the rest: loading, hashing)
     }
     assert tuple(out) == RESULT_KEYS
     write_json(out_path, out)

@@ -1508,6 +1508,64 @@ def test_full_width_scoring_bf16_against_fp32(benchmark, record_result):
     record_result("full_width_scoring_bf16_vs_fp32", measured)
 
 
+# ------------------------------------------------------------------------------ the dry run's projection
+
+
+def test_dry_run_projects_the_embedded_lab(benchmark, record_result, tmp_path):
+    """`rlhf lab --dry-run` on the embedded profile (rlhf.miniature.dry_run: the lab once at the
+    miniature's budgets, the projection of `rlhf lab`), then `rlhf lab` itself with its protocol,
+    one after the other in this process on this machine: each stage's projected seconds beside
+    its measured ones, and the whole. The projection's goal: the whole lab within 25%."""
+    from rlhf import lab
+    from rlhf.config import load_profile
+    from rlhf.miniature import dry_run
+
+    measured: dict = {}
+
+    def run():
+        threads = torch.get_num_threads()
+        try:
+            with contextlib.redirect_stdout(open(os.devnull, "w")):
+                t = time.perf_counter()
+                dry = dry_run(load_profile("embedded"), out=tmp_path / "dry-run")
+                measured["dry_run_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                ctx = lab.open_context(tmp_path / "lab", "embedded")
+                lab.run_lab(ctx, protocol=True)
+                measured["lab_s"] = time.perf_counter() - t
+        finally:
+            torch.set_num_threads(threads)
+        measured["projection"] = dry["projection"]
+        measured["stages_s"] = _stage_seconds(tmp_path / "lab")
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    projected = measured["projection"]
+    ratios = {
+        stage: projected["stages"][stage]["projected_s"] / seconds for stage, seconds in measured["stages_s"].items()
+    }
+    ratios["lab"] = projected["lab_s"] / measured["lab_s"]
+    measured["projected_over_measured"] = ratios
+    _check_seconds("embedded lab", [measured["lab_s"], measured["dry_run_s"]])
+    assert all(math.isfinite(r) and r > 0 for r in ratios.values()), ratios
+    goal = 0.75 <= ratios["lab"] <= 1.25
+    SUMMARY["dry_run_projection"] = measured
+    benchmark.extra_info.update({"projected_over_measured": ratios, "goal_within_25_percent": goal})
+    record_result("dry_run_projection_embedded", measured)
+    record_result("goal_dry_run_projection_within_25_percent", goal)
+    assert goal, f"the projected lab is {ratios['lab']:.2f} x the measured one: {ratios}"
+
+
+def _stage_seconds(run: Path) -> dict[str, float]:
+    """Each stage's measured seconds in a finished run folder: the training stages' timings.json
+    (the whole stage), the others' run.json record."""
+    from rlhf.io import read_json
+
+    stages = read_json(run / "run.json")["stages"]
+    out = {stage: read_json(run / stage / "timings.json")["stage_seconds"] for stage in ("sft", "judge", "ppo")}
+    out.update({stage: stages[stage]["seconds"] for stage in ("evaluate", "shortcut_audit", "report")})
+    return out
+
+
 # ------------------------------------------------------------------------------ launches
 
 

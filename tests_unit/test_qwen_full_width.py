@@ -12,7 +12,7 @@ is Qwen2.5's: tests_unit/test_qwen_token_limits.py pins it).
 What differs from the real profile (asserted key by key in
 `test_only_layers_budgets_and_labels_differ_from_the_real_profile`): the layer count (and the
 LoRA counts that follow from it), the budgets of rlhf.miniature.MINIATURE_BUDGET (SFT and judge
-2 epochs of 1 update with validation cut to 4 examples, PPO 2 iterations stopped after 1 with
+2 epochs of 2 updates with validation cut to 16 examples, PPO 3 iterations stopped after 1 with
 rollouts cut to 8 new tokens, and an evaluation budget cut: held-out answers of 2 new tokens
 instead of 64 (a cut row is truncated like a row at 64), and every held-out set cut to its first
 2 units: 2 test families and 2 probe contexts), and the labels that
@@ -26,8 +26,9 @@ there: one SFT update of this 2-layer model took minutes in BF16 on an AMD EPYC 
 in float32). Both choices are exercised with the flags faked. Nothing here is compared with a
 golden hash; run.json records the run as unpinned, the dtype and why.
 
-The dry run measures each stage once, prints the projection, then rehearses the whole lab with
-the interrupt/resume protocol around the measured legs (rlhf.miniature.dry_run).
+The dry run measures each stage once, prints the projection of `rlhf lab` (rlhf.projection),
+then rehearses the whole lab with the interrupt/resume protocol around the measured legs
+(rlhf.miniature.dry_run).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf import runtime
+from rlhf import projection, runtime
 from rlhf.config import load_profile, override, profile_hash
 from rlhf.io import read_json
 from rlhf.miniature import (
@@ -51,8 +52,6 @@ from rlhf.miniature import (
     MINIATURE_BUDGET,
     differing_keys,
     miniature_profile,
-    project,
-    stage_units,
 )
 
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("qwen_full_width")]  # one worker runs the miniature once
@@ -237,7 +236,7 @@ def test_the_compute_dtype_follows_the_cpu_flags_at_full_width(full_width, monke
     assert not torch.equal(logp, logp_other)  # two dtypes really ran
 
 
-@pytest.mark.parametrize("stage,units", [("sft", 2), ("judge", 2), ("ppo", 2)])
+@pytest.mark.parametrize("stage,units", [("sft", 4), ("judge", 4), ("ppo", 3)])
 def test_interrupt_resume_identical_at_full_width(full_width, stage, units):
     from rlhf.checkpoint import assert_states_equal, load_state
 
@@ -254,7 +253,7 @@ def test_interrupt_resume_identical_at_full_width(full_width, stage, units):
 def test_ppo_ran_on_the_full_vocabulary(full_width):
     run = full_width[0]
     history = read_json(run / "ppo" / "history.json")
-    assert len(history["consumed"]) == 2 * 4  # 2 iterations x 4 prompts
+    assert len(history["consumed"]) == 3 * 4  # 3 iterations x 4 prompts
     for it in history["iterations"]:
         assert it["response_length"] <= MINIATURE_BUDGET[("ppo", "max_new_tokens")]
         assert all(v == v for v in (it["mean_score"], it["mean_sampled_log_ratio"]))  # not NaN
@@ -300,39 +299,32 @@ def test_evaluation_covers_the_first_two_units_of_each_set_and_metrics_recompute
     assert "Counts over the 2 contexts" in report
 
 
-def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(full_width, record_result):
-    """Catches a projection that does not follow its stated formula, or counts of the miniature."""
+def test_dry_run_projection_is_recomputed_from_what_it_measured(full_width, record_result):
+    """Catches a projection that does not follow its stated model (rlhf.projection), that reads
+    the miniature's counts as the full run's, or that is printed after the rehearsal."""
     rehearsal, _, _, stdout = full_width
     run = rehearsal.parent / "measure"  # each stage measured once, then projected
     dry = read_json(rehearsal.parent / "dry_run.json")
     full = load_profile("qwen2.5-0.5b")
-    assert stage_units(full) == {"sft": 63, "judge": 210, "ppo": 100, "ppo_rollout_tokens": 64, "evaluation": 64}
-    for stage, folder in (("sft", "sft"), ("judge", "judge"), ("ppo", "ppo")):
-        check = read_json(run / folder / "resume_check.json")
-        assert check["protocol"] is False  # one continuous run: the measurement
-        continuous_s = check["continuous_s"]
-        assert dry["measured"][stage]["per_unit"] == pytest.approx(continuous_s / 2)
-        if stage != "ppo":
-            assert dry["projection"][stage]["projected_s"] == pytest.approx(continuous_s / 2 * stage_units(full)[stage])
-    # PPO: + the rollout generation seconds per token x the 64 - 8 tokens the miniature cut.
-    per_iteration = read_json(run / "ppo" / "timings.json")["per_iteration"]
-    per_token = sum(t["generation"] for t in per_iteration) / 2 / 8
-    ppo_s = read_json(run / "ppo" / "resume_check.json")["continuous_s"]
-    assert dry["projection"]["ppo"]["projected_s"] == pytest.approx((ppo_s / 2 + per_token * (64 - 8)) * 100)
-    # Evaluation: generation per new token grown from 18 to 260 rows per policy, x 64 tokens; the
-    # scoring and rubric grown from 18 to 260 rows, the judge's accuracy from 10 to 180 pairs;
-    # loading roles, the bootstrap and the politeness exercise (mostly hashing) as measured.
-    ev = read_json(run / "evaluation" / "results.json")["seconds"]
-    generation = ev["sft_generation"] + ev["ppo_generation"]
-    grown = sum(ev[f"{p}_{part}"] for p in ("sft", "ppo") for part in ("scoring", "rubric")) * (260 / 18 - 1)
-    grown += ev["judge_test_accuracy"] * (180 / 10 - 1)
-    assert dry["measured"]["evaluation"]["counts"] == {"rows": 18, "pairs": 10}
-    assert dry["projection"]["evaluation"]["projected_s"] == pytest.approx(
-        generation / 2 * 260 / 18 * 64 + ev["total"] - generation + grown
-    )
-    assert project(dry["measured"], full) == dry["projection"]
+    assert read_json(rehearsal.parent / "projection.json") == dry["projection"]
+    measured = dry["measured"]
+    for stage in ("sft", "judge", "ppo"):
+        timings = read_json(run / stage / "timings.json")
+        assert read_json(run / stage / "resume_check.json")["protocol"] is False  # one continuous leg: the measurement
+        leg = timings["legs"]["continuous"]
+        assert measured["stages"][stage]["per_unit"] == pytest.approx(
+            projection.fit_leg(leg["clock"], leg["seconds"])["per_unit"]
+        )
+        # a mark per update / iteration, and per epoch's validation (SFT, judge: 2 epochs of 2)
+        assert [units for _, units in leg["clock"]] == ([1, 2, 3] if stage == "ppo" else [1, 2, 2, 3, 4, 4])
+        assert timings["stage_seconds"] >= timings["seconds"] >= leg["seconds"] > 0
+    assert measured["evaluation"]["rows"] == 18 and measured["evaluation"]["pairs"] == 10
+    assert measured["ppo_rollout_tokens"] == 8 and all(v > 0 for v in measured["decode_step"].values())
+    assert projection.project_lab(measured, full) == dry["projection"]  # the full profile's counts, not the miniature's
+    assert [leg["units"] for leg in dry["projection"]["stages"]["ppo"]["legs"]] == [40, 60, 100]
+    assert [leg["units"] for leg in dry["projection"]["stages"]["sft"]["legs"]] == [21, 42, 63]
     # Printed before the rehearsal starts: the projection does not wait for the protocol's legs.
-    projected_at = stdout.index("projected time of the full qwen2.5-0.5b run")
+    projected_at = stdout.index("projected time of `rlhf lab` with the qwen2.5-0.5b profile")
     assert projected_at < stdout.index("rehearsing the whole lab with") < stdout.index("sft: interrupted run")
     assert (
         stdout.index("measured sft:") < stdout.index("measured judge:") < stdout.index("measured ppo:") < projected_at
@@ -349,10 +341,9 @@ def test_dry_run_projection_is_the_measured_step_times_times_the_full_counts(ful
     assert "evaluation: taken over from measure/" in stdout
     record_result("dry_run_time_to_projection_s", round(dry["measured_s"], 1))
     record_result(
-        "qwen_cpu_projection_h",
-        {k: round(v["projected_s"] / 3600, 2) for k, v in dry["projection"].items() if isinstance(v, dict)},
+        "qwen_cpu_projection_s", {k: round(v["projected_s"], 1) for k, v in dry["projection"]["stages"].items()}
     )
-    record_result("qwen_cpu_measured_per_unit_s", {k: round(v["per_unit"], 2) for k, v in dry["measured"].items()})
+    record_result("qwen_cpu_measured_per_unit_s", {k: round(v["per_unit"], 3) for k, v in measured["stages"].items()})
 
 
 def test_last_logits_only_projects_one_column_onto_the_vocabulary(embedded_base):
@@ -395,21 +386,3 @@ def test_last_logits_only_projects_one_column_onto_the_vocabulary(embedded_base)
     # These fixed prompts have none (checked on an AMD EPYC); a CPU where one flipped would fail
     # on every run, not by chance.
     assert drawn[True][1] == drawn[False][1]
-
-
-def test_projection_arithmetic_on_given_step_times():
-    """The projection formula on numbers chosen by hand (no run needed): catches a projection
-    that drops the PPO rollout's cut tokens, the evaluation's unscaled rest, or the protocol's
-    doubling of the training stages."""
-    step = {
-        "sft": {"per_unit": 2.0},
-        "judge": {"per_unit": 1.0},
-        "ppo": {"per_unit": 10.0, "rollout_tokens": 8, "generation_per_token": 0.5},
-        "evaluation": {"per_unit": 3.0, "rest_seconds": 10.0, "rest_seconds_full": 40.0},
-    }
-    p = project(step, load_profile("qwen2.5-0.5b"))
-    assert p["sft"]["projected_s"] == 2.0 * 63 and p["judge"]["projected_s"] == 1.0 * 210
-    assert p["ppo"]["per_unit_s"] == 10.0 + 0.5 * (64 - 8) and p["ppo"]["projected_s"] == 38.0 * 100
-    assert p["evaluation"]["projected_s"] == 3.0 * 64 + 40.0
-    training = 126 + 210 + 3800
-    assert p["one_leg_total_s"] == training + 232 and p["lab_with_protocol_s"] == 2 * training + 232

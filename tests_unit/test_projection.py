@@ -1,0 +1,138 @@
+"""The dry run's cost model (rlhf.projection), its numbers recomputed by hand from made-up
+clocks and timings: a leg's fit, the legs `rlhf lab` runs, each stage's projection and the whole.
+
+The projection of a real miniature against the run it projects: tests_unit/test_benchmarks.py
+(the embedded lab, measured beside its dry run) and tests_unit/test_qwen_full_width.py (the
+full-width dry run's projection.json recomputed from what it measured)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlhf import projection
+from rlhf.config import load_profile
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_leg_is_fitted_as_median_unit_after_the_first_median_validation_and_the_rest():
+    # units done: 1 (first: 5 s, its warm-up), 2 (1.0), validation (2.0), 3 (1.2), 4 (0.8), validation (2.2)
+    clock = [[5.0, 1], [6.0, 2], [8.0, 2], [9.2, 3], [10.0, 4], [12.2, 4]]
+    fit = projection.fit_leg(clock, seconds=13.0)
+    assert fit["units"] == 4 and fit["validations"] == 2
+    assert fit["per_unit"] == pytest.approx(1.0)  # median of 1.0, 1.2, 0.8: the first (5.0) left out
+    assert fit["per_validation"] == pytest.approx(2.1)
+    assert fit["fixed"] == pytest.approx(13.0 - 4 * 1.0 - 2 * 2.1)
+    with pytest.raises(ValueError, match="at least 2 updates"):
+        projection.fit_leg([[1.0, 1]], seconds=2.0)
+
+
+def test_a_ppo_leg_has_no_validation():
+    fit = projection.fit_leg([[3.0, 1], [4.0, 2], [5.5, 3]], seconds=6.0)
+    assert (fit["per_unit"], fit["per_validation"], fit["validations"]) == (1.25, None, 0)
+    assert fit["fixed"] == pytest.approx(6.0 - 3 * 1.25)
+
+
+def test_the_legs_of_rlhf_lab_follow_the_spec_protocol():
+    """SFT and the judge stop after epoch 1, PPO at iteration 40 of 100 (SPEC §7); the lab runs
+    the boundary leg, the resumed leg and the continuous leg; without the protocol one leg."""
+    qwen, embedded = load_profile("qwen2.5-0.5b"), load_profile("embedded")
+    assert projection.leg_plan(qwen, "sft", True) == [
+        {"units": 21, "validations": 1},
+        {"units": 42, "validations": 2},
+        {"units": 63, "validations": 3},
+    ]
+    assert projection.leg_plan(qwen, "judge", True) == [
+        {"units": 105, "validations": 1},
+        {"units": 105, "validations": 1},
+        {"units": 210, "validations": 2},
+    ]
+    assert projection.leg_plan(qwen, "ppo", True) == [
+        {"units": 40, "validations": 0},
+        {"units": 60, "validations": 0},
+        {"units": 100, "validations": 0},
+    ]
+    assert [leg["units"] for leg in projection.leg_plan(embedded, "sft", True)] == [21, 399, 420]
+    assert projection.leg_plan(embedded, "ppo", False) == [{"units": 100, "validations": 0}]
+
+
+def test_a_training_stage_is_stage_fixed_plus_each_legs_fixed_units_and_validations():
+    qwen = load_profile("qwen2.5-0.5b")
+    fit = {"per_unit": 0.1, "per_validation_batch": 0.05, "fixed": 2.0, "stage_fixed": 3.0}
+    got = projection.project_training(fit, qwen, "sft", protocol=True)
+    batches = math.ceil(180 / 16)  # the 180 validation examples in batches of 16
+    legs = [(21, 1), (42, 2), (63, 3)]
+    want = 3.0 + sum(2.0 + units * 0.1 + epochs * 0.05 * batches for units, epochs in legs)
+    assert got["projected_s"] == pytest.approx(want)
+    assert got["per_validation_s"] == pytest.approx(0.05 * batches)
+    ppo = projection.project_training({**fit, "per_unit": 0.5}, qwen, "ppo", protocol=True, extra_per_unit=0.25)
+    assert ppo["projected_s"] == pytest.approx(3.0 + 3 * 2.0 + 200 * 0.75)
+
+
+def test_the_evaluation_grows_each_part_by_its_own_count():
+    seconds = {
+        "load_roles": 1.0,
+        "politeness": 0.5,
+        "bootstrap": 0.25,
+        "sft_generation": 2.0,
+        "ppo_generation": 3.0,
+        "sft_scoring": 0.4,
+        "ppo_scoring": 0.6,
+        "sft_rubric": 0.1,
+        "ppo_rubric": 0.1,
+        "judge_test_accuracy": 0.2,
+    }
+    measured = {"seconds": seconds, "rows": 18, "pairs": 10, "tokens": 2}
+    got = projection.project_evaluation(measured, decode_step=0.01, full_tokens=64)
+    batches = math.ceil(260 / 32)  # 260 rows per policy in batches of 32; the miniature's 18 rows: 1 batch
+    assert got["sft_generation_s"] == pytest.approx(batches * (2.0 + 62 * 0.01))
+    assert got["ppo_generation_s"] == pytest.approx(batches * (3.0 + 62 * 0.01))
+    assert got["sft_scoring_s"] == pytest.approx(0.5 * batches)
+    assert got["judge_test_accuracy_s"] == pytest.approx(0.2 * 180 / 10)
+    assert got["projected_s"] == pytest.approx(1.75 + batches * (5.0 + 124 * 0.01) + (0.5 + 0.7) * batches + 0.2 * 18)
+
+
+def test_the_audit_grows_its_scoring_by_pairs_and_keeps_the_rest():
+    got = projection.project_audit({"seconds": 3.0, "scoring_seconds": 2.0, "pairs": 10})
+    assert got["projected_s"] == pytest.approx(1.0 + 2.0 * 18)
+
+
+def test_the_lab_is_the_sum_of_its_stages():
+    qwen = load_profile("qwen2.5-0.5b")
+    fit = {"per_unit": 0.1, "per_validation_batch": 0.05, "fixed": 2.0, "stage_fixed": 3.0}
+    measured = {
+        "stages": {"sft": fit, "judge": fit, "ppo": fit},
+        "ppo_rollout_tokens": 8,
+        "decode_step": {"ppo": 0.002, "evaluation": 0.003},
+        "evaluation": {
+            "seconds": dict.fromkeys(
+                (
+                    "load_roles",
+                    "politeness",
+                    "bootstrap",
+                    "sft_generation",
+                    "ppo_generation",
+                    "sft_scoring",
+                    "ppo_scoring",
+                    "sft_rubric",
+                    "ppo_rubric",
+                    "judge_test_accuracy",
+                ),
+                0.1,
+            ),
+            "rows": 18,
+            "pairs": 10,
+            "tokens": 2,
+        },
+        "shortcut_audit": {"seconds": 1.0, "scoring_seconds": 0.5, "pairs": 10},
+        "report_s": 0.7,
+        "setup_s": 4.0,
+    }
+    lab = projection.project_lab(measured, qwen)
+    stages = lab["stages"]
+    assert stages["ppo"]["per_unit_s"] == pytest.approx(0.1 + (64 - 8) * 0.002)
+    assert lab["lab_s"] == pytest.approx(sum(s["projected_s"] for s in stages.values()))
+    assert set(stages) == {"sft", "judge", "ppo", "evaluate", "shortcut_audit", "report", "setup"}
+    assert stages["report"]["projected_s"] == 0.7 and stages["setup"]["projected_s"] == 4.0
