@@ -79,6 +79,11 @@ def pytest_addoption(parser):
         help="gpu tier: local Qwen2.5-0.5B-Instruct directory (rlhf fetch-model --out DIR)",
     )
     parser.addoption(
+        "--gpu-out",
+        default=os.environ.get("RLHF_GPU_OUT"),
+        help="gpu tier: folder of gpu_numbers.json, written as each stage finishes (default: the reports folder)",
+    )
+    parser.addoption(
         "--random-weights",
         action="store_true",
         help="gpu tier: use the full Qwen2.5-0.5B shape with random weights (no download)",
@@ -110,6 +115,8 @@ def pytest_configure(config):
     reports = reports_folder(config)
     reports.mkdir(parents=True, exist_ok=True)
     config._rlhf_reports = reports
+    config._rlhf_gpu_out = Path(config.getoption("--gpu-out") or reports)
+    config._rlhf_gpu_out.mkdir(parents=True, exist_ok=True)
     if getattr(config.option, "xmlpath", None) is None and not hasattr(config, "workerinput"):
         config.option.xmlpath = str(reports / "junit.xml")
     if config.getoption("--benchmark") and getattr(config.option, "benchmark_json", None) is None:

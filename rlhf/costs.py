@@ -19,9 +19,9 @@ of a run (docs/gpu-cost.md, the dry run's projection) is checked against counts,
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 
-_COUNTS: Counter = Counter()
+_COUNTS: defaultdict[str, float] = defaultdict(float)
 NAMES = (
     "base_loads",
     "role_builds",

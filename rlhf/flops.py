@@ -39,6 +39,7 @@ from typing import Any
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TRAIN_FACTOR = 3  # forward + backward = 3 x forward (convention; see the module docstring)
 ROLES = 4  # actor, reference, judge, critic: four separate backbones
+BACKBONES_RESIDENT = ROLES + 1  # and the frozen base each is copied from, kept for the process (rlhf.models.kept_base)
 TRAINED_ROLES = 2  # actor and critic carry gradients and AdamW states during PPO
 
 
@@ -252,9 +253,11 @@ def activation_bytes(shape: Shape, base_bytes: int, batch: int, seq: int, respon
 
 
 def memory_estimate(profile, *, batch: int = 4, seq: int | None = None, response: int | None = None) -> dict:
-    """Bytes held during PPO with four separate backbones (SPEC §6), by calculation.
+    """Bytes held during PPO with four separate backbones (SPEC §6) and the base they are copied
+    from, by calculation.
 
-    backbones   total_params · dtype bytes · 4
+    backbones   total_params · dtype bytes · 5: the four roles' and the frozen base they are
+                copied from, kept resident for the process (rlhf.models.kept_base)
     adapters    LoRA params · 4 bytes (FP32) · 4 roles, plus the FP32 heads (H + 1) of judge and critic
     optimizer   actor and critic: gradients (4 bytes) + AdamW exp_avg and exp_avg_sq (8 bytes)
                 per trained parameter (LoRA, plus the critic's head)
@@ -268,7 +271,7 @@ def memory_estimate(profile, *, batch: int = 4, seq: int | None = None, response
     n_base = total_params(shape)
     n_lora = lora_params(shape, rank)
     n_head = shape.hidden + 1
-    backbones = n_base * dtype_bytes * ROLES
+    backbones = n_base * dtype_bytes * BACKBONES_RESIDENT
     adapters = n_lora * 4 * ROLES + 2 * n_head * 4
     trained_params = TRAINED_ROLES * n_lora + n_head
     optimizer = trained_params * (4 + 8)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -403,7 +404,8 @@ class _StepGraph:
 
     def load(self, start: Prefill) -> None:
         """The prefill's keys, values and lengths into the static cache; its mask into `attend`."""
-        for mine, theirs in zip(self.cache.layers, start.cache.layers):
+        prefilled: Any = start.cache  # a transformers StaticCache (prefill, `graphed`)
+        for mine, theirs in zip(self.cache.layers, prefilled.layers):
             mine.keys.copy_(theirs.keys)
             mine.values.copy_(theirs.values)
             mine.cumulative_length.copy_(theirs.cumulative_length)

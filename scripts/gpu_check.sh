@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The gpu tier on a GPU machine without network access, in one call: build, run, copy the reports.
+# The gpu tier on a GPU machine without network access, in one call: build, run, keep the numbers.
 #
 #   bash scripts/gpu_wheels.sh          here first: the pinned wheels into .whl/ (the GPU machine cannot download)
 #   scripts/gpu_check.sh OUTDIR         there, with .whl/ carried
@@ -9,20 +9,31 @@
 # ahead of the machine's own packages, the repository on PYTHONPATH. The versions of
 # transformers, tokenizers and safetensors must then equal pyproject.toml's pins: the machine's
 # own transformers may differ (5.17, for one, has a generation API unlike the pinned 5.24: a
-# miniature run with 5.17 fails at the first cached generation step). Run: `pytest -m gpu
-# --random-weights -n 0 -s` (the full Qwen2.5-0.5B shape with random weights, the real budgets; one
-# process, so the lab runs once; -s lets the lab's progress lines reach the log, so a run the
-# timeout stops still shows how far each stage got) under `timeout` (GPU_CHECK_TIMEOUT seconds, default 540: the
-# whole call stays within 10 minutes). Reports: reports/gpu/junit.xml and results.json, and the
-# log, copied to OUTDIR.
-# Exit status: pytest's, 124 when the timeout stopped it, 2 when the machine cannot run the tier
-# (before anything runs, with a message saying why).
+# miniature run with 5.17 fails at the first cached generation step).
+# Run, only tests_gpu/, one process per part, with --random-weights (the full Qwen2.5-0.5B shape
+# with random weights drawn on the GPU) and -s (the lab's progress lines reach the log):
+#   1. smoke         tests_gpu/test_gpu_smoke.py: the whole lab at tiny budgets with full 64-token
+#                    rollouts, the protocol on every stage, every gpu assertion (minutes)
+#   2. real budgets  tests_gpu/test_qwen_pipeline.py: the dry run's projection on this machine,
+#                    then the lab at 63 / 210 / 100 with its protocol
+#   3. determinism   tests_gpu/test_gpu_determinism_cost.py: a PPO leg with and without
+#                    deterministic algorithms (a benchmark)
+# Every part writes its numbers to OUTDIR/gpu_numbers.json as each stage finishes (--gpu-out), so
+# a part the time limit stops still leaves the stages it finished. The parts share one deadline,
+# GPU_CHECK_TIMEOUT seconds (default 560) from the script's start, so that the whole call stays
+# within 10 minutes; a part with under a minute left is not started.
+# OUTDIR receives gpu_numbers.json (with check_s, the whole call's seconds), each part's junit
+# (junit-smoke.xml, junit.xml, junit-determinism.xml) and results.json, and gpu_check.log.
+# Exit status: the first failing part's pytest status (124 when the deadline stopped it), 2 when
+# the machine cannot run the tier (before anything runs, with a message saying why), else 0.
 set -uo pipefail
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
 PY=${PYTHON:-python3}
-LIMIT=${GPU_CHECK_TIMEOUT:-540}
+LIMIT=${GPU_CHECK_TIMEOUT:-560}
+START=$(date +%s)
 
 if ls .whl/*.whl >/dev/null 2>&1; then
     if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rlhf-site \
@@ -68,8 +79,35 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 "$PY" -c "import rlhf, transformers, tokenizers, safetensors, tqdm, matplotlib, pytest, xdist" || exit 2
 
-timeout "$LIMIT" "$PY" -m pytest -m gpu --random-weights -n 0 -s -p no:cacheprovider 2>&1 | tee "$OUTDIR/gpu_check.log"
-status=${PIPESTATUS[0]}
-cp reports/gpu/junit.xml reports/gpu/results.json "$OUTDIR"/ 2>/dev/null
-echo "gpu_check: pytest exit status $status; reports in $OUTDIR" | tee -a "$OUTDIR/gpu_check.log"
+status=0
+run_part() {  # $1: the part's name, $2: its test file
+    local left=$((START + LIMIT - $(date +%s)))
+    if [ "$left" -lt 60 ]; then
+        echo "gpu_check: part $1 not started: ${left} s left of ${LIMIT} s" | tee -a "$OUTDIR/gpu_check.log"
+        [ "$status" -ne 0 ] || status=124
+        return
+    fi
+    timeout "$left" "$PY" -m pytest -m gpu --random-weights -n 0 -s -p no:cacheprovider "$2" \
+        --reports-dir "reports/gpu-$1" --gpu-out "$OUTDIR" 2>&1 | tee -a "$OUTDIR/gpu_check.log"
+    local part_status=${PIPESTATUS[0]}
+    local suffix="-$1"
+    [ "$1" = "real" ] && suffix=""
+    cp "reports/gpu-$1/junit.xml" "$OUTDIR/junit$suffix.xml" 2>/dev/null
+    cp "reports/gpu-$1/results.json" "$OUTDIR/results$suffix.json" 2>/dev/null
+    echo "gpu_check: part $1, pytest exit status $part_status" | tee -a "$OUTDIR/gpu_check.log"
+    [ "$status" -ne 0 ] || status=$part_status
+}
+run_part smoke tests_gpu/test_gpu_smoke.py
+run_part real tests_gpu/test_qwen_pipeline.py
+run_part determinism tests_gpu/test_gpu_determinism_cost.py
+"$PY" - "$OUTDIR/gpu_numbers.json" "$(($(date +%s) - START))" <<'EOF'
+import json, os, sys
+path, seconds = sys.argv[1], int(sys.argv[2])
+data = json.load(open(path)) if os.path.isfile(path) else {}
+data["check_s"] = seconds
+with open(path + ".tmp", "w") as f:
+    json.dump(data, f, indent=1, sort_keys=True)
+os.replace(path + ".tmp", path)
+EOF
+echo "gpu_check: exit status $status; numbers and reports in $OUTDIR" | tee -a "$OUTDIR/gpu_check.log"
 exit "$status"

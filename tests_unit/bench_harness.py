@@ -274,7 +274,9 @@ def launch_counts(layers: int, *, diet: bool) -> dict:
         return sum(
             1
             for e in prof.events()
-            if e.name == "aten::fill_" and e.cpu_parent is not None and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
+            if e.name == "aten::fill_"
+            and e.cpu_parent is not None
+            and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
         )
 
     config = Qwen2Config(
@@ -318,7 +320,10 @@ def launch_counts(layers: int, *, diet: bool) -> dict:
         optimizer.step()
 
     update()  # the optimizer's state exists before counting
-    deterministic, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    deterministic, fill = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
     out: dict = {}
     try:
         for name, counter, det in (("ops", ops, False), ("fills", fills, True)):

@@ -102,7 +102,9 @@ def _fills(fn) -> int:
     return sum(
         1
         for e in prof.events()
-        if e.name == "aten::fill_" and e.cpu_parent is not None and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
+        if e.name == "aten::fill_"
+        and e.cpu_parent is not None
+        and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
     )
 
 

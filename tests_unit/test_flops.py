@@ -72,7 +72,7 @@ def test_generation_flops_with_and_without_cache():
 def test_qwen_memory_estimate_arithmetic():
     est = flops.memory_estimate(load_profile("qwen2.5-0.5b"))
     n, lora, H = 494_032_768, 4_399_104, 896
-    assert est["backbones"] == n * 2 * 4 == 3_952_262_144
+    assert est["backbones"] == n * 2 * 5 == 4_940_327_680  # four roles and the base they are copied from
     assert est["adapters_and_heads"] == lora * 4 * 4 + 2 * (H + 1) * 4
     assert est["optimizer_and_grads"] == (2 * lora + H + 1) * 12
     per_tok_layer = 2 * (7 * 896 + 2 * 128 + 4 * 4864) + 4 * (6 * 896 + 4864)
@@ -82,7 +82,7 @@ def test_qwen_memory_estimate_arithmetic():
     assert est["total"] == (
         est["backbones"] + est["adapters_and_heads"] + est["optimizer_and_grads"] + est["activations"]
     )
-    assert 6.0 < est["total_gib"] < 7.5
+    assert 7.0 < est["total_gib"] < 8.5
 
 
 def test_utilisation_ratio():

@@ -40,16 +40,23 @@ def run_in_copy(tmp_path: Path, pyproject: str):
     return proc, out
 
 
-def test_script_is_valid_bash_and_names_the_gpu_command():
+def test_script_is_valid_bash_and_runs_the_smoke_part_first_within_one_deadline():
     for script in (SCRIPT, ROOT / "scripts" / "gpu_wheels.sh"):
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
     text = SCRIPT.read_text()
     run_line = next(line for line in text.splitlines() if "-m pytest" in line and not line.startswith("#"))
-    assert re.search(r"-m pytest -m gpu --random-weights -n 0\b", run_line), run_line
-    assert 'timeout "$LIMIT"' in run_line
+    assert re.search(r'timeout "\$left" "\$PY" -m pytest -m gpu --random-weights -n 0 -s\b', run_line), run_line
     limit = int(re.search(r"GPU_CHECK_TIMEOUT:-(\d+)", text).group(1))
-    assert limit <= 570  # the pytest run plus the build and the copy within 10 minutes
-    assert "cp reports/gpu/junit.xml reports/gpu/results.json" in text  # the tier's own folder
+    assert limit <= 570  # every part within one deadline, the build and the copies within 10 minutes
+    parts = re.findall(r"^run_part (\S+) (\S+)$", text, flags=re.M)
+    assert parts == [
+        ("smoke", "tests_gpu/test_gpu_smoke.py"),
+        ("real", "tests_gpu/test_qwen_pipeline.py"),
+        ("determinism", "tests_gpu/test_gpu_determinism_cost.py"),
+    ]
+    assert all((ROOT / path).is_file() for _, path in parts)  # only tests_gpu/ is collected, part by part
+    assert '--gpu-out "$OUTDIR"' in text  # the numbers land in OUTDIR as each stage finishes
+    assert 'cp "reports/gpu-$1/junit.xml"' in text  # each part's own reports folder
 
 
 def test_without_an_outdir_it_says_how_to_call_it():

@@ -200,13 +200,17 @@ def test_the_static_cache_step_draws_what_the_cached_step_draws(
             kept = gen_module.prefill(actor.model, prompts, max_new_tokens=40, pad_id=embedded_base.pad_id)
             assert kept.graphed
             again = [
-                generate(actor.model, prompts, eos_id=eos_id, start=kept, generator=torch.Generator().manual_seed(seed), **kw)
+                generate(
+                    actor.model, prompts, eos_id=eos_id, start=kept, generator=torch.Generator().manual_seed(seed), **kw
+                )
                 for _ in range(2)
             ]
         assert static.responses == dynamic.responses and static.ended == dynamic.ended
         diff = max(abs(x - y) for a, b in zip(static.logps, dynamic.logps) for x, y in zip(a, b))
         assert diff <= KV_FP32_ATOL
-        assert all((g.responses, g.logps, g.entropies) == (static.responses, static.logps, static.entropies) for g in again)
+        assert all(
+            (g.responses, g.logps, g.entropies) == (static.responses, static.logps, static.entropies) for g in again
+        )
         steps = max(len(r) for r in static.responses) - 1
         assert paid["graph_replays"] == paid["decode_steps"] == steps
         assert torch.equal(static_gen.get_state(), dynamic_gen.get_state())  # the same number of draws
