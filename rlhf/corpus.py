@@ -386,7 +386,7 @@ def _seal(record: dict) -> dict:
 Document = tuple[dict, dict]
 
 
-def _pair_documents(rev: Revision, index: int, split: str) -> list[Document]:
+def pair_documents(rev: Revision, index: int, split: str) -> list[Document]:
     """The five preference pairs of family ``index`` (variants 0-4, the SPEC §2 table)."""
     fam, a = family_id(index), family_action(index)
     out = []
@@ -413,7 +413,7 @@ def _pair_documents(rev: Revision, index: int, split: str) -> list[Document]:
     return out
 
 
-def _demonstration_document(rev: Revision, index: int) -> Document:
+def demonstration_document(rev: Revision, index: int) -> Document:
     """The SFT demonstration of train family ``index``: target ``response(a, 1, i % 2 == 0)``."""
     fam, a, d = family_id(index), family_action(index), demo_design(index)
     doc = {"family": fam, "split": "train", "document_id": f"{fam}-SFT", "population": "warmstart"}
@@ -429,7 +429,7 @@ def _demonstration_document(rev: Revision, index: int) -> Document:
     )
 
 
-def _rollout_documents(rev: Revision, index: int) -> list[Document]:
+def rollout_documents(rev: Revision, index: int) -> list[Document]:
     """The four rollout prompts of train family ``index`` (variants 11-14): prompts only."""
     fam = family_id(index)
     out = []
@@ -440,7 +440,7 @@ def _rollout_documents(rev: Revision, index: int) -> list[Document]:
     return out
 
 
-def _probe_documents(k: int) -> list[Document]:
+def probe_documents(k: int) -> list[Document]:
     """The four candidates of probe context ``k``, one per (correct, polite) cell, in SPEC order."""
     a = k % 6
     out = []
@@ -485,12 +485,12 @@ def build_corpus(revision: str = DEFAULT_REVISION) -> dict:
 
     for i in range(N_FAMILIES):
         split = families[family_id(i)]
-        add("pair", split, _pair_documents(rev, i, split))
+        add("pair", split, pair_documents(rev, i, split))
         if split == "train":
-            add("warmstart", split, [_demonstration_document(rev, i)])
-            add("rollout", split, _rollout_documents(rev, i))
+            add("warmstart", split, [demonstration_document(rev, i)])
+            add("rollout", split, rollout_documents(rev, i))
     for k in range(N_PROBES):
-        add("probe", PROBE_SPLIT, _probe_documents(k))
+        add("probe", PROBE_SPLIT, probe_documents(k))
     return {
         "dataset": rev.dataset,
         "revision": rev.name,
