@@ -59,19 +59,16 @@ def test_label_not_linked_to_its_input_is_refused(built):
 
 
 def test_a_family_in_two_splits_is_refused(built):
-    """The three splits' family sets are pairwise disjoint: one pair of a train family, a
-    well-formed test pair in every field, makes the family both train and test."""
+    """The three splits' family sets are pairwise disjoint: one pair of a train family moved to
+    test, a well-formed test pair in every field, makes the family both train and test."""
     bad = copy.deepcopy(built)
     i = _family_of_split(bad, "train")
-    inp, lab = C.pair_documents(C.get_revision("r001"), i, "test")[0]
-    bad["inputs"]["pair"]["test"].append(None)
-    bad["labels"]["pair"]["test"].append(None)
-    _put(bad, "pair", "test", -1, (inp, lab))
-    train = bad["inputs"]["pair"]["train"]
-    j = next(n for n, r in enumerate(train) if r["document_id"] == inp["document_id"])
-    del bad["inputs"]["pair"]["train"][j], bad["labels"]["pair"]["train"][j]
-    fam = C.family_id(i)
-    with pytest.raises(C.AuditError, match=f"family {fam} has pairs in test but belongs to train"):
+    assert bad["inputs"]["pair"]["train"][0]["document_id"] == f"{C.family_id(i)}-P0"
+    del bad["inputs"]["pair"]["train"][0], bad["labels"]["pair"]["train"][0]
+    inp, lab = _sealed(C.pair_documents(C.get_revision("r001"), i, "test")[0])
+    bad["inputs"]["pair"]["test"].append(inp)
+    bad["labels"]["pair"]["test"].append(lab)
+    with pytest.raises(C.AuditError, match=f"family {C.family_id(i)} has pairs in test but belongs to train"):
         C.audit(bad)
 
 
