@@ -114,7 +114,8 @@ def summed_penalty(mean_sequence_log_ratio: float, kl_coef: float) -> float:
     mean summed log-ratio; the penalty is linear, so it is applied to that mean as one token."""
     from rlhf import ppo_math
 
-    return float(ppo_math.log_ratio_penalty(*_one_token([mean_sequence_log_ratio]), kl_coef)[0, 0])
+    log_ratio, zeros, mask = _one_token([mean_sequence_log_ratio])
+    return float(ppo_math.log_ratio_penalty(log_ratio, zeros, mask, kl_coef)[0, 0])
 
 
 def summed_reward(record: dict, kl_coef: float, truncation_penalty: float) -> float:
