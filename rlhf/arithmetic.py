@@ -82,18 +82,15 @@ def _shape() -> dict[str, Any]:
     return SHAPE
 
 
-def primitive_ops() -> list[tuple[str, str]]:
-    """The ops section: (name, hash) in execution order."""
-    from rlhf.optim import adamw
+Entries = list[tuple[str, str]]  # (name, hash), in execution order
 
-    s = _shape()
+
+def _linear_ops(r: _Inputs, s: dict) -> Entries:
+    """Matmuls (tokens x features), forward and both gradients; a batched and a vector product."""
     hidden, inter, vocab = s["hidden_size"], s["intermediate_size"], s["vocab_size"]
     head = hidden // s["num_attention_heads"]
     kv = head * s["num_key_value_heads"]
-    r = _Inputs()
-    out: list[tuple[str, str]] = []
-
-    # matmuls (tokens x features), forward and both gradients
+    out: Entries = []
     linears = {
         "q_proj": (320, hidden, hidden),
         "kv_proj": (320, hidden, kv),
@@ -113,9 +110,12 @@ def primitive_ops() -> list[tuple[str, str]]:
         out.append((f"linear.{name}.grad_w", tensor_hash(w.grad)))
     out.append(("bmm.attn_scores", tensor_hash(torch.bmm(r.randn(4, 320, head), r.randn(4, head, 320)))))
     out.append(("matmul.vector", tensor_hash(r.randn(hidden) @ r.randn(hidden, hidden))))
+    return out
 
-    # elementwise functions and reductions over logits-sized tensors
-    x = r.randn(8, 320, vocab, scale=4.0)
+
+def _elementwise_ops(r: _Inputs, s: dict) -> Entries:
+    """Elementwise functions and reductions over logits-sized tensors, and small reductions."""
+    x = r.randn(8, 320, s["vocab_size"], scale=4.0)
     # fmt: off
     functions = {
         "exp": torch.exp, "log": lambda t: torch.log(t.abs() + 1e-3), "tanh": torch.tanh,
@@ -128,34 +128,42 @@ def primitive_ops() -> list[tuple[str, str]]:
         "gather_log_softmax": lambda t: torch.log_softmax(t, -1).gather(-1, t.argmax(-1, keepdim=True)),
     }
     # fmt: on
-    for name, fn in functions.items():
-        out.append((f"elementwise.{name}", tensor_hash(fn(x))))
+    out: Entries = [(f"elementwise.{name}", tensor_hash(fn(x))) for name, fn in functions.items()]
     small = r.randn(8, 64)
     out.append(("reduce.small_sum", tensor_hash(small.sum(-1))))
     out.append(("reduce.small_var", tensor_hash(small.pow(2).mean(-1, keepdim=True))))
     out.append(("reduce.var_mean", tensor_hash(torch.var_mean(small, unbiased=False))))
+    return out
 
-    # cross entropy over the vocabulary, forward and backward
+
+def _loss_and_norm_ops(r: _Inputs, s: dict) -> Entries:
+    """Cross entropy over the vocabulary and RMSNorm (forward and backward), the RoPE tables."""
+    hidden, vocab = s["hidden_size"], s["vocab_size"]
+    head = hidden // s["num_attention_heads"]
     logits = r.randn(8 * 64, vocab, scale=3.0).requires_grad_()
     target = torch.randint(0, vocab, (8 * 64,), generator=_gen(r.seed()))
     loss = F.cross_entropy(logits, target, reduction="sum")
     loss.backward()
-    out += [("cross_entropy.fwd", tensor_hash(loss)), ("cross_entropy.grad", tensor_hash(logits.grad))]
+    out: Entries = [("cross_entropy.fwd", tensor_hash(loss)), ("cross_entropy.grad", tensor_hash(logits.grad))]
 
-    # RMSNorm as Qwen2 computes it, forward and backward
+    # RMSNorm as Qwen2 computes it
     x = r.randn(8, 64, hidden).requires_grad_()
     w = torch.ones(hidden, requires_grad=True)
     y = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
     y.backward(r.randn(8, 64, hidden))
     out += [("rmsnorm.fwd", tensor_hash(y)), ("rmsnorm.grad_x", tensor_hash(x.grad))]
 
-    # RoPE tables
     inv_freq = 1.0 / (1000000.0 ** (torch.arange(0, head, 2, dtype=torch.int64).float() / head))
     emb = torch.cat((torch.outer(torch.arange(320).float(), inv_freq),) * 2, -1)
     out += [("rope.cos", tensor_hash(emb.cos())), ("rope.sin", tensor_hash(emb.sin()))]
+    return out
 
-    # scaled dot-product attention: causal (forward and backward) and with a padding mask
+
+def _attention_ops(r: _Inputs, s: dict) -> Entries:
+    """Scaled dot-product attention: causal (forward and backward) and with a padding mask."""
     heads = s["num_attention_heads"]
+    head = s["hidden_size"] // heads
+    out: Entries = []
     for tag, T in (("t64", 64), ("t320", 320)):
         q, k, v = (r.randn(8, heads, T, head).requires_grad_() for _ in range(3))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -167,14 +175,20 @@ def primitive_ops() -> list[tuple[str, str]]:
         mask[:, :, torch.arange(T), torch.arange(T)] = True
         y2 = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), attn_mask=mask)
         out.append((f"sdpa.masked.{tag}.fwd", tensor_hash(y2)))
+    return out
 
-    # the embedding's backward (index_add with repeated ids)
+
+def _update_and_sampling_ops(r: _Inputs, s: dict) -> Entries:
+    """The embedding's backward (index_add with repeated ids), gradient clipping, the lab's
+    optimizer, and sampling."""
+    from rlhf.optim import adamw
+
+    hidden, vocab = s["hidden_size"], s["vocab_size"]
     table = r.randn(vocab, hidden, scale=0.02).requires_grad_()
     ids = torch.randint(0, vocab, (8, 64), generator=_gen(r.seed()))
     F.embedding(ids, table).backward(r.randn(8, 64, hidden))
-    out.append(("embedding.grad", tensor_hash(table.grad)))
+    out: Entries = [("embedding.grad", tensor_hash(table.grad))]
 
-    # gradient clipping and the lab's optimizer
     params = [r.randn(64, 64).requires_grad_(), r.randn(256, 64).requires_grad_()]
     opt = adamw(params, lr=3e-3, weight_decay=0.01)
     for step in range(3):
@@ -184,11 +198,19 @@ def primitive_ops() -> list[tuple[str, str]]:
         opt.step()
         out.append((f"adamw.step{step}", tensor_hash(params)))
 
-    # sampling
     probs = torch.softmax(r.randn(4, vocab, scale=3.0), -1)
     out.append(("multinomial", tensor_hash(torch.multinomial(probs, 1, generator=_gen(r.seed())))))
     out.append(("randperm", tensor_hash(torch.randperm(168, generator=_gen(r.seed())))))
+    return out
 
+
+def primitive_ops() -> Entries:
+    """The ops section: (name, hash) in execution order. One _Inputs draws every input, so the
+    groups run in this order (seed k is the k-th draw)."""
+    s, r = _shape(), _Inputs()
+    out: Entries = []
+    for group in (_linear_ops, _elementwise_ops, _loss_and_norm_ops, _attention_ops, _update_and_sampling_ops):
+        out += group(r, s)
     return out
 
 

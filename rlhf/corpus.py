@@ -28,7 +28,15 @@ Public API
 ``build_corpus(revision="r001") -> dict``   the whole corpus in memory (see "Corpus dict").
 ``audit(corpus) -> dict``                   every SPEC §2 invariant; raises ``AuditError``
                                             naming the offending document; returns the summary
-                                            stored as ``manifest["audit"]``.
+                                            stored as ``manifest["audit"]``. It runs one
+                                            ``check_*`` function per invariant, in this order,
+                                            each assuming the ones before it passed:
+                                            ``check_identity``, ``check_probe_isolation``,
+                                            ``check_records``, ``check_split_families``,
+                                            ``check_preference_pairs`` (with ``check_preference``
+                                            per pair), ``check_demonstrations``,
+                                            ``check_rollout_prompts``, ``check_distinct_prompts``,
+                                            ``check_probe_rows``, ``check_labelled_documents``.
 ``prepare(out_dir, revision="r001") -> dict``  build + audit + write; returns the manifest.
                                             A non-empty ``out_dir`` raises ``CorpusExistsError``
                                             (a ``FileExistsError``) and nothing is changed.
@@ -373,6 +381,90 @@ def _seal(record: dict) -> dict:
 
 # ----------------------------------------------------------------------------- build
 
+# (input, label) of one document, before sealing: build_corpus adds the content hashes and the
+# label's link to its input.
+Document = tuple[dict, dict]
+
+
+def pair_documents(rev: Revision, index: int, split: str) -> list[Document]:
+    """The five preference pairs of family ``index`` (variants 0-4, the SPEC §2 table)."""
+    fam, a = family_id(index), family_action(index)
+    out = []
+    for v in PAIR_VARIANTS:
+        ch, rj = pair_designs(index, v)
+        doc = {"family": fam, "split": split, "document_id": f"{fam}-P{v}", "population": "pair"}
+        inp = {
+            **doc,
+            "prompt": make_prompt(rev, index, v, "pair"),
+            "chosen": rubric.render(*ch),
+            "rejected": rubric.render(*rj),
+        }
+        lab = {
+            **doc,
+            "variant": v,
+            "action": a,
+            "wrong_action": wrong_action(index),
+            "chosen_design": _design(ch),
+            "rejected_design": _design(rj),
+            "chosen_rubric": rubric.evaluate(rubric.render(*ch), "eos", a),
+            "rejected_rubric": rubric.evaluate(rubric.render(*rj), "eos", a),
+        }
+        out.append((inp, lab))
+    return out
+
+
+def demonstration_document(rev: Revision, index: int) -> Document:
+    """The SFT demonstration of train family ``index``: target ``response(a, 1, i % 2 == 0)``."""
+    fam, a, d = family_id(index), family_action(index), demo_design(index)
+    doc = {"family": fam, "split": "train", "document_id": f"{fam}-SFT", "population": "warmstart"}
+    return (
+        {**doc, "prompt": make_prompt(rev, index, DEMO_VARIANT, "warmstart"), "response": rubric.render(*d)},
+        {
+            **doc,
+            "variant": DEMO_VARIANT,
+            "action": a,
+            "target_design": _design(d),
+            "target_rubric": rubric.evaluate(rubric.render(*d), "eos", a),
+        },
+    )
+
+
+def rollout_documents(rev: Revision, index: int) -> list[Document]:
+    """The four rollout prompts of train family ``index`` (variants 11-14): prompts only."""
+    fam = family_id(index)
+    out = []
+    for j, v in enumerate(ROLLOUT_VARIANTS):
+        doc = {"family": fam, "split": "train", "document_id": f"{fam}-RL{j}", "population": "rollout"}
+        label = {**doc, "variant": v, "action": family_action(index)}
+        out.append(({**doc, "prompt": make_prompt(rev, index, v, "rollout")}, label))
+    return out
+
+
+def probe_documents(k: int) -> list[Document]:
+    """The four candidates of probe context ``k``, one per (correct, polite) cell, in SPEC order."""
+    a = k % 6
+    out = []
+    for correct, polite in PROBE_CELLS:
+        d = probe_design(k, correct, polite)
+        doc = {
+            "document_id": probe_document_id(k, correct, polite),
+            "family": probe_family_id(k),
+            "split": PROBE_SPLIT,
+            "population": "probe",
+        }
+        lab = {
+            **doc,
+            "context_index": k,
+            "action": a,
+            "wrong_action": (a + 1) % 6,
+            "correct": correct,
+            "polite": polite,
+            "candidate_design": _design(d),
+            "candidate_rubric": rubric.evaluate(rubric.render(*d), "eos", a),
+        }
+        out.append(({**doc, "prompt": probe_prompt(k), "response": rubric.render(*d)}, lab))
+    return out
+
 
 def build_corpus(revision: str = DEFAULT_REVISION) -> dict:
     """The corpus in memory: {"dataset", "revision", "seed", "families", "probe_families",
@@ -385,87 +477,20 @@ def build_corpus(revision: str = DEFAULT_REVISION) -> dict:
         inputs[pop][split] = []
         labels[pop][split] = []
 
-    def add(pop, split, inp, lab):
-        inp = _seal(inp)
-        lab = _seal({**lab, "input_sha256": inp["content_sha256"]})
-        inputs[pop][split].append(inp)
-        labels[pop][split].append(lab)
+    def add(pop: str, split: str, documents: list[Document]) -> None:
+        for inp, lab in documents:
+            inp = _seal(inp)
+            inputs[pop][split].append(inp)
+            labels[pop][split].append(_seal({**lab, "input_sha256": inp["content_sha256"]}))
 
     for i in range(N_FAMILIES):
-        fam, split, a = family_id(i), families[family_id(i)], family_action(i)
-        base = {"family": fam, "split": split}
-        for v in PAIR_VARIANTS:
-            ch, rj = pair_designs(i, v)
-            doc = {**base, "document_id": f"{fam}-P{v}", "population": "pair"}
-            add(
-                "pair",
-                split,
-                {
-                    **doc,
-                    "prompt": make_prompt(rev, i, v, "pair"),
-                    "chosen": rubric.render(*ch),
-                    "rejected": rubric.render(*rj),
-                },
-                {
-                    **doc,
-                    "variant": v,
-                    "action": a,
-                    "wrong_action": wrong_action(i),
-                    "chosen_design": _design(ch),
-                    "rejected_design": _design(rj),
-                    "chosen_rubric": rubric.evaluate(rubric.render(*ch), "eos", a),
-                    "rejected_rubric": rubric.evaluate(rubric.render(*rj), "eos", a),
-                },
-            )
-        if split != "train":
-            continue
-        d = demo_design(i)
-        doc = {**base, "document_id": f"{fam}-SFT", "population": "warmstart"}
-        add(
-            "warmstart",
-            split,
-            {**doc, "prompt": make_prompt(rev, i, DEMO_VARIANT, "warmstart"), "response": rubric.render(*d)},
-            {
-                **doc,
-                "variant": DEMO_VARIANT,
-                "action": a,
-                "target_design": _design(d),
-                "target_rubric": rubric.evaluate(rubric.render(*d), "eos", a),
-            },
-        )
-        for j, v in enumerate(ROLLOUT_VARIANTS):
-            doc = {**base, "document_id": f"{fam}-RL{j}", "population": "rollout"}
-            add(
-                "rollout",
-                split,
-                {**doc, "prompt": make_prompt(rev, i, v, "rollout")},
-                {**doc, "variant": v, "action": a},
-            )
+        split = families[family_id(i)]
+        add("pair", split, pair_documents(rev, i, split))
+        if split == "train":
+            add("warmstart", split, [demonstration_document(rev, i)])
+            add("rollout", split, rollout_documents(rev, i))
     for k in range(N_PROBES):
-        a = k % 6
-        for correct, polite in PROBE_CELLS:
-            d = probe_design(k, correct, polite)
-            doc = {
-                "document_id": probe_document_id(k, correct, polite),
-                "family": probe_family_id(k),
-                "split": PROBE_SPLIT,
-                "population": "probe",
-            }
-            add(
-                "probe",
-                PROBE_SPLIT,
-                {**doc, "prompt": probe_prompt(k), "response": rubric.render(*d)},
-                {
-                    **doc,
-                    "context_index": k,
-                    "action": a,
-                    "wrong_action": (a + 1) % 6,
-                    "correct": correct,
-                    "polite": polite,
-                    "candidate_design": _design(d),
-                    "candidate_rubric": rubric.evaluate(rubric.render(*d), "eos", a),
-                },
-            )
+        add("probe", PROBE_SPLIT, probe_documents(k))
     return {
         "dataset": rev.dataset,
         "revision": rev.name,
@@ -494,8 +519,23 @@ def _records(corpus: dict, part: str, pop: str, split: str) -> list:
     return recs
 
 
-def audit(corpus: dict) -> dict:
-    """Check every SPEC §2 invariant; raise AuditError naming the document; return the summary."""
+def _labels_by_id(corpus: dict) -> dict[str, dict]:
+    """Every label record by its document id (unique once check_records passed)."""
+    return {r["document_id"]: r for pop, split in LOCATIONS for r in _records(corpus, "labels", pop, split)}
+
+
+def _pair_families(corpus: dict, split: str) -> set[str]:
+    return {r["family"] for r in _records(corpus, "inputs", "pair", split)}
+
+
+def _pair_counts(corpus: dict) -> dict[str, int]:
+    return {s: len(_records(corpus, "inputs", "pair", s)) for s in SPLITS}
+
+
+def check_identity(corpus: dict) -> Revision:
+    """Rule: the corpus names an implemented revision, with that revision's dataset and seed,
+    holds inputs and labels at exactly the six LOCATIONS, and lists probe families PROBE00..PROBE19.
+    Returns the revision."""
     rev = get_revision(corpus.get("revision"))
     if corpus.get("dataset") != rev.dataset or corpus.get("seed") != rev.seed:
         _fail(
@@ -509,8 +549,13 @@ def audit(corpus: dict) -> dict:
     probe_fams = [probe_family_id(k) for k in range(N_PROBES)]
     if corpus.get("probe_families") != probe_fams:
         _fail(f"probe_families must be {probe_fams[0]}..{probe_fams[-1]}")
+    return rev
 
-    # 1. SPEC §9.1: nothing from the probe population may sit in a learning or test location.
+
+def check_probe_isolation(corpus: dict) -> None:
+    """Rule (SPEC §2, §9.1): probe families are disjoint from all others: no input or label
+    outside the probe location carries a probe's document id, family or population."""
+    probe_fams = [probe_family_id(k) for k in range(N_PROBES)]
     probe_ids = {probe_document_id(k, c, p) for k in range(N_PROBES) for c, p in PROBE_CELLS}
     for part in ("inputs", "labels"):
         for pop, split in LOCATIONS:
@@ -530,9 +575,13 @@ def audit(corpus: dict) -> dict:
                         f"revision instead"
                     )
 
-    # 2. record shape, location fields, content hashes, label/input linkage.
+
+def check_records(corpus: dict) -> None:
+    """Rule: every record has its population's fields and sits at its (population, split);
+    every stored content_sha256 equals content_sha256(record); document ids are unique; inputs
+    and labels are stored apart, one label per input, in the same order, linked by
+    label.input_sha256 == input.content_sha256."""
     seen: dict[str, str] = {}
-    by_id: dict[str, tuple[dict, dict]] = {}
     for pop, split in LOCATIONS:
         ins, labs = _records(corpus, "inputs", pop, split), _records(corpus, "labels", pop, split)
         for part, recs, keys in (("inputs", ins, INPUT_KEYS[pop]), ("labels", labs, LABEL_KEYS[pop])):
@@ -556,16 +605,16 @@ def audit(corpus: dict) -> dict:
         for i_rec, l_rec in zip(ins, labs):
             if l_rec["input_sha256"] != i_rec["content_sha256"] or l_rec["family"] != i_rec["family"]:
                 _fail(f"label of document {i_rec['document_id']!r} is not linked to its input")
-            by_id[i_rec["document_id"]] = (i_rec, l_rec)
 
-    # 3. families and splits.
+
+def check_split_families(corpus: dict, rev: Revision) -> None:
+    """Rule: the family -> split map is assign_splits(rev.seed); each family's pairs sit in its
+    own split, so the family sets of the three splits are pairwise disjoint; 168/36/36 families;
+    no probe family among them."""
     expected_families = assign_splits(rev.seed)
     if corpus.get("families") != expected_families:
         _fail(f"family -> split map differs from the SPEC assignment with seed {rev.seed}")
-    fams_by_split: dict[str, set] = {s: set() for s in SPLITS}
-    for split in SPLITS:
-        for r in _records(corpus, "inputs", "pair", split):
-            fams_by_split[split].add(r["family"])
+    fams_by_split = {s: _pair_families(corpus, s) for s in SPLITS}
     for split in SPLITS:
         for fam in fams_by_split[split]:
             if expected_families.get(fam) != split:
@@ -577,15 +626,31 @@ def audit(corpus: dict) -> dict:
     n_fams = {s: len(fams_by_split[s]) for s in SPLITS}
     if n_fams != EXPECTED["families_by_split"]:
         _fail(f"families by split {n_fams} != {EXPECTED['families_by_split']}")
-    if set(probe_fams) & set().union(*fams_by_split.values()):
+    if {probe_family_id(k) for k in range(N_PROBES)} & set().union(*fams_by_split.values()):
         _fail("probe families overlap pair families")
 
-    # 4. pairs.
-    prompts: list[str] = []
-    pairs_by_split = {s: len(_records(corpus, "inputs", "pair", s)) for s in SPLITS}
+
+def check_preference(where: str, pair: dict, label: dict) -> None:
+    """Rule: the pair's chosen response is a rubric success and its rejected one is not, and the
+    label stores exactly those rubric results."""
+    chosen = rubric.evaluate(pair["chosen"], "eos", label["action"])
+    rejected = rubric.evaluate(pair["rejected"], "eos", label["action"])
+    if not chosen["rubric_success"]:
+        _fail(f"{where}: chosen response is not a rubric success ({chosen['reason']})")
+    if rejected["rubric_success"]:
+        _fail(f"{where}: rejected response is a rubric success")
+    if label["chosen_rubric"] != chosen or label["rejected_rubric"] != rejected:
+        _fail(f"{where}: stored rubric results differ from the rubric")
+
+
+def check_preference_pairs(corpus: dict, rev: Revision) -> None:
+    """Rule: each pair follows the SPEC §2 table (id, variant, gold designs, prompt formula,
+    chosen/rejected texts), passes check_preference, each family has variants 0-4 once, and the
+    splits hold 840/180/180 pairs."""
+    labels = _labels_by_id(corpus)
     for split in SPLITS:
         for r in _records(corpus, "inputs", "pair", split):
-            lab = by_id[r["document_id"]][1]
+            lab = labels[r["document_id"]]
             i = family_index(r["family"])
             v = lab["variant"]
             where = f"pair {r['document_id']!r}"
@@ -603,28 +668,24 @@ def audit(corpus: dict) -> dict:
                 _fail(f"{where}: prompt differs from the SPEC formula")
             if r["chosen"] != rubric.render(*ch) or r["rejected"] != rubric.render(*rj):
                 _fail(f"{where}: chosen/rejected text differs from its design")
-            chosen = rubric.evaluate(r["chosen"], "eos", lab["action"])
-            rejected = rubric.evaluate(r["rejected"], "eos", lab["action"])
-            if not chosen["rubric_success"]:
-                _fail(f"{where}: chosen response is not a rubric success ({chosen['reason']})")
-            if rejected["rubric_success"]:
-                _fail(f"{where}: rejected response is a rubric success")
-            if lab["chosen_rubric"] != chosen or lab["rejected_rubric"] != rejected:
-                _fail(f"{where}: stored rubric results differ from the rubric")
-            prompts.append(r["prompt"])
+            check_preference(where, r, lab)
         per_family: dict[str, list[int]] = {}
         for r in _records(corpus, "labels", "pair", split):
             per_family.setdefault(r["family"], []).append(r["variant"])
         for fam, vs in per_family.items():
             if sorted(vs) != list(PAIR_VARIANTS):
                 _fail(f"family {fam} has pair variants {sorted(vs)}, expected {list(PAIR_VARIANTS)}")
-    if pairs_by_split != EXPECTED["pairs_by_split"]:
-        _fail(f"pairs by split {pairs_by_split} != {EXPECTED['pairs_by_split']}")
+    if _pair_counts(corpus) != EXPECTED["pairs_by_split"]:
+        _fail(f"pairs by split {_pair_counts(corpus)} != {EXPECTED['pairs_by_split']}")
 
-    # 5. demonstrations and rollouts: exactly the train families.
+
+def check_demonstrations(corpus: dict, rev: Revision) -> None:
+    """Rule: the demonstrations are exactly one per train family (168), each ``{family}-SFT``,
+    variant 7, the SPEC prompt, target response(a, 1, i % 2 == 0) stored as a rubric success."""
+    labels = _labels_by_id(corpus)
     demos = _records(corpus, "inputs", "warmstart", "train")
     for r in demos:
-        lab = by_id[r["document_id"]][1]
+        lab = labels[r["document_id"]]
         i = family_index(r["family"])
         where = f"demonstration {r['document_id']!r}"
         if r["document_id"] != f"{r['family']}-SFT" or lab["variant"] != DEMO_VARIANT:
@@ -640,18 +701,23 @@ def audit(corpus: dict) -> dict:
         res = rubric.evaluate(r["response"], "eos", lab["action"])
         if not res["rubric_success"] or lab["target_rubric"] != res:
             _fail(f"{where}: target is not a stored rubric success")
-        prompts.append(r["prompt"])
     demo_fams = [r["family"] for r in demos]
     if (
         len(demos) != EXPECTED["warmstart_demonstrations"]
-        or set(demo_fams) != fams_by_split["train"]
+        or set(demo_fams) != _pair_families(corpus, "train")
         or len(set(demo_fams)) != len(demo_fams)
     ):
         _fail(f"demonstrations ({len(demos)}) are not exactly one per train family")
+
+
+def check_rollout_prompts(corpus: dict, rev: Revision) -> None:
+    """Rule: the rollout prompts are exactly variants 11-14 of each train family (672), each
+    ``{family}-RL{0..3}`` with the SPEC prompt and the family's action in its label."""
+    labels = _labels_by_id(corpus)
     rolls = _records(corpus, "inputs", "rollout", "train")
     roll_fams: dict[str, list[int]] = {}
     for r in rolls:
-        lab = by_id[r["document_id"]][1]
+        lab = labels[r["document_id"]]
         i = family_index(r["family"])
         where = f"rollout prompt {r['document_id']!r}"
         v = lab["variant"]
@@ -662,26 +728,40 @@ def audit(corpus: dict) -> dict:
         if r["prompt"] != make_prompt(rev, i, v, "rollout"):
             _fail(f"{where}: prompt differs from the SPEC formula")
         roll_fams.setdefault(r["family"], []).append(v)
-        prompts.append(r["prompt"])
     if (
         len(rolls) != EXPECTED["rollout_prompts"]
-        or set(roll_fams) != fams_by_split["train"]
+        or set(roll_fams) != _pair_families(corpus, "train")
         or any(sorted(vs) != list(ROLLOUT_VARIANTS) for vs in roll_fams.values())
     ):
         _fail(f"rollout prompts ({len(rolls)}) are not exactly variants 11-14 of each train family")
+
+
+def _learning_prompts(corpus: dict) -> list[str]:
+    """The pair, demonstration and rollout prompts, in file order."""
+    return [r["prompt"] for pop, split in LOCATIONS if pop != "probe" for r in _records(corpus, "inputs", pop, split)]
+
+
+def check_distinct_prompts(corpus: dict) -> None:
+    """Rule: the pair, demonstration and rollout prompts are 2040 distinct strings."""
+    prompts = _learning_prompts(corpus)
     if len(set(prompts)) != EXPECTED["distinct_pair_demo_rollout_prompts"] or len(prompts) != len(set(prompts)):
         _fail(
             f"{len(set(prompts))} distinct pair/demo/rollout prompts among {len(prompts)}, "
             f"expected {EXPECTED['distinct_pair_demo_rollout_prompts']} distinct"
         )
 
-    # 6. probes.
+
+def check_probe_rows(corpus: dict) -> None:
+    """Rule: the 80 probe rows are PROBE00-C0-P0 .. PROBE19-C1-P1 in order, each with the SPEC
+    prompt and candidate, and the rubric's (relevant, polite, success) of each candidate equals
+    its (correct, polite, correct) design, stored as such."""
+    labels = _labels_by_id(corpus)
     probes = _records(corpus, "inputs", "probe", PROBE_SPLIT)
     expected_ids = [probe_document_id(k, c, p) for k in range(N_PROBES) for c, p in PROBE_CELLS]
     if [r["document_id"] for r in probes] != expected_ids:
         _fail(f"probe rows {len(probes)} are not {expected_ids[0]}..{expected_ids[-1]} in order")
     for r in probes:
-        lab = by_id[r["document_id"]][1]
+        lab = labels[r["document_id"]]
         k = int(r["family"][5:])
         c, p = lab["correct"], lab["polite"]
         where = f"probe row {r['document_id']!r}"
@@ -706,25 +786,55 @@ def audit(corpus: dict) -> dict:
                 f"{where}: rubric result {res['relevant'], res['polite']} differs from its "
                 f"(correct, polite) design {(c, p)}"
             )
-    labelled = sum(pairs_by_split.values()) + len(probes)
+
+
+def _labelled_documents(corpus: dict) -> int:
+    return sum(_pair_counts(corpus).values()) + len(_records(corpus, "inputs", "probe", PROBE_SPLIT))
+
+
+def check_labelled_documents(corpus: dict) -> None:
+    """Rule: 1280 labelled documents, the 1200 pairs and the 80 probe rows."""
+    labelled = _labelled_documents(corpus)
     if labelled != EXPECTED["labelled_documents"]:
         _fail(f"{labelled} labelled documents, expected {EXPECTED['labelled_documents']}")
+
+
+def audit_summary(corpus: dict, rev: Revision) -> dict:
+    """The counts an audited corpus records as manifest["audit"]."""
+    pairs_by_split = _pair_counts(corpus)
+    probes = _records(corpus, "inputs", "probe", PROBE_SPLIT)
     return {
         "dataset": rev.dataset,
         "revision": rev.name,
         "seed": rev.seed,
         "pairs": sum(pairs_by_split.values()),
         "pairs_by_split": pairs_by_split,
-        "families_by_split": n_fams,
-        "warmstart_demonstrations": len(demos),
-        "rollout_prompts": len(rolls),
-        "distinct_pair_demo_rollout_prompts": len(set(prompts)),
+        "families_by_split": {s: len(_pair_families(corpus, s)) for s in SPLITS},
+        "warmstart_demonstrations": len(_records(corpus, "inputs", "warmstart", "train")),
+        "rollout_prompts": len(_records(corpus, "inputs", "rollout", "train")),
+        "distinct_pair_demo_rollout_prompts": len(set(_learning_prompts(corpus))),
         "probe_rows": len(probes),
         "unique_probe_contexts": len({r["prompt"] for r in probes}),
-        "labelled_documents": labelled,
+        "labelled_documents": _labelled_documents(corpus),
         "human_feedback": False,
         **({"prompt_seeds": dict(rev.prompt_seeds)} if rev.prompt_seeds else {}),
     }
+
+
+def audit(corpus: dict) -> dict:
+    """Check every SPEC §2 invariant, one function each, in this order (each assumes the ones
+    before it passed); raise AuditError naming the document; return the summary."""
+    rev = check_identity(corpus)
+    check_probe_isolation(corpus)
+    check_records(corpus)
+    check_split_families(corpus, rev)
+    check_preference_pairs(corpus, rev)
+    check_demonstrations(corpus, rev)
+    check_rollout_prompts(corpus, rev)
+    check_distinct_prompts(corpus)
+    check_probe_rows(corpus)
+    check_labelled_documents(corpus)
+    return audit_summary(corpus, rev)
 
 
 # ----------------------------------------------------------------------------- files

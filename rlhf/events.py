@@ -100,26 +100,65 @@ def epoch_scalars(record: dict) -> dict[str, float]:
     return out
 
 
+def _one_token(values: list[float]):
+    """A batch of one-token answers, float64: (logp [B, 1], zeros [B, 1], mask [B, 1])."""
+    import torch
+
+    logp = torch.tensor(values, dtype=torch.float64).unsqueeze(-1)  # [B, 1]
+    return logp, torch.zeros_like(logp), torch.ones_like(logp, dtype=torch.bool)
+
+
+def summed_penalty(mean_sequence_log_ratio: float, kl_coef: float) -> float:
+    """objective/non_score_reward: ``mean_b sum_t -kl_coef * (logp_old - logp_ref)[b, t]``, by
+    rlhf.ppo_math.log_ratio_penalty, the reward's own penalty. The history keeps the answers'
+    mean summed log-ratio; the penalty is linear, so it is applied to that mean as one token."""
+    from rlhf import ppo_math
+
+    log_ratio, zeros, mask = _one_token([mean_sequence_log_ratio])
+    return float(ppo_math.log_ratio_penalty(log_ratio, zeros, mask, kl_coef)[0, 0])
+
+
+def summed_reward(record: dict, kl_coef: float, truncation_penalty: float) -> float:
+    """objective/rlhf_reward: ``mean_b sum_t r[b, t]``, r = rlhf.ppo_math.token_rewards, the
+    rewards PPO learned from: the paid score (the design's) and the truncation penalty once,
+    the penalty on every token. The history keeps each answer's paid score, the number of
+    truncated answers and the answers' mean summed log-ratio; the mean of sum_t r is linear in
+    the log-ratios and does not depend on which answers were cut, so each answer is one token
+    carrying the mean summed log-ratio, the first `truncations` answers cut."""
+    import torch
+
+    from rlhf import ppo_math
+
+    paid = torch.tensor(record.get("paid_scores", record["scores"]), dtype=torch.float64)  # [B]
+    log_ratio, zeros, mask = _one_token([record["mean_sequence_log_ratio"]] * len(paid))
+    truncated = torch.arange(len(paid)) < record["truncations"]  # [B]
+    rewards = ppo_math.token_rewards(
+        log_ratio, zeros, paid, mask, truncated, kl_coef=kl_coef, truncation_penalty=truncation_penalty
+    )  # [B, 1]
+    return float(rewards.sum(-1).mean())
+
+
 def iteration_scalars(record: dict, kl_coef: float, truncation_penalty: float) -> dict[str, float]:
     """One PPO iteration (history["iterations"][i]) -> its scalars at step record["iteration"].
 
     objective/sampled_log_ratio is an answer's summed sampled-token log-ratio
     (sum_t log pi(a_t|s_t) - log pi_ref(a_t|s_t)), averaged over the answers: TRL's objective/kl,
     named for what it is (SPEC section 6: it is not the full-vocabulary KL);
-    objective/non_score_reward = -kl_coef * that; objective/rlhf_reward = an answer's whole reward,
-    sum_t r_t: the score PPO was paid (the design's, paid_scores), the truncation penalty of an
-    answer cut without EOS, and objective/non_score_reward, averaged over the answers."""
+    objective/non_score_reward = -kl_coef * that (summed_penalty); objective/rlhf_reward = an
+    answer's whole reward, sum_t r_t: the score PPO was paid (the design's, paid_scores), the
+    truncation penalty of an answer cut without EOS, and the penalty, averaged over the answers
+    (summed_reward). Both are computed by the rlhf.ppo_math functions the rewards come from; the
+    per-token means and the update statistics are the history's, which rlhf.ppo_math computed."""
     n = len(record["scores"])
     paid = record.get("paid_scores", record["scores"])
-    non_score = -kl_coef * record["mean_sequence_log_ratio"]
     return {
         "objective/scores": record["mean_score"],
         "objective/paid_scores": _mean(paid),
         "objective/sampled_log_ratio": record["mean_sequence_log_ratio"],
         "objective/sampled_log_ratio_per_token": record["mean_sampled_log_ratio"],
         "objective/log_ratio_penalty_per_token": record["mean_kl_penalty"],
-        "objective/non_score_reward": non_score,
-        "objective/rlhf_reward": _mean(paid) + truncation_penalty * record["truncations"] / n + non_score,
+        "objective/non_score_reward": summed_penalty(record["mean_sequence_log_ratio"], kl_coef),
+        "objective/rlhf_reward": summed_reward(record, kl_coef, truncation_penalty),
         "objective/scores_std": statistics.pstdev(record["scores"]),
         "policy/entropy_avg": record["entropy"],
         "policy/approxkl_avg": _mean(record["update_shift"]),

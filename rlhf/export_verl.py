@@ -297,32 +297,40 @@ def lcm(a: int, b: int) -> int:
     return a * b // math.gcd(a, b)
 
 
-def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
-    """Every SPEC §5-§6 hyperparameter: lab value, verl override(s), status, consequence.
+# The verl config groups the overrides set.
+ACTOR, CRITIC, ROLLOUT, ALGO = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout", "algorithm"
+# (status, consequence) of what the lab trains and the hand-off does not.
+NOT_TRAINED = (
+    "not expressible",
+    "the PPO hand-off starts from the trained SFT actor and judge; "
+    "training them at scale goes through TRL or OpenRLHF on the exported pairs and "
+    "demonstrations (docs/scaling-out.md)",
+)
+Row = tuple  # (name, lab value, verl overrides, status, consequence): one hyperparameter
 
-    status: "exact", "approximate" or "not expressible". The one place the profile's numbers
-    are read for the hand-off (launch/overrides.txt and launch/mapping.json come from here)."""
-    sft, judge, ppo, optim, limits = profile.sft, profile.judge, profile.ppo, profile.optim, profile.limits
+
+def _sft_and_judge_rows(profile: Profile) -> list[Row]:
+    """SFT and the judge: trained by the lab, not by the hand-off."""
+    sft, judge = profile.sft, profile.judge
+    return [
+        ("sft.epochs", sft.epochs, [], *NOT_TRAINED),
+        ("sft.examples_per_update", sft.examples_per_update, [], *NOT_TRAINED),
+        ("sft.lr", sft.lr, [], *NOT_TRAINED),
+        ("sft.loss", "token sum / active tokens of the update", [], *NOT_TRAINED),
+        ("judge.epochs", judge.epochs, [], *NOT_TRAINED),
+        ("judge.pairs_per_update", judge.pairs_per_update, [], *NOT_TRAINED),
+        ("judge.lr", judge.lr, [], *NOT_TRAINED),
+        ("judge.loss", "-mean(logsigmoid(r_chosen - r_rejected))", [], *NOT_TRAINED),
+    ]
+
+
+def _rollout_rows(profile: Profile, n_gpus: int) -> list[Row]:
+    """Token limits, sampling, the batch and the number of updates and iterations."""
+    ppo, limits = profile.ppo, profile.limits
     batch = ppo.prompts_per_iteration
     verl_batch = lcm(batch, n_gpus)  # verl needs the batch divisible by the GPU count
-    A, C, R, ALG = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout", "algorithm"
-    not_trained = (
-        "not expressible",
-        "the PPO hand-off starts from the trained SFT actor and judge; "
-        "training them at scale goes through TRL or OpenRLHF on the exported pairs and "
-        "demonstrations (docs/scaling-out.md)",
-    )
-    # One row per hyperparameter: (name, lab value, verl overrides, status, consequence).
     # fmt: off
-    rows = [
-        ("sft.epochs", sft.epochs, [], *not_trained),
-        ("sft.examples_per_update", sft.examples_per_update, [], *not_trained),
-        ("sft.lr", sft.lr, [], *not_trained),
-        ("sft.loss", "token sum / active tokens of the update", [], *not_trained),
-        ("judge.epochs", judge.epochs, [], *not_trained),
-        ("judge.pairs_per_update", judge.pairs_per_update, [], *not_trained),
-        ("judge.lr", judge.lr, [], *not_trained),
-        ("judge.loss", "-mean(logsigmoid(r_chosen - r_rejected))", [], *not_trained),
+    return [
         ("limits.prompt_tokens", limits.prompt_tokens,
          [f"data.max_prompt_length={limits.prompt_tokens}", "data.filter_overlong_prompts=True",
           "data.truncation=error"], "exact", "no exported prompt is over the limit (checked: none filtered)"),
@@ -330,25 +338,35 @@ def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
          "exact", "a response is cut at the same length"),
         ("limits.context_tokens", limits.context_tokens, [], "exact",
          "implied: prompt + response limits sum to the context limit"),
-        ("ppo.temperature", ppo.temperature, [f"{R}.temperature={ppo.temperature}", f"{R}.top_k=-1", f"{R}.top_p=1.0"],
-         "approximate", "no top-k/top-p; the lab draws only the tokenizer's ids, verl's rollout every vocabulary row "
+        ("ppo.temperature", ppo.temperature,
+         [f"{ROLLOUT}.temperature={ppo.temperature}", f"{ROLLOUT}.top_k=-1", f"{ROLLOUT}.top_p=1.0"], "approximate",
+         "no top-k/top-p; the lab draws only the tokenizer's ids, verl's rollout every vocabulary row "
          "(the rows past the tokenizer's last id are padding, unlikely but not impossible to draw)"),
         ("ppo.prompts_per_iteration", batch,
-         [f"data.train_batch_size={verl_batch}", f"{R}.n=1", f"{A}.ppo_mini_batch_size={verl_batch}",
-          f"{C}.ppo_mini_batch_size={verl_batch}"],
+         [f"data.train_batch_size={verl_batch}", f"{ROLLOUT}.n=1", f"{ACTOR}.ppo_mini_batch_size={verl_batch}",
+          f"{CRITIC}.ppo_mini_batch_size={verl_batch}"],
          "exact" if verl_batch == batch else "approximate",
          "one rollout per prompt, one mini-batch per update" + (
              "" if verl_batch == batch
              else f"; {verl_batch} prompts per iteration, because verl needs the batch divisible by the "
                   f"{n_gpus} GPUs")),
         ("ppo.updates_per_iteration", ppo.updates_per_iteration,
-         [f"{A}.ppo_epochs={ppo.updates_per_iteration}", f"{C}.ppo_epochs={ppo.updates_per_iteration}",
-          f"{A}.shuffle=False"], "exact", "old log-probs and values fixed across both updates"),
+         [f"{ACTOR}.ppo_epochs={ppo.updates_per_iteration}", f"{CRITIC}.ppo_epochs={ppo.updates_per_iteration}",
+          f"{ACTOR}.shuffle=False"], "exact", "old log-probs and values fixed across both updates"),
         ("ppo.iterations", ppo.iterations, [f"trainer.total_training_steps={ppo.iterations}"], "exact",
          "one verl training step is one lab iteration"),
+    ]
+    # fmt: on
+
+
+def _reward_and_loss_rows(profile: Profile) -> list[Row]:
+    """The reward (penalty, truncation, judge score), GAE and the two losses."""
+    ppo = profile.ppo
+    # fmt: off
+    return [
         ("ppo.kl_coef", ppo.kl_coef,
-         [f"{ALG}.use_kl_in_reward=True", f"{ALG}.kl_penalty=kl", f"{ALG}.kl_ctrl.type=fixed",
-          f"{ALG}.kl_ctrl.kl_coef={ppo.kl_coef}", f"{A}.use_kl_loss=False"], "exact",
+         [f"{ALGO}.use_kl_in_reward=True", f"{ALGO}.kl_penalty=kl", f"{ALGO}.kl_ctrl.type=fixed",
+          f"{ALGO}.kl_ctrl.kl_coef={ppo.kl_coef}", f"{ACTOR}.use_kl_loss=False"], "exact",
          "the sampled-token log-ratio penalty in every token's reward (checked against rlhf.ppo_math)"),
         ("logp_old", "the sampling actor's log-prob", [], "approximate",
          "verl's old log-probs are the training engine's teacher-forced recomputation, not the sampler's; "
@@ -357,40 +375,58 @@ def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
          "paid with the judge score, once, at the last response token (checked)"),
         ("judge score", "once at the last active token", ["reward manager (reward/lab_reward.py)"], "exact",
          "judge scores equal the lab's on fixed answers, truncated ones included (checked)"),
-        ("ppo.gamma", ppo.gamma, [f"{ALG}.gamma={ppo.gamma}", f"{ALG}.adv_estimator=gae"], "exact",
+        ("ppo.gamma", ppo.gamma, [f"{ALGO}.gamma={ppo.gamma}", f"{ALGO}.adv_estimator=gae"], "exact",
          "GAE returns equal the lab's (checked)"),
-        ("ppo.lam", ppo.lam, [f"{ALG}.lam={ppo.lam}"], "exact", "GAE returns equal the lab's (checked)"),
+        ("ppo.lam", ppo.lam, [f"{ALGO}.lam={ppo.lam}"], "exact", "GAE returns equal the lab's (checked)"),
         ("advantage whitening", "none", [], "not expressible",
          "verl 0.9.1 always whitens GAE advantages over the batch: the actor's step sizes and the sign of "
          "small advantages differ from the lab's (returns and the critic's targets are unchanged; checked)"),
         ("ppo.clip", ppo.clip,
-         [f"{A}.clip_ratio={ppo.clip}", f"{A}.clip_ratio_low={ppo.clip}", f"{A}.clip_ratio_high={ppo.clip}",
-          f"{A}.clip_ratio_c=1e9"], "exact", "dual clip pushed out of reach: the lab has none"),
+         [f"{ACTOR}.clip_ratio={ppo.clip}", f"{ACTOR}.clip_ratio_low={ppo.clip}", f"{ACTOR}.clip_ratio_high={ppo.clip}",
+          f"{ACTOR}.clip_ratio_c=1e9"], "exact", "dual clip pushed out of reach: the lab has none"),
         ("loss averaging", "per response over its tokens, then over responses",
-         [f"{A}.loss_agg_mode=seq-mean-token-mean", f"{C}.loss_agg_mode=seq-mean-token-mean"], "exact",
+         [f"{ACTOR}.loss_agg_mode=seq-mean-token-mean", f"{CRITIC}.loss_agg_mode=seq-mean-token-mean"], "exact",
          "long answers get no extra weight"),
-        ("ppo.value_coef", ppo.value_coef, [f"{C}.cliprange_value=1e9"], "exact",
+        ("ppo.value_coef", ppo.value_coef, [f"{CRITIC}.cliprange_value=1e9"], "exact",
          "verl's value loss is 0.5 * squared error; value clipping pushed out of reach"),
-        ("entropy bonus", 0, [f"{A}.entropy_coeff=0"], "exact", "none"),
-        ("ppo.actor_lr", ppo.actor_lr, [f"{A}.optim.lr={ppo.actor_lr}"], "exact", "peak learning rate"),
-        ("ppo.critic_lr", ppo.critic_lr, [f"{C}.optim.lr={ppo.critic_lr}"], "exact", "peak learning rate"),
+        ("entropy bonus", 0, [f"{ACTOR}.entropy_coeff=0"], "exact", "none"),
+    ]
+    # fmt: on
+
+
+def _optimizer_rows(profile: Profile) -> list[Row]:
+    """The two AdamW optimizers and their schedule."""
+    ppo, optim = profile.ppo, profile.optim
+    # fmt: off
+    return [
+        ("ppo.actor_lr", ppo.actor_lr, [f"{ACTOR}.optim.lr={ppo.actor_lr}"], "exact", "peak learning rate"),
+        ("ppo.critic_lr", ppo.critic_lr, [f"{CRITIC}.optim.lr={ppo.critic_lr}"], "exact", "peak learning rate"),
         ("optim.weight_decay", optim.weight_decay,
-         [f"{A}.optim.weight_decay={optim.weight_decay}", f"{C}.optim.weight_decay={optim.weight_decay}"],
+         [f"{ACTOR}.optim.weight_decay={optim.weight_decay}", f"{CRITIC}.optim.weight_decay={optim.weight_decay}"],
          "exact", "AdamW, two optimizers"),
         ("optim.grad_clip_norm", optim.grad_clip_norm,
-         [f"{A}.grad_clip={optim.grad_clip_norm}", f"{C}.grad_clip={optim.grad_clip_norm}"], "exact",
+         [f"{ACTOR}.grad_clip={optim.grad_clip_norm}", f"{CRITIC}.grad_clip={optim.grad_clip_norm}"], "exact",
          "clipped per optimizer"),
         ("optim.warmup_ratio", optim.warmup_ratio,
-         [f"{A}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
-          f"{C}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}"], "approximate",
+         [f"{ACTOR}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}",
+          f"{CRITIC}.optim.lr_warmup_steps_ratio={optim.warmup_ratio}"], "approximate",
          "verl's warm-up starts at 0 (its first iteration learns nothing) where the lab's first update runs at "
          "peak/warm; verl steps its schedule once per iteration, the lab once per update (both updates of an "
          "iteration share one rate)"),
         ("optim.min_lr_ratio (linear decay)", optim.min_lr_ratio,
-         [f"{A}.optim.lr_scheduler_type=cosine", f"{A}.optim.min_lr_ratio={optim.min_lr_ratio}",
-          f"{C}.optim.lr_scheduler_type=cosine", f"{C}.optim.min_lr_ratio={optim.min_lr_ratio}"], "approximate",
+         [f"{ACTOR}.optim.lr_scheduler_type=cosine", f"{ACTOR}.optim.min_lr_ratio={optim.min_lr_ratio}",
+          f"{CRITIC}.optim.lr_scheduler_type=cosine", f"{CRITIC}.optim.min_lr_ratio={optim.min_lr_ratio}"],
+         "approximate",
          "verl 0.9.1 has only constant and cosine: a cosine to 10% of peak, above the lab's linear decay in the "
          "first half and below it in the second"),
+    ]
+    # fmt: on
+
+
+def _model_rows(profile: Profile) -> list[Row]:
+    """LoRA on actor and critic, seeds and the dtype."""
+    # fmt: off
+    return [
         ("lora (actor)", f"r {profile.lora.rank}, alpha {profile.lora.alpha}",
          [f"actor_rollout_ref.model.lora_rank={profile.lora.rank}",
           f"actor_rollout_ref.model.lora_alpha={profile.lora.alpha}",
@@ -401,13 +437,27 @@ def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
          "verl 0.9.1 cannot put LoRA on the critic: a full-parameter critic, far more trainable parameters at "
          "the same learning rate, and far more memory"),
         ("seeds", f"data_order {profile.seeds.data_order}, ppo_sampling {profile.seeds.ppo_sampling}",
-         ["data.shuffle=True", "data.seed=$DATA_SEED", f"{R}.seed=$SAMPLING_SEED"], "not expressible",
+         ["data.shuffle=True", "data.seed=$DATA_SEED", f"{ROLLOUT}.seed=$SAMPLING_SEED"], "not expressible",
          "no bit-identical draws: verl's sampler, its rollout engine and its LoRA initialisation use their own "
          "generators; compare runs by distributions over seeds, not by tokens"),
-        ("dtype", profile.model.dtype, [f"{R}.dtype=bfloat16"], "approximate",
+        ("dtype", profile.model.dtype, [f"{ROLLOUT}.dtype=bfloat16"], "approximate",
          "the engine samples in BF16; the lab's embedded model runs in FP32"),
     ]
     # fmt: on
+
+
+def hyperparameters(profile: Profile, n_gpus: int) -> list[dict]:
+    """Every SPEC §5-§6 hyperparameter: lab value, verl override(s), status, consequence.
+
+    status: "exact", "approximate" or "not expressible". The one place the profile's numbers
+    are read for the hand-off (launch/overrides.txt and launch/mapping.json come from here)."""
+    rows = (
+        _sft_and_judge_rows(profile)
+        + _rollout_rows(profile, n_gpus)
+        + _reward_and_loss_rows(profile)
+        + _optimizer_rows(profile)
+        + _model_rows(profile)
+    )
     keys = ("hyperparameter", "lab", "overrides", "status", "consequence")
     return [dict(zip(keys, r)) for r in rows]
 

@@ -324,7 +324,7 @@ def test_spec_9_1_disguised_probe_row_is_refused(copy_of):
     train = copy_of / "inputs/rollout/train.jsonl"
     train.write_text(train.read_text() + json.dumps(row) + "\n")
     _patch_manifest_hash(copy_of, "inputs/rollout/train.jsonl")
-    with pytest.raises(C.AuditError, match="PROBE00-C1-P0"):
+    with pytest.raises(C.AuditError, match="probe leak: document 'PROBE00-C1-P0'"):
         C.load_corpus(copy_of)
 
 

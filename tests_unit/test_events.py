@@ -206,12 +206,13 @@ def test_scalar_names_follow_the_group_metric_convention_and_the_docs_table():
 
 
 def _synthetic_iteration(i: int) -> dict:
-    """A PPO history record with every field the event log and the signals read (values vary with i)."""
+    """A PPO history record with every field the event log and the signals read (values vary
+    with i): an ensemble-mean design's iteration, whose paid scores are its two members' mean."""
     scores = [0.5 * i + k - 1.5 + (0.3 * i if k == 3 else 0.0) for k in range(4)]
     return {
         "iteration": i,
         "scores": scores,
-        "paid_scores": scores,
+        "paid_scores": [s + 0.05 * i for s in scores],
         "member_scores": [[s + m for s in scores] for m in (0.0, 0.1 * i)],
         "mean_score": sum(scores) / 4,
         "mean_sequence_log_ratio": 0.02 * i * i,
@@ -228,11 +229,54 @@ def _synthetic_iteration(i: int) -> dict:
         "mean_return": 0.2 * i,
         "response_length": 10.0 + 3 * i,
         "truncations": i % 3,
-        "actor_lr": [1e-4, 1e-4],
-        "critic_lr": [1e-3, 1e-3],
+        "actor_lr": [1e-4 / (1 + i), 1e-4 / (2 + i)],
+        "critic_lr": [1e-3 / (1 + i), 1e-3 / (2 + i)],
         "actor_grad_norm": [1.0, 2.0],
         "critic_grad_norm": [3.0, 4.0],
     }
+
+
+@pytest.mark.parametrize("kl_coef, truncation_penalty", [(0.02, -1.0), (0.2115622023987596, -2.5)])
+def test_iteration_scalars_equal_their_formulas_recomputed_by_hand(kl_coef, truncation_penalty):
+    """Every PPO scalar of an iteration against conftest.ppo_expected, which writes each formula
+    out from the history by hand (no rlhf.events, no rlhf.ppo_math), in float64 before
+    TensorBoard rounds to float32: a changed formula, in rlhf.events or in the rlhf.ppo_math
+    function a scalar is computed by, fails here. Every term counts in the records: paid scores
+    that differ from the judge's (the synthetic ensemble) and the judge's own (the default design,
+    no paid_scores), answers cut and not, each update's values different."""
+    from rlhf import events
+
+    records = [_synthetic_iteration(i) for i in range(14)]
+    for i in (14, 15, 16):
+        default = {k: v for k, v in _synthetic_iteration(i - 13).items() if k != "paid_scores"}
+        records.append({**default, "iteration": i})
+    expected = ppo_expected({"iterations": records}, kl_coef, truncation_penalty)
+    assert {r["truncations"] for r in records} == {0, 1, 2}
+    for r in records:
+        got = events.iteration_scalars(r, kl_coef, truncation_penalty)
+        want = {tag: by_step[r["iteration"]] for tag, by_step in expected.items() if not tag.startswith("signals/")}
+        assert sorted(got) == sorted(want)
+        for tag, value in got.items():
+            assert value == pytest.approx(want[tag], rel=1e-12, abs=1e-15), (r["iteration"], tag, value, want[tag])
+
+
+def test_the_reward_scalars_are_computed_by_the_functions_the_rewards_come_from(monkeypatch):
+    """objective/non_score_reward and objective/rlhf_reward come from rlhf.ppo_math's
+    log_ratio_penalty and token_rewards, the rewards PPO learns from: a penalty changed there
+    (doubled) moves both by the penalty, and the per-token scalars stay the history's."""
+    from rlhf import events, ppo_math
+
+    record = _synthetic_iteration(5)
+    before = events.iteration_scalars(record, 0.02, -1.0)
+    assert before["objective/non_score_reward"] == -0.02 * record["mean_sequence_log_ratio"]  # bit for bit
+    penalty = ppo_math.log_ratio_penalty
+    monkeypatch.setattr(ppo_math, "log_ratio_penalty", lambda *args: 2 * penalty(*args))
+    after = events.iteration_scalars(record, 0.02, -1.0)
+    assert after["objective/non_score_reward"] == 2 * before["objective/non_score_reward"]
+    moved = after["objective/rlhf_reward"] - before["objective/rlhf_reward"]
+    assert moved == pytest.approx(before["objective/non_score_reward"], rel=1e-12)
+    assert after["objective/log_ratio_penalty_per_token"] == record["mean_kl_penalty"]
+    assert after["objective/sampled_log_ratio_per_token"] == record["mean_sampled_log_ratio"]
 
 
 def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):
