@@ -765,73 +765,15 @@ def ppo_identity(ctx: Context, initial: dict) -> dict:
 
 
 def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, protocol=True) -> ProtocolResult:
+    """PPO (SPEC §6) over the protocol's legs (run_protocol): each leg builds the four roles from
+    SFT and the judge (ppo_roles), trains them (rlhf.ppo.train_ppo), and checks that no two share
+    storage and that only actor and critic moved; then the final roles and records are written."""
     paid, t_stage = costs.snapshot(), time.perf_counter()
-    view = ctx.corpus.learning_view()
     initial = ppo_fingerprints(ctx)
     identity = ppo_identity(ctx, initial)
     cfg = ctx.profile.ppo
-    judge_learns = cfg.reward_design == "iterated-judge"  # refreshed during PPO (rlhf.refresh)
     bar, tick = _progress("PPO", cfg.iterations)
-    rules, window = signals.frozen_rules()
-
-    def run_fn(leg: Leg):
-        roles = ppo_roles(ctx)
-        assert_role_isolation(roles)
-        before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
-        seed_system_rngs(ctx.profile.seeds.torch)
-
-        def progress(it, total, history, _timings):
-            rec = history["iterations"][-1]
-            tick(it, total, rec["policy_loss"][-1])
-            line = (
-                f"ppo iteration {it}: judge score {rec['mean_score']:+.3f}  sampled log-ratio "
-                f"{rec['mean_sampled_log_ratio']:+.4f}  value loss {rec['value_loss'][-1]:.4f}  "
-                f"clip fraction {rec['clip_fraction'][-1]:.3f}  length {rec['response_length']:.1f}  "
-                f"truncations {rec['truncations']}"
-            )
-            if sys.stderr.isatty():
-                bar.write(line)
-            elif it % 10 == 0 or it == total:
-                _say(line)
-
-        announced: set[str] = set()
-
-        def watch(history: dict) -> bool:
-            """Print each frozen warning rule the first time it fires; True stops PPO when asked to."""
-            fired = signals.firings(history, rules, window)
-            stopping = (
-                [s for s in fired if s in cfg.stop_signals or not cfg.stop_signals] if cfg.stop_on_warning else []
-            )
-            for rule in rules:
-                if rule.signal in fired and rule.signal not in announced:
-                    announced.add(rule.signal)
-                    _say(
-                        f"warning: over-optimisation signal {rule.signal} fired at iteration {fired[rule.signal]} "
-                        f"({rule.describe()})"
-                        + ("; PPO stops here (stop_on_warning)" if rule.signal in stopping else "")
-                    )
-            return bool(stopping)
-
-        out, tm = train_ppo(
-            roles,
-            view,
-            ctx.tokenizer,
-            ctx.eos_id,
-            ctx.pad_id,
-            ctx.profile,
-            replace(_also_progress(leg, progress), watch=watch),
-            use_cache=use_cache,
-        )
-        assert_role_isolation(roles)
-        after = {k: fingerprint(r) for k, r in roles.by_kind().items()}
-        check_fingerprints(
-            before,
-            after,
-            moved=out["iterations_done"] > (leg.state or {}).get("iterations_done", 0),
-            judge_learns=judge_learns,
-        )
-        return out, tm
-
+    run_fn = partial(_ppo_leg, ctx, progress=_ppo_progress(bar, tick), use_cache=use_cache)
     result = run_protocol(
         ctx,
         "ppo",
@@ -845,35 +787,100 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     )
     bar.close()
     if stop_after is None:
-        folder = ctx.run / "ppo"
-        final = ppo_roles(ctx)
-        for kind, key in STATE_KEYS.items():
-            final.by_kind()[kind].load_learned_state(result.state[key])
-        # From the initial roles and the final state, so that a rerun after a crash writes the same.
-        fingerprints = {
-            "before": _short(initial),
-            "after": _short({k: fingerprint(r) for k, r in final.by_kind().items()}),
+        timings = {
+            "fixed_costs": costs.since(paid),
+            "legs": result.legs,
+            "stage_seconds": time.perf_counter() - t_stage,
         }
-        check_fingerprints(fingerprints["before"], fingerprints["after"], judge_learns=judge_learns)
-        for role in (final.actor, final.critic, *((final.judge,) if judge_learns else ())):
-            if not (folder / f"{role.kind}.safetensors.json").is_file():
-                save_role(role, folder / f"{role.kind}.safetensors", identity)
-        write_json(folder / "history.json", result.state["history"], keep_existing=True)
-        write_json(
-            folder / "timings.json",
-            {
-                "seconds": result.seconds,
-                **result.timings,
-                **(result.check or {}),
-                "fixed_costs": costs.since(paid),
-                "legs": result.legs,
-                "stage_seconds": time.perf_counter() - t_stage,
-            },
-            keep_existing=True,
-        )
-        write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)
-        mark_complete(ctx, "ppo", sha256_final=result.sha256_final)
+        _write_ppo(ctx, result, initial, identity, timings)
     return result
+
+
+def _ppo_leg(ctx: Context, leg: Leg, *, progress, use_cache: bool):
+    """One leg of PPO (run_protocol's run_fn): fresh roles, the leg trained, the roles checked."""
+    judge_learns = ctx.profile.ppo.reward_design == "iterated-judge"  # refreshed during PPO (rlhf.refresh)
+    roles = ppo_roles(ctx)
+    assert_role_isolation(roles)
+    before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
+    seed_system_rngs(ctx.profile.seeds.torch)
+    watch = warning_watch(ctx.profile.ppo)
+    out, tm = train_ppo(
+        roles,
+        ctx.corpus.learning_view(),
+        ctx.tokenizer,
+        ctx.eos_id,
+        ctx.pad_id,
+        ctx.profile,
+        replace(_also_progress(leg, progress), watch=watch),
+        use_cache=use_cache,
+    )
+    assert_role_isolation(roles)
+    after = {k: fingerprint(r) for k, r in roles.by_kind().items()}
+    moved = out["iterations_done"] > (leg.state or {}).get("iterations_done", 0)
+    check_fingerprints(before, after, moved=moved, judge_learns=judge_learns)
+    return out, tm
+
+
+def _ppo_progress(bar, tick):
+    """The progress callback of PPO's legs: the bar, and a line every 10th iteration."""
+
+    def progress(it, total, history, _timings):
+        rec = history["iterations"][-1]
+        tick(it, total, rec["policy_loss"][-1])
+        line = (
+            f"ppo iteration {it}: judge score {rec['mean_score']:+.3f}  sampled log-ratio "
+            f"{rec['mean_sampled_log_ratio']:+.4f}  value loss {rec['value_loss'][-1]:.4f}  "
+            f"clip fraction {rec['clip_fraction'][-1]:.3f}  length {rec['response_length']:.1f}  "
+            f"truncations {rec['truncations']}"
+        )
+        if sys.stderr.isatty():
+            bar.write(line)
+        elif it % 10 == 0 or it == total:
+            _say(line)
+
+    return progress
+
+
+def warning_watch(cfg):
+    """watch(history) for a PPO leg: prints each frozen warning rule the first time it fires
+    (rlhf.signals); True stops PPO when `cfg.stop_on_warning` names that signal (or any)."""
+    rules, window = signals.frozen_rules()
+    announced: set[str] = set()
+
+    def watch(history: dict) -> bool:
+        fired = signals.firings(history, rules, window)
+        stopping = [s for s in fired if s in cfg.stop_signals or not cfg.stop_signals] if cfg.stop_on_warning else []
+        for rule in rules:
+            if rule.signal in fired and rule.signal not in announced:
+                announced.add(rule.signal)
+                _say(
+                    f"warning: over-optimisation signal {rule.signal} fired at iteration {fired[rule.signal]} "
+                    f"({rule.describe()})" + ("; PPO stops here (stop_on_warning)" if rule.signal in stopping else "")
+                )
+        return bool(stopping)
+
+    return watch
+
+
+def _write_ppo(ctx: Context, result: ProtocolResult, initial: dict, identity: dict, timings: dict) -> None:
+    """PPO's files: the final actor and critic (and the refreshed judge), history, timings and the
+    fingerprints before and after, each kept as it is on a rerun; then run.json says complete."""
+    judge_learns = ctx.profile.ppo.reward_design == "iterated-judge"
+    folder = ctx.run / "ppo"
+    final = ppo_roles(ctx)
+    for kind, key in STATE_KEYS.items():
+        final.by_kind()[kind].load_learned_state(result.state[key])
+    # From the initial roles and the final state, so that a rerun after a crash writes the same.
+    fingerprints = {"before": _short(initial), "after": _short({k: fingerprint(r) for k, r in final.by_kind().items()})}
+    check_fingerprints(fingerprints["before"], fingerprints["after"], judge_learns=judge_learns)
+    for role in (final.actor, final.critic, *((final.judge,) if judge_learns else ())):
+        if not (folder / f"{role.kind}.safetensors.json").is_file():
+            save_role(role, folder / f"{role.kind}.safetensors", identity)
+    write_json(folder / "history.json", result.state["history"], keep_existing=True)
+    record = {"seconds": result.seconds, **result.timings, **(result.check or {}), **timings}
+    write_json(folder / "timings.json", record, keep_existing=True)
+    write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)
+    mark_complete(ctx, "ppo", sha256_final=result.sha256_final)
 
 
 # ------------------------------------------------------------------------- the whole lab

@@ -130,6 +130,84 @@ class Rollout:
     truncated: torch.Tensor  # [B]    bool, cut at the token limit without EOS
 
 
+# ------------------------------------------------------------------------- what a rollout pays
+
+
+class Answers(NamedTuple):
+    """What a reward design may read of one rollout's answers."""
+
+    batch: Batch  # prompt + response ids, masks and positions
+    responses: list[list[int]]  # the sampled ids, EOS included
+    truncated: torch.Tensor  # [B] cut at the token limit without EOS
+    actions: list[int] | None  # each prompt's action, from the train pairs (the oracle design only)
+    tokenizer: object
+    eos_id: int
+
+
+class Paid(NamedTuple):
+    """A design's scores of one rollout's answers."""
+
+    score: torch.Tensor  # [B] the frozen judge's score at the last active token (recorded under every design)
+    member_scores: torch.Tensor | None  # [k, B] every ensemble member's score (member 0: `score`); None without one
+    paid: torch.Tensor  # [B] what the last token receives, before the truncation penalty
+
+
+def pay_judge(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
+    """SPEC §6: the judge's score (the iterated judge's too, as last refreshed: rlhf.refresh)."""
+    score = reward_scores(roles.judge, answers.batch)
+    return Paid(score, None, score)
+
+
+def pay_standardised_judge(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
+    score = reward_scores(roles.judge, answers.batch)
+    return Paid(score, None, ppo_math.standardised_score(score, cfg.score_mean, cfg.score_sd))
+
+
+def pay_eos_less_replaced(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
+    score = reward_scores(roles.judge, answers.batch)
+    return Paid(score, None, ppo_math.eos_less_replaced_score(score, answers.truncated))
+
+
+def pay_oracle(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
+    """The rubric's success on each answer against its own prompt's action (SPEC §12 (iv))."""
+    if answers.actions is None:
+        raise ValueError("the oracle reward design needs each prompt's action")
+    score = reward_scores(roles.judge, answers.batch)
+    verdicts = [
+        rubric.evaluate(*decode_response(answers.tokenizer, ids, answers.eos_id), action)
+        for ids, action in zip(answers.responses, answers.actions)
+    ]
+    success = torch.tensor([float(v["rubric_success"]) for v in verdicts], device=score.device)  # [B]
+    return Paid(score, None, ppo_math.oracle_score(success, score))
+
+
+def pay_ensemble(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
+    """A judge ensemble's combination (ppo_math.ENSEMBLE_SCORES) of its k members' scores."""
+    if len(roles.members) != cfg.ensemble_size - 1:
+        raise ValueError(
+            f"reward design {cfg.reward_design} with ensemble_size {cfg.ensemble_size} needs "
+            f"{cfg.ensemble_size - 1} more judges beside the lab's, got {len(roles.members)}"
+        )
+    score = reward_scores(roles.judge, answers.batch)
+    members = torch.stack([score] + [reward_scores(m, answers.batch) for m in roles.members])  # [k, B]
+    ppo_math.check_members(members, score, cfg.reward_design)
+    return Paid(score, members, ppo_math.ENSEMBLE_SCORES[cfg.reward_design](members, cfg.ensemble_lambda))
+
+
+# Each reward design's scoring function (rlhf.config.REWARD_DESIGNS: 'judge' is SPEC §6).
+PAY = {
+    "judge": pay_judge,
+    "iterated-judge": pay_judge,
+    "standardised-judge": pay_standardised_judge,
+    "eos-less-replaced": pay_eos_less_replaced,
+    "oracle": pay_oracle,
+    **dict.fromkeys(ENSEMBLE_DESIGNS, pay_ensemble),
+}
+
+
+# ------------------------------------------------------------------------- a rollout
+
+
 @torch.no_grad()
 def rollout(
     roles: PpoRoles,
@@ -143,74 +221,25 @@ def rollout(
     oracle_actions: list[int] | None = None,
     tokenizer=None,
 ) -> Rollout:
-    """Sample, then score the visited prefixes with reference, judge and critic (all detached).
+    """Sample, then score the visited prefixes with reference, judge and critic (all detached),
+    pay each answer its design's score (PAY), and compute rewards, advantages and returns.
     `oracle_actions` (the oracle design only): each prompt's action, read from the train pairs."""
     cfg = profile.ppo
-    device = next(roles.actor.model.parameters()).device
-    t = time.perf_counter()
-    gen = sample_like_ppo(
-        roles.actor.model,
-        prompt_ids,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        profile=profile,
-        generator=sample_gen,
-        use_cache=use_cache,
-    )
-    _sync()
-    timings["generation"] = time.perf_counter() - t
-    batch = collate(prompt_ids, gen.responses, pad_id).to(device)
-    mask = batch.response_mask
-    logp_old = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
-    for b, lp in enumerate(gen.logps):
-        logp_old[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32, device=device)
+    gen = _timed(timings, "generation", sample_like_ppo, roles.actor.model, prompt_ids, eos_id=eos_id, pad_id=pad_id,
+                 profile=profile, generator=sample_gen, use_cache=use_cache)  # fmt: skip
     if len(gen.entropies) != len(gen.logps):
         raise ValueError("a PPO rollout is sampled: every drawn token has its distribution's entropy")
-    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, R]
-    for b, ent in enumerate(gen.entropies):
-        entropy[b, : len(ent)] = torch.tensor(ent, dtype=torch.float32, device=device)
-    t = time.perf_counter()
-    logp_ref = response_logprobs(roles.reference.model, batch)  # [B, R]
-    _sync()
-    timings["reference"] = time.perf_counter() - t
-    t = time.perf_counter()
-    score = reward_scores(roles.judge, batch)  # [B]
-    member_scores = None
-    if cfg.reward_design in ENSEMBLE_DESIGNS:
-        if len(roles.members) != cfg.ensemble_size - 1:
-            raise ValueError(
-                f"reward design {cfg.reward_design} with ensemble_size {cfg.ensemble_size} needs "
-                f"{cfg.ensemble_size - 1} more judges beside the lab's, got {len(roles.members)}"
-            )
-        member_scores = torch.stack([score] + [reward_scores(m, batch) for m in roles.members])  # [k, B]
-    _sync()
-    timings["judge"] = time.perf_counter() - t
-    t = time.perf_counter()
-    values = critic_values(roles.critic, batch)  # [B, R]
-    _sync()
-    timings["critic_values"] = time.perf_counter() - t
+    device = next(roles.actor.model.parameters()).device
+    batch = collate(prompt_ids, gen.responses, pad_id).to(device)
+    mask = batch.response_mask
+    logp_old = _per_token(gen.logps, mask)  # [B, R]
+    logp_ref = _timed(timings, "reference", response_logprobs, roles.reference.model, batch)  # [B, R]
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
-    oracle = None
-    if cfg.reward_design == "oracle":
-        if oracle_actions is None:
-            raise ValueError("the oracle reward design needs each prompt's action")
-        verdicts = [
-            rubric.evaluate(*decode_response(tokenizer, ids, eos_id), action)
-            for ids, action in zip(gen.responses, oracle_actions)
-        ]
-        oracle = torch.tensor([float(v["rubric_success"]) for v in verdicts], device=device)  # [B]
-    paid = ppo_math.design_score(
-        score,
-        truncated,
-        design=cfg.reward_design,
-        score_mean=cfg.score_mean,
-        score_sd=cfg.score_sd,
-        oracle=oracle,
-        member_scores=member_scores,
-        ensemble_lambda=cfg.ensemble_lambda,
-    )
+    answers = Answers(batch, gen.responses, truncated, oracle_actions, tokenizer, eos_id)
+    scores = _timed(timings, "judge", PAY[cfg.reward_design], roles, answers, cfg)
+    values = _timed(timings, "critic_values", critic_values, roles.critic, batch)  # [B, R]
     rewards = ppo_math.token_rewards(
-        logp_old, logp_ref, paid, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
+        logp_old, logp_ref, scores.paid, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
     )
     dones = torch.zeros_like(mask)
     dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True  # EOS or truncation ends it
@@ -219,18 +248,35 @@ def rollout(
         batch=batch,
         responses=gen.responses,
         ended=gen.ended,
-        entropy=entropy,
+        entropy=_per_token(gen.entropies, mask),
         logp_old=logp_old,
         logp_ref=logp_ref,
-        score=score,
-        member_scores=member_scores,
-        paid=paid,
+        score=scores.score,
+        member_scores=scores.member_scores,
+        paid=scores.paid,
         values=values,
         rewards=rewards,
         advantages=advantages,
         returns=returns,
         truncated=truncated,
     )
+
+
+def _timed(timings: dict, phase: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), its seconds (the device synchronised) recorded as timings[phase]."""
+    t = time.perf_counter()
+    out = fn(*args, **kwargs)
+    _sync()
+    timings[phase] = time.perf_counter() - t
+    return out
+
+
+def _per_token(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
+    """Per-token values of each response (a list per row) -> [B, R] FP32, 0 past each row's end."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [B, R]
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = torch.tensor(row, dtype=torch.float32, device=mask.device)
+    return out
 
 
 def _descend(
@@ -332,6 +378,75 @@ def train_ppo(
     done, no rollout pending) the leg (rlhf.checkpoint.Leg) is told of progress and may save the
     state (rlhf.lab's crash-safe legs); it stops after `leg.stop` iterations.
     """
+    cfg = profile.ppo
+    data = rollout_data(view, tokenizer, eos_id, profile)
+    run = _restore(roles, profile, len(data.prompts), leg.state)
+    last = cfg.iterations if leg.stop is None else leg.stop
+    timings: dict = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
+    if run.start > 0 and leg.watch is not None and leg.watch(run.history):  # stopped there before
+        last = run.start
+    for it in range(run.start, last):
+        crash_point("ppo.iteration")
+        tm = iteration(roles, run, data, it, tokenizer, eos_id, pad_id, profile, use_cache)
+        timings["per_iteration"].append(tm)
+        for k in PHASES:
+            timings["total"][k] += tm.get(k, 0.0)
+        if refresh.refresh_due(it + 1, profile):
+            assert run.refresh is not None and data.corpus_pairs is not None  # made for this design
+            run.history["refreshes"].append(
+                refresh.refresh_judge(roles.judge, roles.actor, run.refresh, data.prompts, data.encoded,
+                                      data.corpus_pairs, data.by_family, tokenizer, eos_id, pad_id, profile, it + 1,
+                                      use_cache=use_cache)
+            )  # fmt: skip
+        if leg.progress is not None:
+            leg.progress(it + 1, cfg.iterations, run.history, tm)
+        if leg.watch is not None and leg.watch(run.history):  # a warning stops PPO here
+            last = it + 1
+            break
+        if leg.checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
+            leg.checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
+    timings["memory"] = peak_memory()
+    return _ppo_state(roles, run, last), timings
+
+
+def iteration(
+    roles: PpoRoles, run, data, it: int, tokenizer, eos_id: int, pad_id: int, profile: Profile, use_cache
+) -> dict:
+    """PPO iteration `it` (SPEC §6): draw prompts, roll out with the old policy, then the
+    updates of actor and critic on that fixed rollout, recorded in the history. Returns its
+    phases' seconds."""
+    cfg = profile.ppo
+    t, tm = time.perf_counter(), dict[str, float]()
+    idx = run.sampler.draw(cfg.prompts_per_iteration)
+    actions = None if data.actions is None else [data.actions[i] for i in idx]
+    ro = rollout(roles, [data.encoded[i] for i in idx], eos_id, pad_id, profile, run.sample_gen, use_cache, tm,
+                 oracle_actions=actions, tokenizer=tokenizer)  # fmt: skip
+    if run.history["scoring_check"] is None:
+        run.history["scoring_check"] = _scoring_check(roles.actor, ro, it, use_cache)
+    updates = cfg.updates_per_iteration
+    stats = [
+        ppo_update(
+            roles, run.optimizers, ro, profile, it * updates + u, cfg.iterations * updates, f"iteration {it}", tm
+        )
+        for u in range(updates)
+    ]
+    record = _record(it, [data.prompts[i]["document_id"] for i in idx], ro, stats, cfg)
+    _append_history(run.history, record, ro, tokenizer, profile)
+    tm["iteration"] = time.perf_counter() - t
+    return tm
+
+
+class RolloutData(NamedTuple):
+    """What PPO's iterations draw from: the rollout prompts, and what a reward design reads."""
+
+    prompts: list[dict]  # the 672 rollout prompt records (inputs only)
+    encoded: list[list[int]]  # their chat-rendered ids
+    actions: list[int] | None  # each prompt's family action (the oracle design)
+    by_family: dict  # family -> action, from the train pairs (the oracle and the iterated judge's labeller)
+    corpus_pairs: list | None  # the train pairs the iterated judge keeps training on
+
+
+def rollout_data(view, tokenizer, eos_id: int, profile: Profile) -> RolloutData:
     cfg, limits = profile.ppo, profile.limits
     prompts = view.rollout_prompts()
     encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
@@ -343,70 +458,7 @@ def train_ppo(
     corpus_pairs = None
     if cfg.reward_design == "iterated-judge":  # what the judge keeps training on beside the policy's pairs
         corpus_pairs = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
-    run = _restore(roles, profile, len(prompts), leg.state)
-    updates = cfg.updates_per_iteration
-    total = cfg.iterations * updates
-    last = cfg.iterations if leg.stop is None else leg.stop
-    timings: dict = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
-    if run.start > 0 and leg.watch is not None and leg.watch(run.history):  # stopped there before
-        last = run.start
-    for it in range(run.start, last):
-        crash_point("ppo.iteration")
-        t_iter = time.perf_counter()
-        tm: dict = {}
-        idx = run.sampler.draw(cfg.prompts_per_iteration)
-        ro = rollout(
-            roles,
-            [encoded[i] for i in idx],
-            eos_id,
-            pad_id,
-            profile,
-            run.sample_gen,
-            use_cache,
-            tm,
-            oracle_actions=None if actions is None else [actions[i] for i in idx],
-            tokenizer=tokenizer,
-        )
-        if run.history["scoring_check"] is None:
-            run.history["scoring_check"] = _scoring_check(roles.actor, ro, it, use_cache)
-        stats = [
-            ppo_update(roles, run.optimizers, ro, profile, it * updates + u, total, f"iteration {it}", tm)
-            for u in range(updates)
-        ]
-        record = _record(it, [prompts[i]["document_id"] for i in idx], ro, stats, cfg)
-        _append_history(run.history, record, ro, tokenizer, profile)
-        tm["iteration"] = time.perf_counter() - t_iter
-        timings["per_iteration"].append(tm)
-        for k in PHASES:
-            timings["total"][k] += tm.get(k, 0.0)
-        if refresh.refresh_due(it + 1, profile):
-            assert run.refresh is not None and corpus_pairs is not None  # made for this design
-            run.history["refreshes"].append(
-                refresh.refresh_judge(
-                    roles.judge,
-                    roles.actor,
-                    run.refresh,
-                    prompts,
-                    encoded,
-                    corpus_pairs,
-                    by_family,
-                    tokenizer,
-                    eos_id,
-                    pad_id,
-                    profile,
-                    it + 1,
-                    use_cache=use_cache,
-                )
-            )
-        if leg.progress is not None:
-            leg.progress(it + 1, cfg.iterations, run.history, tm)
-        if leg.watch is not None and leg.watch(run.history):  # a warning stops PPO here
-            last = it + 1
-            break
-        if leg.checkpoint is not None and it + 1 < last:  # the last state is the caller's to save
-            leg.checkpoint(it + 1, lambda: _ppo_state(roles, run, it + 1))
-    timings["memory"] = peak_memory()
-    return _ppo_state(roles, run, last), timings
+    return RolloutData(prompts, encoded, actions, by_family, corpus_pairs)
 
 
 class PpoRun(NamedTuple):

@@ -137,17 +137,18 @@ def test_seed_interval_of_a_bounded_quantity_stays_inside_its_bounds():
 def test_reward_designs():
     score = torch.tensor([3.0, -2.0, 5.0])
     truncated = torch.tensor([False, True, True])
-    assert design_score(score, truncated, design="judge") is score  # SPEC §6: untouched
-    std = design_score(score, truncated, design="standardised-judge", score_mean=1.0, score_sd=2.0)
+    none = {"score_mean": 1.0, "score_sd": 2.0, "oracle": None, "member_scores": None, "ensemble_lambda": 1.0}
+    assert design_score(score, truncated, design="judge", **none) is score  # SPEC §6: untouched
+    std = design_score(score, truncated, design="standardised-judge", **none)
     assert std.tolist() == [1.0, -1.5, 2.0]
-    replaced = design_score(score, truncated, design="eos-less-replaced")
+    replaced = design_score(score, truncated, design="eos-less-replaced", **none)
     assert replaced.tolist() == [3.0, 0.0, 0.0]  # token_rewards then adds the penalty alone
-    oracle = design_score(score, truncated, design="oracle", oracle=torch.tensor([1.0, 0.0, 1.0]))
+    oracle = design_score(score, truncated, design="oracle", **{**none, "oracle": torch.tensor([1.0, 0.0, 1.0])})
     assert oracle.tolist() == [1.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="oracle"):
-        design_score(score, truncated, design="oracle")
+        design_score(score, truncated, design="oracle", **none)
     with pytest.raises(ValueError, match="unknown reward design"):
-        design_score(score, truncated, design="whitened")
+        design_score(score, truncated, design="whitened", **none)
 
 
 def test_a_profile_never_rescales_a_score_silently():

@@ -194,13 +194,17 @@ def test_a_refresh_is_due_at_multiples_of_k_and_never_after_the_last_iteration(e
         assert not any(refresh_due(n, other) for n in range(101)), design
 
 
+# What design_score's other designs read; every argument is required (ppo_math has no defaults).
+NOT_READ = {"score_mean": 0.0, "score_sd": 1.0, "oracle": None, "ensemble_lambda": 1.0}
+
+
 def test_an_ensembles_worst_case_is_the_minimum_of_its_members():
     g = torch.Generator().manual_seed(3)
     members = torch.randn(4, 6, generator=g) * 5  # [k, B]
     expected = [min(float(members[m, b]) for m in range(4)) for b in range(6)]
     assert ppo_math.ensemble_min(members).tolist() == expected
     paid = ppo_math.design_score(
-        members[0], torch.zeros(6, dtype=torch.bool), design="ensemble-min", member_scores=members
+        members[0], torch.zeros(6, dtype=torch.bool), design="ensemble-min", member_scores=members, **NOT_READ
     )
     assert paid.tolist() == expected
 
@@ -212,23 +216,26 @@ def test_an_ensembles_mean_and_uncertainty_weighted_scores():
     assert ppo_math.ensemble_uncertainty(members, 0.5).tolist() == pytest.approx([4.0 - 0.5 * sd, 4.0], abs=1e-6)
     no = torch.zeros(2, dtype=torch.bool)
     for design, want in (("ensemble-mean", [4.0, 4.0]), ("ensemble-uncertainty", [4.0 - 2 * sd, 4.0])):
-        got = ppo_math.design_score(members[0], no, design=design, member_scores=members, ensemble_lambda=2.0)
+        got = ppo_math.design_score(
+            members[0], no, design=design, member_scores=members, **{**NOT_READ, "ensemble_lambda": 2.0}
+        )
         assert got.tolist() == pytest.approx(want, abs=1e-6)
 
 
 def test_an_ensemble_design_refuses_scores_that_are_not_its_members():
     score, no = torch.tensor([1.0, 2.0]), torch.zeros(2, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"needs every member's score"):
-        ppo_math.design_score(score, no, design="ensemble-min")
+        ppo_math.design_score(score, no, design="ensemble-min", member_scores=None, **NOT_READ)
     with pytest.raises(ValueError, match=r"needs every member's score"):
-        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 5))
+        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 5), **NOT_READ)
     with pytest.raises(ValueError, match="member 0 is the lab's judge"):
-        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 2))
+        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 2), **NOT_READ)
 
 
 def test_the_iterated_judge_pays_the_judges_score_as_it_stands():
     score = torch.tensor([1.5, -2.0])
-    assert ppo_math.design_score(score, torch.tensor([True, False]), design="iterated-judge") is score
+    no_members = {**NOT_READ, "member_scores": None}
+    assert ppo_math.design_score(score, torch.tensor([True, False]), design="iterated-judge", **no_members) is score
 
 
 def test_the_new_designs_are_declared_never_the_default_and_their_keys_checked():

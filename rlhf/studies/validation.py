@@ -272,8 +272,16 @@ def best_of_n_ensemble(
                 [member_scores[k][j] for k in range(len(members))], dtype=torch.float32
             )  # [k, P], as PPO holds them
             truncated = torch.tensor([v["finish_reason"] != "eos" for v in d["verdicts"]])
+            cfg = ctx.profile.ppo
             r = design_score(
-                s[0], truncated, design=design, member_scores=s, ensemble_lambda=ctx.profile.ppo.ensemble_lambda
+                s[0],
+                truncated,
+                design=design,
+                score_mean=cfg.score_mean,
+                score_sd=cfg.score_sd,
+                oracle=None,
+                member_scores=s,
+                ensemble_lambda=cfg.ensemble_lambda,
             )
             rewards.append(r.tolist())
         out["designs"][design] = {"points": best_of_n_points(rewards, draws, ns), "rewards": rewards}
