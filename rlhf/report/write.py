@@ -11,7 +11,7 @@ from rlhf.report.labels import metric
 from rlhf.report.plots import make_plots
 from rlhf.report.render import render_html, render_markdown
 from rlhf.report.results import collect_results
-from rlhf.report.tables import policy_rows, sft_vs_ppo
+from rlhf.report.tables import policy_metrics, policy_rows, sft_vs_ppo
 
 REPORT_FILES = ("results.json", "report.md", "report.html")
 
@@ -82,6 +82,10 @@ def print_summary(results: dict) -> str:
             for pop in ("test", "probe_rows", "probe_contexts"):
                 va, vb, diff, d = sft_vs_ppo(ev, pop, key, dkey)
                 lines.append(f"{name + ', ' + pop:<44}{fmt(va):>9}{fmt(vb):>9}{fmt_signed(diff):>9}  {fmt_ci(d)}")
+        for pol in ("sft", "ppo"):
+            counts = (policy_metrics(ev, pol).get("test") or {}).get("finish_reasons")
+            if counts:
+                lines.append(f"{pol.upper()} test answers by finish reason: {fmt(counts)}")
         rt = results.get("judge_test") or {}
         lines.append(
             f"judge test accuracy: {fmt(rt.get('accuracy'))} ({fmt(rt.get('pairs'))} pairs, "
