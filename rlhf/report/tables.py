@@ -116,9 +116,10 @@ def refresh_table(refreshes: list[dict]) -> Table:
 def metric_value(m: dict, key: str):
     """Metric `key` of one population's metrics; a dotted key reads a nested count
     ("finish_reasons.eos"). None when absent."""
+    value: object = m
     for part in key.split("."):
-        m = m.get(part) if isinstance(m, dict) else None
-    return m
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _other_endings(record: dict) -> str:
