@@ -198,7 +198,7 @@ def test_population_metrics(evaluation, policy, record_result):
         assert (m["unsupported_certainty"] is None) == (recognised == 0)
         for count in ("uncertified", "refusals", "without_eos"):
             assert 0 <= m[count] <= m["n_rows"]
-        assert tuple(m["finish_reasons"]) == rubric.FINISH_REASONS
+        assert set(m["finish_reasons"]) == set(rubric.FINISH_REASONS)  # each counted, zeros included
         assert sum(m["finish_reasons"].values()) == m["n_rows"] and m["finish_reasons"]["out_of_vocabulary"] == 0
         assert m["finish_reasons"]["length"] <= m["without_eos"]
         for key, value in m.items():

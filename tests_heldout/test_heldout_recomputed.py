@@ -387,6 +387,7 @@ def test_metric_recount_agrees_with_the_library_on_grammar_answers(small_results
     for pop in POPULATIONS:
         again = recount_metrics(rows_of_population(rows, pop), judged, small_lab.eos_id)
         assert again["rubric_success"] > 0 and again["unsupported_certainty"] > 0
+        assert library[pop].pop("finish_reasons") == again.pop("finish_reasons"), pop  # counts: exact
         assert library[pop] == pytest.approx(again, rel=1e-12), pop
 
 

@@ -121,7 +121,7 @@ def test_each_refresh_records_the_labelled_pairs_and_the_judges_accuracy_on_them
     for r in h["refreshes"]:
         assert r["answers"] == 2 * r["prompts"] == 2 * iterated["profile"].ppo.refresh_prompts
         assert 0 <= r["new_pairs"] <= r["prompts"] and r["updates"] == 2 and len(r["losses"]) == 2
-        assert tuple(r["finish_reasons"]) == rubric.FINISH_REASONS  # each reason counted, zeros included
+        assert set(r["finish_reasons"]) == set(rubric.FINISH_REASONS)  # each reason counted, zeros included
         assert sum(r["finish_reasons"].values()) == r["answers"] and r["finish_reasons"]["out_of_vocabulary"] == 0
         assert r["without_eos"] >= r["finish_reasons"]["length"]  # a cut answer with a token fault is named by it
         if r["new_pairs"]:

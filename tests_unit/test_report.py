@@ -399,6 +399,7 @@ def test_the_comparison_table_and_the_summary_show_each_finish_reasons_count():
         for pop, m in ev["policies"][pol]["metrics"].items():
             m["finish_reasons"] = {**dict.fromkeys(rubric.FINISH_REASONS, 0), "eos": m["n_rows"] - n_control}
             m["finish_reasons"]["control_token"] = n_control
+            m["finish_reasons"] = dict(sorted(m["finish_reasons"].items()))  # as results.json stores it
     rows = comparison_table(ev).rows
     test_rows = rows[1 : next(i for i, r in enumerate(rows) if i and len(r) == 1)]  # the test population's block
     shown = {r[0]: r[1:4] for r in test_rows}
