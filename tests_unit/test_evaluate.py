@@ -2,7 +2,7 @@
 
 * rubric_metrics: success, recognised share and relevance over ALL rows; unsupported certainty
   over RECOGNISED rows only (None when none is recognised); counts of UNCERTIFIED, refusals,
-  outputs without EOS; probe rows vs probe contexts vs unique contexts.
+  outputs without EOS, and of each finish reason; probe rows vs probe contexts vs unique contexts.
 * bootstrap_differences: same seed -> identical intervals; the interval holds the point
   estimate; units are families/contexts, not rows; a constant difference gives a zero-width CI.
 * politeness deltas: s(T,T) - s(T,F), s(F,T) - s(F,F), and wrong-polite > correct-plain.
