@@ -679,6 +679,8 @@ def ppo_expected(history: dict, kl_coef: float, truncation_penalty: float) -> di
 
 
 def evaluation_expected(results: dict, ppo_iterations: int) -> dict[str, dict[int, float]]:
+    from rlhf import rubric
+
     exp: dict[str, dict[int, float]] = defaultdict(dict)
     for policy, step in (("sft", 0), ("ppo", ppo_iterations)):
         for pop, m in results["policies"][policy]["metrics"].items():
@@ -686,7 +688,8 @@ def evaluation_expected(results: dict, ppo_iterations: int) -> dict[str, dict[in
             exp[f"eval/{pop}/rubric_success"][step] = m["rubric_success"]
             exp[f"eval/{pop}/uncertified_rate"][step] = m["uncertified"] / n
             exp[f"eval/{pop}/truncation_rate"][step] = m["without_eos"] / n
-            exp[f"eval/{pop}/undecodable_rate"][step] = m["undecodable"] / n
+            for reason in rubric.FINISH_REASONS:
+                exp[f"eval/{pop}/finish_{reason}_rate"][step] = m["finish_reasons"][reason] / n
             exp[f"eval/{pop}/learned_reward"][step] = m["mean_learned_reward"]
             exp[f"eval/{pop}/response_length"][step] = m["mean_length"]
     return exp

@@ -47,7 +47,14 @@ from rlhf.judge import encode_pairs, evaluate_pairs
 from rlhf.ppo_math import mean_sampled_log_ratio
 from rlhf.roles import EvaluationRoles, Role, assert_role_isolation, fingerprint, load_role, reward_scores
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import collate, decode_response, encode_example, encode_prompt, max_new_tokens
+from rlhf.tokens import (
+    collate,
+    decode_response,
+    encode_example,
+    encode_prompt,
+    finish_reason_counts,
+    max_new_tokens,
+)
 
 BATCH_SIZE = 32
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
@@ -189,8 +196,8 @@ def generate_heldout(actor_model, ctx) -> list[dict]:
 
     Reads only `ctx.corpus.evaluation_view().prompts(...)`: inputs, never labels.
     Each row: document_id, family, population ("test"/"probe"), prompt, response (text),
-    response_ids, finish_reason ("eos"/"length"/"undecodable"), ended_with_eos, length (tokens).
-    """
+    response_ids, finish_reason (one of rlhf.rubric.FINISH_REASONS), ended_with_eos (kept
+    for every reason: a token fault's name does not say how the answer ended), length (tokens)."""
     records = heldout_prompts(ctx.corpus.evaluation_view(), ctx.profile.evaluation.max_units)
     limits = ctx.profile.limits
     prompt_ids = [encode_prompt(ctx.tokenizer, r["prompt"], limits, r["document_id"]) for r in records]
@@ -313,7 +320,7 @@ def summarise(rows: list[dict]) -> dict:
         ),
         "refusals": sum(j["refusal"] for j in judged),
         "without_eos": sum(not r["ended_with_eos"] for r in rows),
-        "undecodable": sum(r["finish_reason"] == "undecodable" for r in rows),
+        "finish_reasons": finish_reason_counts(r["finish_reason"] for r in rows),
         "polite_formula_share": sum(has_polite_formulas(r["response"]) for r in rows) / n,
         "mean_length": _mean([r["length"] for r in rows]),
         "mean_learned_reward": _mean([r["learned_reward"] for r in rows]),

@@ -200,7 +200,8 @@ def evaluation_scalars(metrics: dict) -> dict[str, float]:
         out[f"eval/{population}/rubric_success"] = m["rubric_success"]
         out[f"eval/{population}/uncertified_rate"] = m["uncertified"] / n
         out[f"eval/{population}/truncation_rate"] = m["without_eos"] / n
-        out[f"eval/{population}/undecodable_rate"] = m["undecodable"] / n
+        for reason, count in m["finish_reasons"].items():  # one rate per rlhf.rubric.FINISH_REASONS
+            out[f"eval/{population}/finish_{reason}_rate"] = count / n
         out[f"eval/{population}/learned_reward"] = m["mean_learned_reward"]
         out[f"eval/{population}/response_length"] = m["mean_length"]
     return out
@@ -212,12 +213,12 @@ def answers_text(name: str, rows: list[dict]) -> str:
     lines = [
         f"**{name}**, first {len(shown)} test answers",
         "",
-        "| prompt | answer | rubric success |",
-        "|---|---|---|",
+        "| prompt | answer | finish reason | rubric success |",
+        "|---|---|---|---|",
     ]
     for r in shown:
         cell = (r["response"] or "").replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {r['document_id']} | {cell} | {r['rubric']['rubric_success']} |")
+        lines.append(f"| {r['document_id']} | {cell} | {r['finish_reason']} | {r['rubric']['rubric_success']} |")
     return "\n".join(lines)
 
 

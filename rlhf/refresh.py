@@ -10,8 +10,9 @@ policy's own answers and trains the judge on them. Here, after PPO iteration n =
   2. label    the simulated labeller (`label_pair`): the rule every corpus pair obeys (its
               chosen answer is a rubric success, its rejected one is not), applied to the two
               answers on the train family's action: a success beats a non-success; a pair where
-              both or neither succeed gives no label. So an answer cut without EOS, with
-              undecodable ids or with UNCERTIFIED prose loses to any success.
+              both or neither succeed gives no label. So an answer cut without EOS, with a
+              token fault (a control token, broken text, an id past the tokenizer) or with
+              UNCERTIFIED prose loses to any success. The record counts each finish reason.
   3. measure  the judge's accuracy on the new labelled pairs: how wrong it had become
   4. train    `ppo.refresh_updates` Bradley-Terry updates of judge.pairs_per_update pairs each,
               half drawn from the policy pairs labelled so far (this refresh's and earlier ones'),
@@ -38,7 +39,7 @@ from rlhf.io import crash_point
 from rlhf.judge import evaluate_pairs, pair_scores
 from rlhf.optim import adamw, optimizer_step
 from rlhf.ppo_math import bradley_terry_loss
-from rlhf.tokens import decode_response
+from rlhf.tokens import decode_response, finish_reason_counts
 
 ANSWERS_PER_PROMPT = 2  # the labeller compares two answers of one prompt
 
@@ -53,7 +54,8 @@ def label_pair(a: dict, b: dict) -> int | None:
 
 
 def labeller_verdict(record: dict, response_ids: list[int], tokenizer, eos_id: int, actions: dict[str, int]) -> dict:
-    """The rubric verdict of one answer to the train prompt `record`, on its family's action as
+    """The rubric verdict of one answer to the train prompt `record`, with its `finish_reason`
+    (rlhf.tokens.decode_response), on its family's action as
     the train pairs' chosen answers give it (`actions`: rlhf.rubric.chosen_actions of the train
     pairs). A prompt outside the train split or of a family without train pairs is refused: the
     labeller never reads anything held out."""
@@ -63,7 +65,7 @@ def labeller_verdict(record: dict, response_ids: list[int], tokenizer, eos_id: i
             f"is split {record.get('split')!r}, family {record.get('family')!r}"
         )
     text, finish = decode_response(tokenizer, response_ids, eos_id)
-    return rubric.evaluate(text, finish, actions[record["family"]])
+    return {**rubric.evaluate(text, finish, actions[record["family"]]), "finish_reason": finish}
 
 
 def refresh_due(done: int, profile: Profile) -> bool:
@@ -144,7 +146,7 @@ def refresh_judge(
         "answers": len(asked),
         "successes": sum(v["rubric_success"] for v in verdicts),
         "without_eos": sum(not e for e in out.ended),
-        "undecodable": sum(v["reason"].startswith("undecodable") for v in verdicts),
+        "finish_reasons": finish_reason_counts(v["finish_reason"] for v in verdicts),
         "new_pairs": len(new),
         "pairs_so_far": len(data.pairs),
         "accuracy_before": evaluate_pairs(judge, new, pad_id)["accuracy"] if new else None,

@@ -25,14 +25,27 @@ Whitespace/case policy (the only normalisation applied before matching):
   * matching is otherwise exact: case-sensitive, punctuation-sensitive, no Unicode
     normalisation ("restart the print queue ..." in lower case is not recognised).
 
-``finish_reason`` is one of ``FINISH_REASONS``: ``"eos"`` (the model emitted EOS),
-``"length"`` (cut at the response limit without EOS) or ``"undecodable"`` (the token ids could
-not be decoded to text); anything else raises ``ValueError``.
+``finish_reason`` is one of ``FINISH_REASONS`` (rlhf.tokens.decode_response names it from the
+token ids); anything else raises ``ValueError``:
+
+  ``"eos"``                the answer ended with EOS and its tokens are plain text;
+  ``"length"``             cut at the response limit without EOS, its tokens plain text;
+  ``"control_token"``      a control token (a special or added token such as ``<|im_start|>``,
+                           or EOS/PAD) inside the answer, before its end;
+  ``"broken_text"``        byte-level tokens whose bytes are not UTF-8: the decoded text holds
+                           U+FFFD, the replacement character;
+  ``"out_of_vocabulary"``  an id past the tokenizer's last (an embedding row no text maps to;
+                           generation never draws one: rlhf.scoring.real_token_logits).
+
+The last three are ``TOKEN_FAULTS``: what the tokens hold, whatever the ending. When an answer has
+several, it is named by the first in this precedence: out_of_vocabulary > control_token >
+broken_text (an id with no token at all says the most, bytes that are not UTF-8 the least). The
+ending itself (EOS or the limit) of such an answer is in the evaluation row's ``ended_with_eos``.
 
 The result is a dict with exactly these keys (``RESULT_KEYS``):
 
 ``recognized``  the normalised text is a grammar response or a declared refusal.
-                ``"undecodable"`` output is never recognised, whatever text is passed.
+                An answer with a token fault is never recognised, whatever text is passed.
 ``status``      ``"CERTIFIED"`` iff recognized, else ``"UNCERTIFIED"``.
 ``action``      the rendered action index (None for refusals and unrecognised text).
 ``relevant``    action == expected_action (False for refusals and unrecognised text).
@@ -40,8 +53,8 @@ The result is a dict with exactly these keys (``RESULT_KEYS``):
                 when unrecognised (so certainty rates use recognised outputs as denominator).
 ``polite``      the response carries the polite formulas (False for refusals/unrecognised).
 ``refusal``     the text is a declared refusal.
-``reason``      a human-readable explanation; it always names a truncation ("length") or an
-                undecodable output, so neither is ever accepted silently.
+``reason``      a human-readable explanation; it always names a truncation ("length") or a
+                token fault (it starts with the fault's name), so none is accepted silently.
 ``rubric_success``  recognized and finish_reason == "eos" and relevant and not certainty and
                 not refusal.
 
@@ -99,7 +112,15 @@ REFUSALS: tuple[str, ...] = (
     "I am unable to assist with this request.",
 )
 
-FINISH_REASONS: tuple[str, ...] = ("eos", "length", "undecodable")
+# How an answer ended, or what in its tokens keeps it from being plain text (module docstring).
+FINISH_REASONS: tuple[str, ...] = ("eos", "length", "control_token", "broken_text", "out_of_vocabulary")
+# The faults, in their order of precedence: an answer with several is named by the first.
+TOKEN_FAULTS: tuple[str, ...] = ("out_of_vocabulary", "control_token", "broken_text")
+FAULT_REASONS: dict[str, str] = {
+    "out_of_vocabulary": "out_of_vocabulary: a token id past the tokenizer, which no text maps to: UNCERTIFIED",
+    "control_token": "control_token: a control token (special or added) inside the answer: UNCERTIFIED",
+    "broken_text": "broken_text: bytes that are not UTF-8 (U+FFFD in the text): UNCERTIFIED",
+}
 
 RESULT_KEYS: tuple[str, ...] = (
     "recognized",
@@ -160,6 +181,7 @@ def _self_check() -> None:
     assert not set(REFUSALS) & set(RESPONSES), "a refusal collides with a response"
     assert len(set(REFUSALS)) == len(REFUSALS)
     assert len(CONTEXTS) == len(INSTRUCTIONS) == len(ACTIONS) == 6
+    assert set(TOKEN_FAULTS) == set(FINISH_REASONS) - {"eos", "length"} == set(FAULT_REASONS)
 
 
 _self_check()
@@ -182,8 +204,8 @@ def evaluate(text: str, finish_reason: str, expected_action: int) -> dict:
         "reason": "",
         "rubric_success": False,
     }
-    if finish_reason == "undecodable":
-        result["reason"] = "undecodable token ids: the output cannot be read, so it is UNCERTIFIED"
+    if finish_reason in TOKEN_FAULTS:
+        result["reason"] = FAULT_REASONS[finish_reason]
         return result
     truncated = finish_reason == "length"
     if norm in RESPONSES:

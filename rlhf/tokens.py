@@ -23,6 +23,7 @@ import torch
 
 from rlhf.config import Limits
 from rlhf.masks import last_active_index
+from rlhf.rubric import FINISH_REASONS
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -134,25 +135,44 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
     return [tokenizer.convert_ids_to_tokens(int(i)) if 0 <= i < n_vocab else f"<id {int(i)}>" for i in ids]
 
 
-def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
-    """Text of a generated response and its finish reason: "eos", "length" or "undecodable".
+def control_token_ids(tokenizer, eos_id: int) -> set[int]:
+    """Ids of the control tokens: EOS, the named special tokens (eos, pad, unk, additional) and
+    every added token flagged special. all_special_ids lists only the named ones: the embedded
+    tokenizer registers <|im_start|> as an added special token only."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {eos_id} | {i for i, t in added.items() if getattr(t, "special", False)}
 
-    Undecodable: an id outside the tokenizer (the embedding matrix is larger than the
-    vocabulary, as in Qwen2.5), a special token inside the answer, or bytes that are not UTF-8.
+
+def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
+    """Text of a generated response and its finish reason (rlhf.rubric.FINISH_REASONS).
+
+    The answer's body is `ids` without its final EOS. The body's first token fault, in the
+    precedence of rlhf.rubric.TOKEN_FAULTS, names it:
+
+        out_of_vocabulary  an id outside 0..len(tokenizer)-1 (the text leaves it out)
+        control_token      a control token (control_token_ids) inside the body
+        broken_text        the decoded text holds U+FFFD: bytes that are not UTF-8
+    and without a fault, "eos" when the last id is EOS, else "length" (cut at the limit).
     """
     ended = len(ids) > 0 and ids[-1] == eos_id
     body = list(ids[:-1]) if ended else list(ids)
     n_vocab = len(tokenizer)
-    # all_special_ids lists only the *named* special tokens (eos, pad, unk, additional): a
-    # tokenizer may register more (the embedded one registers <|im_start|> as an added special
-    # token only), so every added token flagged special counts too.
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = set(tokenizer.all_special_ids) | {eos_id} | {i for i, t in added.items() if getattr(t, "special", False)}
+    text = tokenizer.decode([i for i in body if 0 <= i < n_vocab])
     if any(i < 0 or i >= n_vocab for i in body):
-        return tokenizer.decode([i for i in body if 0 <= i < n_vocab]), "undecodable"
-    if any(i in special for i in body):
-        return tokenizer.decode(body), "undecodable"
-    text = tokenizer.decode(body)
+        return text, "out_of_vocabulary"
+    if not control_token_ids(tokenizer, eos_id).isdisjoint(body):
+        return text, "control_token"
     if "\ufffd" in text:
-        return text, "undecodable"
+        return text, "broken_text"
     return text, ("eos" if ended else "length")
+
+
+def finish_reason_counts(reasons) -> dict[str, int]:
+    """{reason: how many of `reasons` it is} for every reason of rlhf.rubric.FINISH_REASONS, in
+    that order, zeros included: the counts add up to the answers. An unknown name is an error."""
+    counts = dict.fromkeys(FINISH_REASONS, 0)
+    for reason in reasons:
+        if reason not in counts:
+            raise ValueError(f"unknown finish reason {reason!r}; the reasons are {FINISH_REASONS}")
+        counts[reason] += 1
+    return counts

@@ -111,10 +111,14 @@ def test_rows_cover_260_generations_over_200_prompts(evaluation, lab_run, policy
     limit = lab_run.profile.limits.response_tokens
     for r in rows:
         assert 1 <= r["length"] == len(r["response_ids"]) <= limit
-        assert r["finish_reason"] in ("eos", "length", "undecodable")
+        assert r["finish_reason"] in rubric.FINISH_REASONS and r["finish_reason"] != "out_of_vocabulary"
         assert r["ended_with_eos"] == (r["response_ids"][-1] == lab_run.eos_id)
         if r["finish_reason"] == "length":
             assert r["length"] == limit and not r["ended_with_eos"]
+        if r["finish_reason"] == "eos":
+            assert r["ended_with_eos"]
+        if not r["ended_with_eos"]:  # whatever its finish reason, an answer without EOS ran to the limit
+            assert r["length"] == limit
         assert set(r["rubric"]) == set(rubric.RESULT_KEYS)
         assert isinstance(r["learned_reward"], float) and isinstance(r["sampled_log_ratio"], float)
 
@@ -192,8 +196,11 @@ def test_population_metrics(evaluation, policy, record_result):
         assert m["uncertified"] == round((1 - m["recognised_share"]) * m["n_rows"])
         recognised = round(m["recognised_share"] * m["n_rows"])
         assert (m["unsupported_certainty"] is None) == (recognised == 0)
-        for count in ("uncertified", "refusals", "without_eos", "undecodable"):
+        for count in ("uncertified", "refusals", "without_eos"):
             assert 0 <= m[count] <= m["n_rows"]
+        assert set(m["finish_reasons"]) == set(rubric.FINISH_REASONS)  # each counted, zeros included
+        assert sum(m["finish_reasons"].values()) == m["n_rows"] and m["finish_reasons"]["out_of_vocabulary"] == 0
+        assert m["finish_reasons"]["length"] <= m["without_eos"]
         for key, value in m.items():
             record_result(f"{policy}.{pop}.{key}", value)
     # The 4 rows of a context are identical: probe rows and probe contexts agree on every rate.

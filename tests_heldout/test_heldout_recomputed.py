@@ -118,12 +118,28 @@ def recount_metrics(rows: list[dict], judged: dict[str, dict], eos_id: int) -> d
         "unsupported_certainty": certainty / len(recognised) if recognised else None,
         "refusals": sum(1 for j in results if j["refusal"] is True),
         "without_eos": sum(1 for r in rows if r["response_ids"][-1] != eos_id),
-        "undecodable": sum(1 for r in rows if r["finish_reason"] == "undecodable"),
+        "finish_reasons": {reason: sum(1 for r in rows if r["finish_reason"] == reason) for reason in REASONS},
         "polite_formula_share": both_formulas / n,
         "mean_length": plain_mean([len(r["response_ids"]) for r in rows]),
         "mean_learned_reward": plain_mean([r["learned_reward"] for r in rows]),
         "mean_sampled_log_ratio": plain_mean([r["sampled_log_ratio"] for r in rows]),
     }
+
+
+REASONS = ("eos", "length", "control_token", "broken_text", "out_of_vocabulary")  # SPEC §3, in this order
+
+
+def finish_reason_by_hand(ids: list[int], text: str, ctx) -> str:
+    """The finish reason read off the ids without rlhf.tokens: a control token (the tokenizer's
+    tokens flagged special) anywhere before a final EOS, else U+FFFD in the text, else the ending.
+    (No id past the tokenizer: checked by the caller.)"""
+    body = ids[:-1] if ids[-1] == ctx.eos_id else ids
+    special = {i for i, t in ctx.tokenizer.added_tokens_decoder.items() if t.special} | {ctx.eos_id, ctx.pad_id}
+    if any(i in special for i in body):
+        return "control_token"
+    if "\ufffd" in text:
+        return "broken_text"
+    return "eos" if ids[-1] == ctx.eos_id else "length"
 
 
 def rerun_rubric(rows: list[dict], ctx) -> dict[str, dict]:
@@ -135,10 +151,10 @@ def rerun_rubric(rows: list[dict], ctx) -> dict[str, dict]:
     for r in rows:
         ids = r["response_ids"]
         ended = ids[-1] == ctx.eos_id
-        if r["finish_reason"] != "undecodable":  # (undecodable ids may lie outside the tokenizer)
-            assert r["response"] == ctx.tokenizer.decode(ids[:-1] if ended else ids), r["document_id"]
-            assert r["finish_reason"] == ("eos" if ended else "length"), r["document_id"]
-            assert ended or len(ids) == limit, f"{r['document_id']}: stopped early without EOS"
+        assert max(ids) < len(ctx.tokenizer), f"{r['document_id']}: an id past the tokenizer was drawn"
+        assert r["response"] == ctx.tokenizer.decode(ids[:-1] if ended else ids), r["document_id"]
+        assert r["finish_reason"] == finish_reason_by_hand(ids, r["response"], ctx), r["document_id"]
+        assert ended or len(ids) == limit, f"{r['document_id']}: stopped early without EOS"
         assert r["expected_action"] == expected[r["document_id"]], r["document_id"]
         judged[r["document_id"]] = rubric.evaluate(r["response"], r["finish_reason"], expected[r["document_id"]])
     return judged
@@ -371,6 +387,7 @@ def test_metric_recount_agrees_with_the_library_on_grammar_answers(small_results
     for pop in POPULATIONS:
         again = recount_metrics(rows_of_population(rows, pop), judged, small_lab.eos_id)
         assert again["rubric_success"] > 0 and again["unsupported_certainty"] > 0
+        assert library[pop].pop("finish_reasons") == again.pop("finish_reasons"), pop  # counts: exact
         assert library[pop] == pytest.approx(again, rel=1e-12), pop
 
 

@@ -1,8 +1,8 @@
 """Properties of the rubric (SPEC §3).
 
 The grammar is finite: 6 actions x 3 cautions x 2 politeness = 36 responses, and with the 6
-expected actions and 2 finish reasons a checker call has 432 cases (216 more for the
-"undecodable" finish). Those are looped over exhaustively, not sampled. Hypothesis draws only
+expected actions and 2 endings (eos, length) a checker call has 432 cases (216 more for each of
+the 3 token faults). Those are looped over exhaustively, not sampled. Hypothesis draws only
 what is infinite: arbitrary text, junk around a response, whitespace runs.
 """
 
@@ -53,11 +53,11 @@ def test_every_rendering_is_recognised_with_its_design_all_432_cases():
     assert successes == 24
 
 
-def test_undecodable_is_never_a_success_all_216_cases():
-    for (a, c, p), expected in itertools.product(DESIGNS, ACTIONS):
-        r = evaluate(render(a, c, p), "undecodable", expected)
+def test_a_token_fault_is_never_a_success_all_648_cases():
+    for (a, c, p), expected, fault in itertools.product(DESIGNS, ACTIONS, rubric.TOKEN_FAULTS):
+        r = evaluate(render(a, c, p), fault, expected)
         assert r["status"] == "UNCERTIFIED" and r["recognized"] is False
-        assert r["rubric_success"] is False and "undecodable" in r["reason"]
+        assert r["rubric_success"] is False and r["reason"].startswith(fault)
         assert r["unsupported_certainty"] is None and r["action"] is None
 
 

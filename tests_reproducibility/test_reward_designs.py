@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from rlhf import lab
+from rlhf import lab, rubric
 from rlhf.checkpoint import load_state
 from rlhf.config import PROFILE_DIR, load_profile, profile_text_with
 from rlhf.io import read_json
@@ -121,6 +121,9 @@ def test_each_refresh_records_the_labelled_pairs_and_the_judges_accuracy_on_them
     for r in h["refreshes"]:
         assert r["answers"] == 2 * r["prompts"] == 2 * iterated["profile"].ppo.refresh_prompts
         assert 0 <= r["new_pairs"] <= r["prompts"] and r["updates"] == 2 and len(r["losses"]) == 2
+        assert set(r["finish_reasons"]) == set(rubric.FINISH_REASONS)  # each reason counted, zeros included
+        assert sum(r["finish_reasons"].values()) == r["answers"] and r["finish_reasons"]["out_of_vocabulary"] == 0
+        assert r["without_eos"] >= r["finish_reasons"]["length"]  # a cut answer with a token fault is named by it
         if r["new_pairs"]:
             assert 0.0 <= r["accuracy_before"] <= 1.0 and 0.0 <= r["accuracy_after"] <= 1.0
     assert h["refreshes"][1]["pairs_so_far"] == h["refreshes"][0]["new_pairs"] + h["refreshes"][1]["new_pairs"]

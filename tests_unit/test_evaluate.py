@@ -2,7 +2,7 @@
 
 * rubric_metrics: success, recognised share and relevance over ALL rows; unsupported certainty
   over RECOGNISED rows only (None when none is recognised); counts of UNCERTIFIED, refusals,
-  outputs without EOS; probe rows vs probe contexts vs unique contexts.
+  outputs without EOS, and of each finish reason; probe rows vs probe contexts vs unique contexts.
 * bootstrap_differences: same seed -> identical intervals; the interval holds the point
   estimate; units are families/contexts, not rows; a constant difference gives a zero-width CI.
 * politeness deltas: s(T,T) - s(T,F), s(F,T) - s(F,F), and wrong-polite > correct-plain.
@@ -101,6 +101,47 @@ def test_rubric_metrics_denominators(ctx, small_rows):
     assert m["all_unique_contexts"]["rubric_success"] == pytest.approx(1 / 6)
     assert m["all_unique_contexts"]["unsupported_certainty"] == pytest.approx(1 / 3)
     assert set(m) == set(POPULATIONS)
+
+
+def test_each_finish_reason_is_counted_per_population_and_the_ending_is_kept(ctx):
+    """Rows of every finish reason, each fault with EOS and without: the counts per population,
+    recomputed here by hand, add up to the rows; `without_eos` counts the endings whatever the
+    reason; a grammar answer with a token fault is never a success."""
+    view = ctx.corpus.evaluation_view()
+    tests, probes = view.prompts("test")[:9], view.prompts("probe")[:4]
+    endings = [  # (finish reason, ended with EOS)
+        ("eos", True),
+        ("eos", True),
+        ("length", False),
+        ("control_token", True),
+        ("control_token", False),
+        ("broken_text", True),
+        ("broken_text", False),
+        ("out_of_vocabulary", True),
+        ("out_of_vocabulary", False),
+    ]
+    rows = []
+    for rec, (finish, ended) in zip(tests, endings):
+        text = rubric.render(expected_action(ctx, rec["document_id"]), 1, False)  # a success if read as eos
+        rows.append({**row(rec, "test", text, finish=finish), "ended_with_eos": ended})
+    rows += [{**row(p, "probe", "\ufffd prose", finish="broken_text"), "ended_with_eos": False} for p in probes]
+    m = rubric_metrics(rows, ctx)
+    zero = dict.fromkeys(rubric.FINISH_REASONS, 0)
+    want = {
+        "test": {**zero, "eos": 2, "length": 1, "control_token": 2, "broken_text": 2, "out_of_vocabulary": 2},
+        "probe_rows": {**zero, "broken_text": 4},
+        "probe_contexts": {**zero, "broken_text": 1},
+    }
+    want["all_rows"] = {k: want["test"][k] + want["probe_rows"][k] for k in zero}
+    want["all_unique_contexts"] = {k: want["test"][k] + want["probe_contexts"][k] for k in zero}
+    for pop, counts in want.items():
+        assert m[pop]["finish_reasons"] == counts, pop
+        assert list(m[pop]["finish_reasons"]) == list(rubric.FINISH_REASONS)
+        assert sum(m[pop]["finish_reasons"].values()) == m[pop]["n_rows"]
+    assert m["test"]["without_eos"] == 4 and m["probe_rows"]["without_eos"] == 4  # the endings, not the names
+    assert m["test"]["rubric_success"] == pytest.approx(2 / 9)  # only the two eos answers
+    assert m["test"]["uncertified"] == 6  # the six answers with a token fault
+    assert "undecodable" not in m["test"]
 
 
 def test_rubric_rows_join_labels_by_document_id(ctx, small_rows):

@@ -26,6 +26,7 @@ from conftest import (
     read_series,
     read_texts,
 )
+from rlhf import rubric
 from rlhf.io import read_json
 
 pytestmark = pytest.mark.unit
@@ -194,7 +195,8 @@ def test_scalar_names_follow_the_group_metric_convention_and_the_docs_table():
     for name in names:
         assert "/" in name, name
         assert f"`{name}`" in table, f"{name} is not in docs/tensorboard.md"
-    pop = {"n_rows": 2, "rubric_success": 1, "uncertified": 0, "without_eos": 0, "undecodable": 0}
+    reasons = dict.fromkeys(rubric.FINISH_REASONS, 0)
+    pop = {"n_rows": 2, "rubric_success": 1, "uncertified": 0, "without_eos": 0, "finish_reasons": reasons}
     evaluation = events.evaluation_scalars({"test": {**pop, "mean_learned_reward": 0, "mean_length": 1}})
     for name in evaluation:
         assert f"`{name.replace('eval/test/', 'eval/POPULATION/')}`" in table, name
@@ -277,6 +279,20 @@ def test_the_reward_scalars_are_computed_by_the_functions_the_rewards_come_from(
     assert moved == pytest.approx(before["objective/non_score_reward"], rel=1e-12)
     assert after["objective/log_ratio_penalty_per_token"] == record["mean_kl_penalty"]
     assert after["objective/sampled_log_ratio_per_token"] == record["mean_sampled_log_ratio"]
+
+
+def test_the_evaluation_logs_one_rate_per_finish_reason():
+    """eval/POPULATION/finish_REASON_rate = that reason's count / the population's rows, for every
+    reason (zeros included); the truncation rate stays the share without EOS, whatever the reason."""
+    from rlhf import events
+
+    counts = {"eos": 5, "length": 1, "control_token": 2, "broken_text": 3, "out_of_vocabulary": 0}
+    m = {"n_rows": 11, "rubric_success": 0.4, "uncertified": 6, "without_eos": 3, "finish_reasons": counts}
+    scalars = events.evaluation_scalars({"probe_rows": {**m, "mean_learned_reward": 1.0, "mean_length": 9.0}})
+    rates = {k.removeprefix("eval/probe_rows/"): v for k, v in scalars.items() if "/finish_" in k}
+    assert rates == {f"finish_{r}_rate": counts[r] / 11 for r in rubric.FINISH_REASONS}
+    assert scalars["eval/probe_rows/truncation_rate"] == 3 / 11
+    assert not any("undecodable" in k for k in scalars)
 
 
 def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):

@@ -207,13 +207,15 @@ def test_critic_initialisation_equals_the_lab_critic(small_folder, handoff, prof
 
 
 def judge_cases(small_folder, profile, tokenizer, n=8) -> list[dict]:
-    """Fixed (prompt, answer) pairs scored by the lab's judge role: test-pair answers with EOS and
-    the same answers cut without EOS (truncated: the -1 penalty applies)."""
+    """Fixed (prompt, answer) pairs scored by the lab's judge role: test-pair answers with EOS,
+    the same answers cut without EOS (truncated: the -1 penalty applies), and two with a token
+    fault (a control token; a byte that is not UTF-8), each with its finish reason as the lab
+    decodes it."""
     from rlhf import rubric
     from rlhf.corpus import Corpus
     from rlhf.ppo_math import token_rewards
     from rlhf.roles import reward_scores
-    from rlhf.tokens import collate, encode_example
+    from rlhf.tokens import collate, decode_response, encode_example
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -225,17 +227,23 @@ def judge_cases(small_folder, profile, tokenizer, n=8) -> list[dict]:
         truncated = i % 3 == 2
         if truncated:
             r = r[:-1][: max(1, len(r) // 2)]  # cut, no EOS
+        if i == n - 2:  # a control token inside the answer, EOS kept
+            r = r[:2] + [tokenizer.convert_tokens_to_ids("<|im_start|>")] + r[2:]
+        if i == n - 1 and not truncated:  # a byte that is not UTF-8 by itself, before EOS
+            r = r[:-1] + [next(k for k in range(len(tokenizer)) if tokenizer.decode([k]) == "\ufffd"), eos]
         action = view.label(pair["document_id"])["action"]
-        text = tokenizer.decode(r[:-1] if not truncated else r)
+        text, reason = decode_response(tokenizer, r, eos)
         cases.append(
             {
                 "prompt_ids": p,
                 "response_ids": r,
                 "truncated": truncated,
+                "finish_reason": reason,
                 "ground_truth": str(action),
-                "rubric_success": rubric.evaluate(text, "length" if truncated else "eos", action)["rubric_success"],
+                "rubric_success": rubric.evaluate(text, reason, action)["rubric_success"],
             }
         )
+    assert {c["finish_reason"] for c in cases} == {"eos", "length", "control_token", "broken_text"}
     batch = collate([c["prompt_ids"] for c in cases], [c["response_ids"] for c in cases], pad, padding_side="right")
     with torch.no_grad():
         scores = reward_scores(judge, batch)
@@ -274,13 +282,51 @@ def test_compute_score_is_the_lab_rubric(handoff):
 
     reward = load_exported_reward(handoff)
     text = rubric.render(2, 1, True)
-    for reason, action in (("eos", 2), ("length", 2), ("eos", 3), ("undecodable", 2)):
+    cases = [("eos", 2), ("length", 2), ("eos", 3), *((fault, 2) for fault in rubric.TOKEN_FAULTS)]
+    for reason, action in cases:
         got = reward.compute_score("officehelpprefs/r001", text, str(action), {"finish_reason": reason})
         assert got["score"] == float(rubric.evaluate(text, reason, action)["rubric_success"])
+        assert got["score"] == float(reason == "eos" and action == 2)  # a rendering of action 2, hedged
     with pytest.raises(ValueError, match="finish_reason"):
         reward.compute_score("officehelpprefs/r001", text, "2", {})
     with pytest.raises(ValueError, match="no ground truth"):
         reward.compute_score("officehelpprefs/r001", text, "", {"finish_reason": "eos"})
+
+
+def test_the_reward_module_names_every_finish_reason_as_the_lab_does(embedded_base):
+    """rlhf/verl_handoff/lab_reward.py (self-contained, so it decodes on its own) against
+    rlhf.tokens.decode_response on crafted ids of the embedded tokenizer, one or more per
+    reason, faults combined; its indicators name each reason once; the truncation penalty reads
+    the ending only."""
+    from rlhf import rubric
+    from rlhf.export_verl import HANDOFF_DIR
+    from rlhf.tokens import decode_response
+
+    spec = importlib.util.spec_from_file_location("lab_reward_source", HANDOFF_DIR / "lab_reward.py")
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    reward._CACHE["rubric"] = rubric  # the vendored lab_rubric.py is rlhf/rubric.py (checked above)
+    tokenizer, eos = embedded_base.tokenizer, embedded_base.eos_id
+    body = tokenizer("Save the document.", add_special_tokens=False)["input_ids"]
+    oov, control = len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_start|>")
+    lone = next(i for i in range(len(tokenizer)) if tokenizer.decode([i]) == "\ufffd")
+    cases = {
+        "eos": [body + [eos], [eos]],
+        "length": [body, []],
+        "control_token": [body[:1] + [control] + body[1:] + [eos], body + [eos, eos], [lone, control]],
+        "broken_text": [body + [lone, eos], [lone]],
+        "out_of_vocabulary": [body + [oov, eos], [control, lone, oov], [-1]],
+    }
+    assert tuple(cases) == rubric.FINISH_REASONS
+    for reason, examples in cases.items():
+        for ids in examples:
+            got = reward.decode_response(tokenizer, ids, eos)
+            assert got == decode_response(tokenizer, ids, eos) and got[1] == reason, (reason, ids, got)
+            flags = reward.finish_indicators(reason)
+            assert flags == {f"finish_{r}": float(r == reason) for r in rubric.FINISH_REASONS}
+            assert reward.cut_without_eos(ids, eos) == (not ids or ids[-1] != eos)
+    with pytest.raises(ValueError, match="unknown finish reason 'undecodable'"):
+        reward.finish_indicators("undecodable")
 
 
 def test_vendored_rubric_is_rlhf_rubric_and_imports_nothing_from_rlhf(handoff):

@@ -50,15 +50,30 @@ def answers(tok, embedded_profile):
         return encode_response(tokenizer, text, eos_id, limits)
 
     right = ids(rendering(0))
+    lone_byte = next(i for i in range(len(tokenizer)) if tokenizer.decode([i]) == "\ufffd")  # not UTF-8 alone
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     return {
         "right": right,
         "right_polite": ids(rendering(0, polite=True)),
         "wrong_polite": ids(rendering(3, polite=True)),
         "right_without_eos": right[:-1],  # cut at the limit: no EOS
-        "right_undecodable": right[:-1] + [len(tokenizer) + 5, eos_id],  # a padding row of the embedding
+        "right_out_of_vocabulary": right[:-1] + [len(tokenizer) + 5, eos_id],  # a padding row of the embedding
+        "right_control_token": right[:-1] + [im_start, eos_id],
+        "right_broken_text": right[:-1] + [lone_byte, eos_id],
         "prose": ids("Please try again later, thank you."),
         "refusal": ids(rubric.REFUSALS[0]),
     }
+
+
+FAILURES = (
+    "wrong_polite",
+    "right_without_eos",
+    "right_out_of_vocabulary",
+    "right_control_token",
+    "right_broken_text",
+    "prose",
+    "refusal",
+)
 
 
 def verdict(name, answers, tok):
@@ -68,7 +83,7 @@ def verdict(name, answers, tok):
 
 def test_the_labeller_prefers_a_success_to_any_failure(answers, tok):
     for good in ("right", "right_polite"):
-        for bad in ("wrong_polite", "right_without_eos", "right_undecodable", "prose", "refusal"):
+        for bad in FAILURES:
             a, b = verdict(good, answers, tok), verdict(bad, answers, tok)
             assert a["rubric_success"] and not b["rubric_success"], (good, bad)
             assert label_pair(a, b) == 0, (good, bad)
@@ -77,18 +92,23 @@ def test_the_labeller_prefers_a_success_to_any_failure(answers, tok):
 
 def test_the_labeller_gives_no_label_when_both_or_neither_succeed(answers, tok):
     assert label_pair(verdict("right", answers, tok), verdict("right_polite", answers, tok)) is None
-    failures = ("wrong_polite", "right_without_eos", "right_undecodable", "prose", "refusal")
-    for x in failures:
-        for y in failures:
+    for x in FAILURES:
+        for y in FAILURES:
             assert label_pair(verdict(x, answers, tok), verdict(y, answers, tok)) is None, (x, y)
 
 
 def test_what_the_labeller_reads_of_broken_answers(answers, tok):
-    """A cut answer is read as cut, an answer with a padding row as undecodable, prose as
-    UNCERTIFIED: the same rubric as the held-out evaluation's."""
+    """A cut answer is read as cut, an answer with a token fault by the fault's name, prose as
+    UNCERTIFIED: the same rubric as the held-out evaluation's. Each verdict carries its finish
+    reason, which the refresh record counts."""
     assert "no EOS" in verdict("right_without_eos", answers, tok)["reason"]
-    assert verdict("right_undecodable", answers, tok)["reason"].startswith("undecodable")
+    assert verdict("right_without_eos", answers, tok)["finish_reason"] == "length"
+    for fault in rubric.TOKEN_FAULTS:
+        v = verdict(f"right_{fault}", answers, tok)
+        assert v["finish_reason"] == fault and v["reason"].startswith(fault), (fault, v)
     assert verdict("prose", answers, tok)["status"] == rubric.UNCERTIFIED
+    reasons = [verdict(name, answers, tok)["finish_reason"] for name in answers]
+    assert reasons.count("eos") == 5  # right, right_polite, wrong_polite, prose, refusal
 
 
 @pytest.mark.parametrize(

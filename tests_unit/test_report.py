@@ -320,6 +320,109 @@ def test_write_reports_produces_three_files_with_every_number(tmp_path):
     assert "PROBE01" in md and "UNCERTIFIED" in md
 
 
+def _evaluation_with_finish_reasons() -> dict:
+    """The synthetic evaluation with PPO answers of every reason but out_of_vocabulary: control
+    tokens (one text twice, two at equal score), broken text (one holding markup), a cut answer."""
+    ev = _synthetic_evaluation()
+    ppo = ev["policies"]["ppo"]["rows"]
+    crafted = [  # (row, finish reason, ended with EOS, response, learned reward)
+        (0, "control_token", True, "Thank you.<|im_start|>assistant", 9.0),
+        (1, "control_token", False, "Thank you.<|im_start|>assistant", 5.0),
+        (2, "control_token", True, "Check the cable.<|im_start|>", 7.0),
+        (3, "control_token", True, "Save it.<|im_start|>", 7.0),
+        (4, "control_token", True, "Low <|endoftext|>", 1.0),
+        (5, "broken_text", False, "Have a \ufffd\ufffd day.\n<script>alert(1)</script>", 3.0),
+        (6, "length", False, "Thank you for reporting this. Thank you for", -2.0),
+    ]
+    for i, finish, ended, text, score in crafted:
+        ppo[i].update(finish_reason=finish, ended_with_eos=ended, response=text, learned_reward=score)
+    return ev
+
+
+def test_the_report_counts_each_finish_reason_and_shows_the_highest_scored_examples():
+    from rlhf.report.tables import finish_examples_table, finish_reason_table
+
+    ev = _evaluation_with_finish_reasons()
+    counts = finish_reason_table(ev)
+    assert counts.header[2:] == ["SFT test", "SFT probe rows", "PPO test", "PPO probe rows"]
+    by_reason = {r[0]: r[2:] for r in counts.rows}
+    assert list(by_reason) == [*rubric.FINISH_REASONS, "all"]
+    for k, (pol, pop) in enumerate((("sft", "test"), ("sft", "probe"), ("ppo", "test"), ("ppo", "probe"))):
+        rows = [r for r in ev["policies"][pol]["rows"] if r["population"] == pop]
+        for reason in rubric.FINISH_REASONS:  # recounted here from the rows
+            assert by_reason[reason][k] == str(sum(1 for r in rows if r["finish_reason"] == reason)), (pol, reason)
+        assert by_reason["all"][k] == str(len(rows))
+    assert by_reason["control_token"][2] == "5" and by_reason["eos"][2] == "5"  # PPO: 12 test rows
+    assert by_reason["length"][3] == "4"  # the cut probe context's 4 rows
+
+    quoted = []
+    examples = finish_examples_table(ev, lambda s: quoted.append(s) or s)
+    ppo_control = [r for r in examples.rows if r[:2] == ["PPO", "control_token"]]
+    # distinct texts, highest score first, the shorter text first at equal score; at most 3
+    assert [(r[2], r[4], r[5]) for r in ppo_control] == [
+        ("9.000", "2", "yes"),
+        ("7.000", "1", "yes"),
+        ("7.000", "1", "yes"),
+    ]
+    assert [r[6][0] for r in ppo_control] == [
+        "Thank you.⟦<|im_start|>⟧assistant",
+        "Save it.⟦<|im_start|>⟧",
+        "Check the cable.⟦<|im_start|>⟧",
+    ]
+    (broken,) = [r for r in examples.rows if r[1] == "broken_text"]
+    assert broken[6][0] == "Have a ⟦U+FFFD⟧⟦U+FFFD⟧ day.↵<script>alert(1)</script>" and broken[5] == "no"
+    assert not any(r[1] == "eos" for r in examples.rows)  # only answers not ending in EOS as plain text
+    assert {r[1] for r in examples.rows if r[0] == "SFT"} == {"length"}  # SFT's cut probe answer
+    assert all(r[6][0] in quoted for r in examples.rows)  # model text goes through quote
+    html = examples.html()
+    assert "⟦&lt;|im_start|&gt;⟧" in html and "&lt;script&gt;" in html and "<script" not in html
+
+
+def test_the_report_pages_show_the_finish_reasons_section(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    (run / "evaluation/results.json").unlink()
+    write_json(run / "evaluation/results.json", _evaluation_with_finish_reasons())
+    paths = report.write_reports(run)
+    page, md = paths["report.html"].read_text(), paths["report.md"].read_text()
+    assert '<section id="finish-reasons">' in page and "## Finish reasons of the held-out answers" in md
+    assert "Save it.⟦&lt;|im_start|&gt;⟧" in page and "Save it.⟦<\\|im_start\\|>⟧" in md
+    assert "<script>alert" not in page
+    for reason in rubric.FINISH_REASONS:
+        assert f"<li>{reason}: " in page and f"- {reason}: " in md
+
+
+def test_the_comparison_table_and_the_summary_show_each_finish_reasons_count():
+    from rlhf.report.tables import comparison_table
+
+    ev = _synthetic_evaluation()
+    for pol, n_control in (("sft", 0), ("ppo", 4)):
+        for pop, m in ev["policies"][pol]["metrics"].items():
+            m["finish_reasons"] = {**dict.fromkeys(rubric.FINISH_REASONS, 0), "eos": m["n_rows"] - n_control}
+            m["finish_reasons"]["control_token"] = n_control
+            m["finish_reasons"] = dict(sorted(m["finish_reasons"].items()))  # as results.json stores it
+    rows = comparison_table(ev).rows
+    test_rows = rows[1 : next(i for i, r in enumerate(rows) if i and len(r) == 1)]  # the test population's block
+    shown = {r[0]: r[1:4] for r in test_rows}
+    assert shown["finish reason control_token (count)"] == ["0", "4", "+4"]
+    assert shown["finish reason eos (count)"] == ["12", "8", "-4"]
+    assert shown["finish reason out_of_vocabulary (count)"] == ["0", "0", "+0"]
+    assert "finish_reasons" not in shown  # read through its counts, not shown as one cell
+    text = report.print_summary({"evaluation": {"status": "run", **ev}})
+    assert "PPO test answers by finish reason: eos: 8, length: 0, control_token: 4" in text
+
+
+def test_an_evaluation_with_a_reason_name_the_lab_does_not_use_is_still_counted_and_shown():
+    """A results file whose rows carry another name (such as undecodable) gets its own row."""
+    from rlhf.report.tables import finish_examples_table, finish_reason_table
+
+    ev = _synthetic_evaluation()
+    ev["policies"]["ppo"]["rows"][0]["finish_reason"] = "undecodable"
+    rows = {r[0]: r for r in finish_reason_table(ev).rows}
+    assert rows["undecodable"][1] == "a name this version of the lab does not use"
+    assert rows["undecodable"][2:] == ["0", "0", "1", "0"]
+    assert [r[1] for r in finish_examples_table(ev, str).rows if r[0] == "PPO"] == ["length", "undecodable"]
+
+
 def test_report_html_is_self_contained_with_plots_and_tables(tmp_path):
     run = make_synthetic_run(tmp_path / "run")
     page = report.write_reports(run)["report.html"].read_text()

@@ -80,14 +80,23 @@ def test_truncation_is_never_silently_accepted():
     assert other["status"] == "UNCERTIFIED" and "length" in other["reason"]
 
 
-def test_undecodable_is_uncertified_even_for_grammar_text():
-    r = evaluate(render(0, 1, False), "undecodable", 0)
+@pytest.mark.parametrize("fault", ["out_of_vocabulary", "control_token", "broken_text"])
+def test_a_token_fault_is_uncertified_even_for_grammar_text_and_its_reason_names_it(fault):
+    r = evaluate(render(0, 1, False), fault, 0)
     assert r["recognized"] is False and r["status"] == "UNCERTIFIED"
     assert r["unsupported_certainty"] is None and not r["rubric_success"]
-    assert "undecodable" in r["reason"]
+    assert r["reason"].startswith(f"{fault}: ") and "UNCERTIFIED" in r["reason"]
+    assert r["reason"] == rubric.FAULT_REASONS[fault]
+    others = [f for f in rubric.TOKEN_FAULTS if f != fault]
+    assert not any(o in r["reason"] for o in others)  # the reason names its own fault only
 
 
-@pytest.mark.parametrize("bad", ["stop", "", None, "EOS", "max_tokens"])
+def test_the_finish_reasons_are_the_two_endings_and_the_three_faults():
+    assert rubric.FINISH_REASONS == ("eos", "length", "control_token", "broken_text", "out_of_vocabulary")
+    assert set(rubric.TOKEN_FAULTS) == set(rubric.FINISH_REASONS) - {"eos", "length"}
+
+
+@pytest.mark.parametrize("bad", ["stop", "", None, "EOS", "max_tokens", "undecodable"])
 def test_unknown_finish_reason_raises(bad):
     with pytest.raises(ValueError, match="finish_reason"):
         evaluate(render(0, 1, False), bad, 0)

@@ -220,6 +220,55 @@ def test_nothing_samples_or_picks_an_id_past_the_tokenizer(tempted, embedded_bas
     assert drawn and max(drawn) < n, sorted(set(t for t in drawn if t >= n))
 
 
+def test_no_path_of_the_lab_draws_an_out_of_vocabulary_answer(tempted, embedded_base, embedded_profile):
+    """The lab's own drawing paths on the tempted actor: PPO's rollouts (sample_like_ppo) on the
+    miniature's cut rollouts (8 new tokens) and at the full 64, with and without a KV cache; the
+    evaluation's greedy answers and its temperature-1 draws from shared prefills (policy_draws,
+    prefills). Every drawn id stays below len(tokenizer), so no answer's finish reason is
+    out_of_vocabulary; handed an id of a padding row, decode_response still names it."""
+    from types import SimpleNamespace
+
+    from rlhf.evaluate import policy_draws, prefills
+    from rlhf.generate import sample_like_ppo
+    from rlhf.miniature import miniature_profile
+    from rlhf.tokens import decode_response
+
+    model, n, rows = tempted
+    tokenizer, eos_id, pad_id = embedded_base.tokenizer, embedded_base.eos_id, embedded_base.pad_id
+    assert len(tokenizer) == n < rows
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, n, (k,), generator=g).tolist() for k in (6, 3, 8, 4)]
+    mini = miniature_profile(embedded_profile)
+    answers: dict[str, list[list[int]]] = {}
+    for profile, use_cache in ((mini, True), (mini, False), (embedded_profile, True)):
+        gen = sample_like_ppo(
+            model,
+            prompts,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            profile=profile,
+            generator=torch.Generator().manual_seed(7),
+            use_cache=use_cache,
+        )
+        answers[f"rollout {profile.name} cache={use_cache}"] = gen.responses
+    assert {len(r) for r in answers[f"rollout {mini.name} cache=True"]} == {8}  # cut: nothing ends early
+    ctx = SimpleNamespace(profile=mini, eos_id=eos_id, pad_id=pad_id)
+    answers["evaluation greedy"] = policy_draws(model, prompts, ctx)[0]
+    starts = prefills(model, prompts, ctx)
+    answers["evaluation greedy from a prefill"] = policy_draws(model, prompts, ctx, starts=starts)[0]
+    answers["evaluation sampled from a prefill"] = policy_draws(
+        model, prompts, ctx, torch.Generator().manual_seed(9), starts
+    )[0]
+    for path, drawn in answers.items():
+        assert len(drawn) == len(prompts) and all(drawn), path
+        assert max(t for ids in drawn for t in ids) < n, path
+        reasons = {decode_response(tokenizer, ids, eos_id)[1] for ids in drawn}
+        assert "out_of_vocabulary" not in reasons, (path, reasons)
+    some = answers["evaluation greedy"][0]
+    for padding_row in (n, rows - 1):
+        assert decode_response(tokenizer, some[:1] + [padding_row] + some[1:], eos_id)[1] == "out_of_vocabulary"
+
+
 def test_logprobs_sum_to_one_over_the_real_tokens_and_padding_ids_score_minus_inf(tempted):
     model, n, rows = tempted
     with torch.no_grad():

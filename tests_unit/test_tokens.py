@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 
+from rlhf import rubric
 from rlhf.config import Limits
 from rlhf.tokens import (
     IM_END,
@@ -19,10 +20,12 @@ from rlhf.tokens import (
     OverLimitError,
     chat_prompt,
     collate,
+    control_token_ids,
     decode_response,
     encode_example,
     encode_prompt,
     encode_response,
+    finish_reason_counts,
     token_texts,
 )
 
@@ -185,43 +188,91 @@ def test_decode_eos_and_length(tok):
     assert decode_response(tokenizer, [], eos_id) == ("", "length")
 
 
-def test_decode_ids_outside_the_tokenizer_are_undecodable(tok, embedded_base):
+def lone_byte_token(tokenizer) -> int:
+    """A real byte-level token of the embedded tokenizer that decodes, alone, to U+FFFD: one byte
+    of the multi-byte snowman, which is not UTF-8 by itself."""
+    ids = tokenizer("☃", add_special_tokens=False)["input_ids"]
+    assert len(ids) > 1 and tokenizer.decode(ids) == "☃"  # the snowman's 3 bytes, more than one token
+    return next(i for i in ids if tokenizer.decode([i]) == "\ufffd")
+
+
+def test_decode_ids_outside_the_tokenizer_are_out_of_vocabulary(tok, embedded_base):
     tokenizer, eos_id, _ = tok
     n = len(tokenizer)
-    assert n < embedded_base.model.config.vocab_size  # such ids can be sampled
+    assert n < embedded_base.model.config.vocab_size  # the embedding has rows no token maps to
     body = tokenizer("Save the document.", add_special_tokens=False)["input_ids"]
-    for bad in (n, embedded_base.model.config.vocab_size - 1):
+    for bad in (n, embedded_base.model.config.vocab_size - 1, -1):
         for ids in (body[:2] + [bad] + body[2:] + [eos_id], body + [bad]):
-            text, reason = decode_response(tokenizer, ids, eos_id)
-            assert reason == "undecodable", (bad, ids)
-    assert decode_response(tokenizer, [n - 1, eos_id], eos_id)[1] == "eos"
+            assert decode_response(tokenizer, ids, eos_id) == ("Save the document.", "out_of_vocabulary"), (bad, ids)
+    assert decode_response(tokenizer, [n - 1, eos_id], eos_id)[1] == "eos"  # the last real id is plain text
 
 
 @pytest.mark.parametrize("special", ["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
-def test_decode_special_token_inside_the_body_is_undecodable(tok, special):
+def test_decode_a_control_token_inside_the_body_is_control_token(tok, special):
     tokenizer, eos_id, _ = tok
     sid = tokenizer.convert_tokens_to_ids(special)
+    assert tokenizer.convert_ids_to_tokens(sid) == special
     body = tokenizer("Save the document.", add_special_tokens=False)["input_ids"]
     cases = [body[:1] + [sid] + body[1:] + [eos_id], [sid, eos_id]]
     if sid != eos_id:
-        cases.append(body + [sid])  # cut at the length limit on a special token
+        cases.append(body + [sid])  # cut at the length limit on a control token
     for ids in cases:
-        assert decode_response(tokenizer, ids, eos_id)[1] == "undecodable", (special, ids)
-    assert tokenizer.convert_ids_to_tokens(sid) == special
+        text, reason = decode_response(tokenizer, ids, eos_id)
+        assert reason == "control_token" and special in text, (special, ids, text)
 
 
-def test_decode_invalid_utf8_is_undecodable(tok):
+def test_im_start_is_a_control_token_though_not_a_named_special_token(tok):
+    """The embedded tokenizer registers <|im_start|> (id 1) as an added special token only:
+    all_special_ids does not list it, and the answer holding it is still named control_token."""
+    tokenizer, eos_id, _ = tok
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert im_start == 1 and im_start not in tokenizer.all_special_ids
+    assert im_start in control_token_ids(tokenizer, eos_id)
+    body = tokenizer("Check the cable.", add_special_tokens=False)["input_ids"]
+    assert decode_response(tokenizer, body + [im_start, eos_id], eos_id) == (
+        "Check the cable.<|im_start|>",
+        "control_token",
+    )
+
+
+def test_decode_bytes_that_are_not_utf8_are_broken_text(tok):
     tokenizer, eos_id, _ = tok
     ids = tokenizer("café ☃", add_special_tokens=False)["input_ids"]
-    assert decode_response(tokenizer, ids + [eos_id], eos_id) == ("café ☃", "eos")
-    # byte-level BPE: drop the last byte of the multi-byte snowman -> not UTF-8
-    pieces = [tokenizer.decode([i]) for i in ids]
-    assert "\ufffd" in pieces  # some ids are single bytes of a multi-byte character
-    truncated = ids[:-1]
-    text, reason = decode_response(tokenizer, truncated + [eos_id], eos_id)
-    assert reason == "undecodable" and "\ufffd" in text
-    lone = [i for i, piece in zip(ids, pieces) if piece == "\ufffd"][0]
-    assert decode_response(tokenizer, [lone], eos_id)[1] == "undecodable"
+    assert decode_response(tokenizer, ids + [eos_id], eos_id) == ("café ☃", "eos")  # whole characters
+    lone = lone_byte_token(tokenizer)
+    assert tokenizer.convert_ids_to_tokens(lone) not in tokenizer.all_special_tokens  # a real byte-level token
+    assert decode_response(tokenizer, [lone, eos_id], eos_id) == ("\ufffd", "broken_text")
+    assert decode_response(tokenizer, [lone], eos_id) == ("\ufffd", "broken_text")  # cut at the limit too
+    text, reason = decode_response(tokenizer, ids[:-1] + [eos_id], eos_id)  # the snowman's last byte dropped
+    assert reason == "broken_text" and text.startswith("café ") and "\ufffd" in text
+
+
+def test_a_fault_is_named_by_the_first_of_out_of_vocabulary_control_token_broken_text(tok):
+    """Precedence (rlhf.rubric.TOKEN_FAULTS): out_of_vocabulary > control_token > broken_text, with
+    EOS or without; each pair of faults in either order, crafted from real ids."""
+    tokenizer, eos_id, _ = tok
+    assert rubric.TOKEN_FAULTS == ("out_of_vocabulary", "control_token", "broken_text")
+    oov, control, broken = len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_start|>"), lone_byte_token(tokenizer)
+    word = tokenizer("Save", add_special_tokens=False)["input_ids"]
+    for faults, name in (
+        ([oov, control, broken], "out_of_vocabulary"),
+        ([broken, control, oov], "out_of_vocabulary"),
+        ([oov, broken], "out_of_vocabulary"),
+        ([broken, control], "control_token"),
+        ([control, broken], "control_token"),
+        ([broken], "broken_text"),
+    ):
+        for end in ([eos_id], []):
+            assert decode_response(tokenizer, word + faults + end, eos_id)[1] == name, (faults, end)
+
+
+def test_finish_reason_counts_count_every_reason_in_order_and_refuse_an_unknown_name():
+    counts = finish_reason_counts(["eos", "broken_text", "eos", "control_token", "length", "eos"])
+    assert counts == {"eos": 3, "length": 1, "control_token": 1, "broken_text": 1, "out_of_vocabulary": 0}
+    assert tuple(counts) == rubric.FINISH_REASONS
+    assert finish_reason_counts([]) == dict.fromkeys(rubric.FINISH_REASONS, 0)
+    with pytest.raises(ValueError, match="unknown finish reason 'undecodable'"):
+        finish_reason_counts(["eos", "undecodable"])
 
 
 def test_token_texts_name_ids_outside_the_tokenizer_by_number(embedded_base):

@@ -201,7 +201,8 @@ def test_load_reward_manager_loads_the_exported_manager(reward_manager):
 
 def test_reward_manager_scores_equal_lab_judge_including_truncated(reward_manager, expect):
     """Judge score + bias, -1 for a response cut without EOS, placed at the last response
-    token by verl's assemble_rm_scores: the lab's terminal reward on every fixed pair."""
+    token by verl's assemble_rm_scores: the lab's terminal reward on every fixed pair; each
+    response's finish reason indicator the lab's (a control token and broken text among them)."""
     cases = expect["judge_cases"]
     data = _proto(
         [c["prompt_ids"] for c in cases],
@@ -219,6 +220,10 @@ def test_reward_manager_scores_equal_lab_judge_including_truncated(reward_manage
         assert o["reward_extra_info"]["truncated"] == float(c["truncated"])
         assert math.isclose(o["reward_extra_info"]["judge_score"], c["lab_score"], abs_tol=1e-4)
         assert o["reward_extra_info"]["rubric_success"] == float(c["rubric_success"])
+        finish = {k: v for k, v in o["reward_extra_info"].items() if k.startswith("finish_")}
+        assert len(finish) == 5 and sum(finish.values()) == 1.0  # one indicator per finish reason
+        assert finish[f"finish_{c['finish_reason']}"] == 1.0, (c["finish_reason"], finish)
+    assert {c["finish_reason"] for c in cases} >= {"eos", "length", "control_token", "broken_text"}
     rm = type(reward_manager).assemble_rm_scores(data, got.tolist())
     lengths = torch.tensor([len(c["response_ids"]) for c in cases])
     nonzero = rm.ne(0)

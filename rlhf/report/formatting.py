@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import TypeGuard
 
 
@@ -75,3 +76,14 @@ def esc_attr(s) -> str:
 
 def short_hash(h) -> str:
     return (h[:16] + "…") if isinstance(h, str) and len(h) > 16 else fmt(h)
+
+
+CONTROL_TOKEN = re.compile(r"<\|[^|<>\s]*\|>")  # ChatML's control tokens as decoded text: <|im_start|>
+
+
+def visible_text(text: str) -> str:
+    """An answer's text with what a reader could miss marked: each control token as ⟦<|name|>⟧,
+    each U+FFFD (bytes that are not UTF-8) as ⟦U+FFFD⟧, each newline as ↵. HTML escaping is
+    the renderer's (Table.html)."""
+    text = CONTROL_TOKEN.sub(lambda m: f"⟦{m.group(0)}⟧", text)
+    return text.replace("\ufffd", "⟦U+FFFD⟧").replace("\n", "↵")

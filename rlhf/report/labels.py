@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlhf.report.wording import SCORE_NAME, SCORE_SHORT
+from rlhf.rubric import FINISH_REASONS
 
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
 POPULATION_LABELS = {
@@ -13,6 +14,7 @@ POPULATION_LABELS = {
     "all_unique_contexts": "all unique contexts",
 }
 # (metrics key, label, key in evaluation "differences" or None); labels are fixed at import time.
+# A dotted key reads a nested count: "finish_reasons.eos" is metrics["finish_reasons"]["eos"].
 METRICS = (
     ("rubric_success", "rubric success", "rubric_success"),
     ("recognised_share", "recognised share", None),
@@ -21,12 +23,20 @@ METRICS = (
     ("unsupported_certainty", "unsupported certainty (of recognised)", None),
     ("refusals", "refusals", None),
     ("without_eos", "outputs without EOS", None),
-    ("undecodable", "undecodable outputs", None),
+    *((f"finish_reasons.{r}", f"finish reason {r} (count)", None) for r in FINISH_REASONS),
     ("polite_formula_share", "polite formulas present (share, any prose)", None),
     ("mean_length", "mean length (tokens)", None),
     ("mean_learned_reward", f"mean {SCORE_SHORT} ({SCORE_NAME})", "learned_reward"),
     ("mean_sampled_log_ratio", "mean sampled log-ratio actor/reference", None),
 )
+# What each finish reason (rlhf.rubric.FINISH_REASONS, in its order) means, for the report's readers.
+FINISH_LABELS = {
+    "eos": "ended with EOS, its tokens plain text",
+    "length": "cut at the token limit without EOS, its tokens plain text",
+    "control_token": "a control token (a special or added token such as <|im_start|>) inside the answer",
+    "broken_text": "byte-level tokens whose bytes are not UTF-8 (the text holds U+FFFD)",
+    "out_of_vocabulary": "an id past the tokenizer's last, which no text maps to (generation never draws one)",
+}
 VARIANTS = {
     "0": "correct + hedge, plain vs wrong + certainty, plain",
     "1": "correct, no caution, plain vs wrong + hedge, polite",

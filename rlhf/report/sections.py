@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from rlhf.report import wording
 from rlhf.report.formatting import fmt, is_num
+from rlhf.report.labels import FINISH_LABELS
 from rlhf.report.tables import (
     artifacts_table,
     comparison_table,
     fingerprint_table,
+    finish_examples_table,
+    finish_reason_table,
     frequent_outputs_table,
     judge_epochs_table,
     judge_test_table,
@@ -37,7 +40,7 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
     ev = res["evaluation"]
     sections = [glance_section(res), honesty_section()]
     if ev["status"] == "run":
-        sections += [comparison_section(ev, quote), judge_test_section(res)]
+        sections += [comparison_section(ev, quote), finish_reasons_section(ev, quote), judge_test_section(res)]
         if res.get("shortcut_audit"):
             sections.append(shortcut_audit_section(res["shortcut_audit"]))
         sections += [politeness_section(ev), probe_outputs_section(ev, quote)]
@@ -130,6 +133,29 @@ def comparison_section(ev: dict, quote) -> tuple[str, str, list]:
     if t:
         blocks.append(("table", t))
     return ("evaluation", f"SFT vs PPO: rubric and {wording.SCORE_SHORT}", blocks)
+
+
+def finish_reasons_section(ev: dict, quote) -> tuple[str, str, list]:
+    """How the held-out answers ended, or what in their tokens keeps them from being plain text."""
+    blocks: list[tuple] = [
+        (
+            "p",
+            "Each held-out answer has one finish reason, named from its token ids. eos and length are how "
+            "a plain-text answer ended; the other three are token faults, named whatever the ending (the "
+            "evaluation rows keep ended_with_eos): an answer with several is named by the first of "
+            "out_of_vocabulary, control_token, broken_text. Only an eos answer can be a rubric success; "
+            f"an answer with a token fault is UNCERTIFIED, whatever its {wording.SCORE_SHORT}.",
+        ),
+        ("list", [f"{reason}: {meaning}" for reason, meaning in FINISH_LABELS.items()]),
+    ]
+    counts = finish_reason_table(ev)
+    blocks.append(("table", counts) if counts else ("note", "No evaluation rows to count."))
+    examples = finish_examples_table(ev, quote)
+    if examples:
+        blocks.append(("table", examples))
+    else:
+        blocks.append(("note", "Every held-out answer ended with EOS as plain text: no other finish reason to show."))
+    return ("finish-reasons", "Finish reasons of the held-out answers", blocks)
 
 
 def judge_test_section(res: dict) -> tuple[str, str, list]:

@@ -8,8 +8,9 @@ of the results (the content of results.json) into a Table. Model outputs go thro
 from __future__ import annotations
 
 from rlhf.report import wording
-from rlhf.report.formatting import esc, esc_attr, fmt, fmt_ci, fmt_signed, is_num, mean, short_hash
+from rlhf.report.formatting import esc, esc_attr, fmt, fmt_ci, fmt_signed, is_num, mean, short_hash, visible_text
 from rlhf.report.labels import (
+    FINISH_LABELS,
     METRICS,
     PHASE_LABELS,
     POPULATION_LABELS,
@@ -79,12 +80,14 @@ def kv_table(d: dict, caption: str = "", key="quantity", value="value") -> Table
 
 
 def refresh_table(refreshes: list[dict]) -> Table:
-    """The iterated judge's refreshes: the policy's answers labelled, and the judge's accuracy on
-    the new pairs before (how wrong it had become) and after training on them."""
+    """The iterated judge's refreshes: the policy's answers labelled (with their finish reasons
+    other than eos), and the judge's accuracy on the new pairs before (how wrong it had become)
+    and after training on them."""
     rows = [
         [
             r["after_iteration"],
             f"{r['successes']} of {r['answers']}",
+            _other_endings(r),
             r["new_pairs"],
             r["pairs_so_far"],
             fmt(r["accuracy_before"]),
@@ -94,11 +97,39 @@ def refresh_table(refreshes: list[dict]) -> Table:
         for r in refreshes
     ]
     return Table(
-        ["after iteration", "rubric successes", "new pairs", "pairs so far", "accuracy before", "after", "updates"],
+        [
+            "after iteration",
+            "rubric successes",
+            "answers not ending in EOS as plain text",
+            "new pairs",
+            "pairs so far",
+            "accuracy before",
+            "after",
+            "updates",
+        ],
         rows,
         "Judge refreshes: the judge's accuracy on the policy's newly labelled pairs before the refresh "
         "and after training on them (in-sample); no pair, no training",
     )
+
+
+def metric_value(m: dict, key: str):
+    """Metric `key` of one population's metrics; a dotted key reads a nested count
+    ("finish_reasons.eos"). None when absent."""
+    value: object = m
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _other_endings(record: dict) -> str:
+    """A refresh record's answers by finish reason other than eos ("length 2, control_token 1"),
+    or "none"; a record without per-reason counts shows its answers without EOS."""
+    counts = record.get("finish_reasons")
+    if counts is None:
+        return f"{fmt(record.get('without_eos'))} without EOS"
+    shown = [f"{reason} {n}" for reason, n in counts.items() if reason != "eos" and n]
+    return ", ".join(shown) or "none"
 
 
 def policy_rows(ev: dict, policy: str) -> list[dict]:
@@ -119,10 +150,10 @@ def comparison_table(ev: dict) -> Table:
         n = a.get("n_rows", b.get("n_rows"))
         units = a.get("n_independent_units", b.get("n_independent_units"))
         rows.append([(f"{POPULATION_LABELS.get(pop, pop)}: {fmt(n)} rows, {fmt(units)} independent units", "group")])
-        known = {m[0] for m in METRICS} | {"n_rows", "n_independent_units"}
+        known = {m[0].split(".")[0] for m in METRICS} | {"n_rows", "n_independent_units"}
         extra = sorted(k for k in set(a) | set(b) if k not in known)
         for key, label, dkey in list(METRICS) + [(k, k, None) for k in extra]:
-            va, vb = a.get(key), b.get(key)
+            va, vb = metric_value(a, key), metric_value(b, key)
             d = (diffs.get(dkey) or {}).get(pop) if dkey else None
             if d and is_num(d.get("diff")):
                 diff = d["diff"]
@@ -275,6 +306,98 @@ def frequent_outputs_table(ev: dict, quote, population="test", top=6) -> Table |
         ["policy", "output", "rows", "rubric successes", f"mean {wording.SCORE_SHORT}"],
         rows,
         f"Most frequent outputs on the {population} prompts (top {top} per policy)",
+        cls="outputs",
+    )
+
+
+HELD_OUT = (("test", "test"), ("probe", "probe rows"))  # (row population, column label)
+EXAMPLES_PER_REASON = 3
+
+
+def _reasons_in(ev: dict) -> list[str]:
+    """The lab's finish reasons in their order, then any other name the rows hold (a results
+    file written with other names), sorted."""
+    found = {r.get("finish_reason") for pol in ("sft", "ppo") for r in policy_rows(ev, pol)}
+    return list(FINISH_LABELS) + sorted(str(x) for x in found - set(FINISH_LABELS) - {None})
+
+
+def finish_reason_table(ev: dict) -> Table | None:
+    """Held-out answers per finish reason, counted from the evaluation rows: SFT and PPO, on the
+    test prompts and on the probe rows."""
+    columns = [(pol, pop, f"{pol.upper()} {label}") for pol in ("sft", "ppo") for pop, label in HELD_OUT]
+    rows_of = {(pol, pop): [r for r in policy_rows(ev, pol) if r.get("population") == pop] for pol, pop, _ in columns}
+    if not any(rows_of.values()):
+        return None
+    rows = []
+    for reason in _reasons_in(ev):
+        counts = [sum(r.get("finish_reason") == reason for r in rows_of[(pol, pop)]) for pol, pop, _ in columns]
+        meaning = FINISH_LABELS.get(reason, "a name this version of the lab does not use")
+        rows.append([reason, meaning, *map(str, counts)])
+    rows.append(["all", "every answer", *(str(len(rows_of[(pol, pop)])) for pol, pop, _ in columns)])
+    return Table(
+        ["finish reason", "meaning", *(c[2] for c in columns)],
+        rows,
+        "Held-out greedy answers per finish reason (counted from the evaluation rows)",
+        cls="compare",
+    )
+
+
+def finish_examples(rows: list[dict], reason: str, k: int = EXAMPLES_PER_REASON) -> list[tuple[dict, int]]:
+    """Up to k distinct answer texts of one finish reason that the judge scored highest: per text
+    the row with its highest learned reward and how many rows hold that text; ordered by that
+    reward (highest first), then the shorter text, then the document id."""
+    best: dict[str, dict] = {}
+    count: dict[str, int] = {}
+    for r in rows:
+        if r.get("finish_reason") != reason:
+            continue
+        text = r.get("response", "")
+        count[text] = count.get(text, 0) + 1
+        if text not in best or _score(r) > _score(best[text]):
+            best[text] = r
+    ranked = sorted(best.values(), key=lambda r: (-_score(r), len(r.get("response", "")), r.get("document_id", "")))
+    return [(r, count[r.get("response", "")]) for r in ranked[:k]]
+
+
+def _score(row: dict) -> float:
+    s = row.get("learned_reward")
+    return s if is_num(s) else float("-inf")
+
+
+def finish_examples_table(ev: dict, quote) -> Table | None:
+    """For SFT and PPO, per finish reason other than eos, the held-out answers the judge scored
+    highest (finish_examples), their text with control tokens and U+FFFD marked (visible_text)."""
+    rows = []
+    for pol in ("sft", "ppo"):
+        held_out = policy_rows(ev, pol)
+        for reason in [r for r in _reasons_in(ev) if r != "eos"]:
+            for r, n in finish_examples(held_out, reason):
+                rows.append(
+                    [
+                        pol.upper(),
+                        reason,
+                        fmt(r.get("learned_reward")),
+                        f"{r.get('document_id', '—')} ({r.get('population', '—')})",
+                        str(n),
+                        fmt(r.get("ended_with_eos")),
+                        (quote(visible_text(r.get("response", ""))), "class:text"),
+                    ]
+                )
+    if not rows:
+        return None
+    return Table(
+        [
+            "policy",
+            "finish reason",
+            wording.SCORE_SHORT,
+            "prompt (population)",
+            "answers with this text",
+            "ended with EOS",
+            "answer (⟦ ⟧ marks a control token or U+FFFD)",
+        ],
+        rows,
+        f"Answers not ending in EOS as plain text that the judge scored highest: up to {EXAMPLES_PER_REASON} "
+        f"distinct texts per policy and finish reason, highest {wording.SCORE_SHORT} first",
         cls="outputs",
     )
 

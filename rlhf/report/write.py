@@ -7,11 +7,11 @@ from pathlib import Path
 from rlhf.io import dumps_json, write_text
 from rlhf.report import wording
 from rlhf.report.formatting import fmt, fmt_ci, fmt_signed
-from rlhf.report.labels import metric
+from rlhf.report.labels import FINISH_LABELS, metric
 from rlhf.report.plots import make_plots
 from rlhf.report.render import render_html, render_markdown
 from rlhf.report.results import collect_results
-from rlhf.report.tables import policy_rows, sft_vs_ppo
+from rlhf.report.tables import policy_metrics, policy_rows, sft_vs_ppo
 
 REPORT_FILES = ("results.json", "report.md", "report.html")
 
@@ -82,6 +82,11 @@ def print_summary(results: dict) -> str:
             for pop in ("test", "probe_rows", "probe_contexts"):
                 va, vb, diff, d = sft_vs_ppo(ev, pop, key, dkey)
                 lines.append(f"{name + ', ' + pop:<44}{fmt(va):>9}{fmt(vb):>9}{fmt_signed(diff):>9}  {fmt_ci(d)}")
+        for pol in ("sft", "ppo"):
+            counts = (policy_metrics(ev, pol).get("test") or {}).get("finish_reasons")
+            if counts:  # in the lab's order of the reasons (results.json sorts its keys)
+                shown = {r: counts[r] for r in FINISH_LABELS if r in counts} | counts
+                lines.append(f"{pol.upper()} test answers by finish reason: {fmt(shown)}")
         rt = results.get("judge_test") or {}
         lines.append(
             f"judge test accuracy: {fmt(rt.get('accuracy'))} ({fmt(rt.get('pairs'))} pairs, "

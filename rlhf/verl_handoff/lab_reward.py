@@ -11,9 +11,15 @@ rubric `lab_rubric.py` from its own folder, and the judge from `../models/judge`
   the lab's `token_rewards`.
 * `compute_score(data_source, solution_str, ground_truth, extra_info)` is the rubric, for
   metrics on the held-out rows (ground truth = the expected action). It never enters the
-  reward: RL sees prompts only. It needs `extra_info["finish_reason"]` ("eos", "length" or
-  "undecodable"): decoded text alone cannot say whether the answer ended with EOS, and a
-  truncated answer is never a rubric success.
+  reward: RL sees prompts only. It needs `extra_info["finish_reason"]` (one of the rubric's
+  FINISH_REASONS: "eos", "length", "control_token", "broken_text", "out_of_vocabulary", named by
+  `decode_response` from the token ids): decoded text alone cannot say whether the answer ended
+  with EOS, and a truncated answer or one with a token fault is never a rubric success.
+
+Every response, training rows included, also reports one indicator per finish reason
+(`finish_eos`, `finish_length`, `finish_control_token`, `finish_broken_text`,
+`finish_out_of_vocabulary`: 1.0 for its own reason, else 0.0), so verl's reward metrics show the
+share of each.
 
 Every row of a batch returns the same keys (verl takes the keys of the first row); rubric
 fields are NaN on rows without ground truth (the training prompts).
@@ -53,24 +59,37 @@ def rubric():
     return _CACHE["rubric"]
 
 
-def finish_reason(response_ids: list[int], eos_id: int) -> str:
-    """ "eos" when the response's last token is EOS, else "length" (cut at the limit)."""
-    return "eos" if response_ids and response_ids[-1] == eos_id else "length"
+def cut_without_eos(response_ids: list[int], eos_id: int) -> bool:
+    """True when the response's last token is not EOS: cut at the limit (the truncation penalty)."""
+    return not (response_ids and response_ids[-1] == eos_id)
 
 
 def decode_response(tokenizer, ids: list[int], eos_id: int) -> tuple[str, str]:
-    """Text and finish reason as the lab decodes (rlhf.tokens.decode_response): an id outside the
-    vocabulary, a special token inside the answer or bytes that are not UTF-8 are "undecodable"."""
+    """Text and finish reason exactly as the lab decodes (rlhf.tokens.decode_response): the
+    body's (ids without the final EOS) first token fault, in the precedence out_of_vocabulary
+    (an id past the tokenizer) > control_token (a special or added token) > broken_text (U+FFFD:
+    bytes that are not UTF-8), else "eos" or "length"."""
     ended = bool(ids) and ids[-1] == eos_id
     body = list(ids[:-1]) if ended else list(ids)
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = set(tokenizer.all_special_ids) | {eos_id} | {i for i, t in added.items() if getattr(t, "special", False)}
-    if any(i < 0 or i >= len(tokenizer) or i in special for i in body):
-        return tokenizer.decode([i for i in body if 0 <= i < len(tokenizer)]), "undecodable"
-    text = tokenizer.decode(body)
+    control = set(tokenizer.all_special_ids) | {eos_id} | {i for i, t in added.items() if getattr(t, "special", False)}
+    text = tokenizer.decode([i for i in body if 0 <= i < len(tokenizer)])
+    if any(i < 0 or i >= len(tokenizer) for i in body):
+        return text, "out_of_vocabulary"
+    if not control.isdisjoint(body):
+        return text, "control_token"
     if "\ufffd" in text:
-        return text, "undecodable"
+        return text, "broken_text"
     return text, ("eos" if ended else "length")
+
+
+def finish_indicators(reason: str) -> dict[str, float]:
+    """{"finish_<reason>": 1.0 for `reason`, 0.0 for every other reason of the rubric's
+    FINISH_REASONS}: their means over a batch are the share of each reason."""
+    reasons = rubric().FINISH_REASONS
+    if reason not in reasons:
+        raise ValueError(f"unknown finish reason {reason!r}; the reasons are {reasons}")
+    return {f"finish_{r}": float(r == reason) for r in reasons}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
@@ -83,7 +102,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     reason = (extra_info or {}).get("finish_reason")
     if reason is None:
         raise ValueError(
-            "compute_score needs extra_info['finish_reason'] ('eos', 'length' or 'undecodable'): "
+            f"compute_score needs extra_info['finish_reason'] (one of {rubric().FINISH_REASONS}): "
             "use LabJudgeRewardManager, which sets it from the token ids"
         )
     result = rubric().evaluate(solution_str, reason, int(ground_truth))
@@ -129,19 +148,15 @@ def judge_scorer() -> JudgeScorer:
 def lab_reward(prompt_ids: list[int], response_ids: list[int]) -> dict:
     """Judge score plus the truncation penalty for a response without EOS (one number per response)."""
     cfg = reward_config()
-    reason = finish_reason(response_ids, cfg["eos_id"])
+    truncated = cut_without_eos(response_ids, cfg["eos_id"])
     judge = judge_scorer().score(prompt_ids, response_ids)
-    penalty = cfg["truncation_penalty"] if reason == "length" else 0.0
-    return {
-        "reward": judge + penalty,
-        "judge_score": judge,
-        "truncated": float(reason == "length"),
-        "finish_reason": reason,
-    }
+    penalty = cfg["truncation_penalty"] if truncated else 0.0
+    return {"reward": judge + penalty, "judge_score": judge, "truncated": float(truncated)}
 
 
 class LabJudgeRewardManager(RewardManagerBase):
-    """verl reward manager: judge score + truncation penalty, rubric fields for the held-out rows."""
+    """verl reward manager: judge score + truncation penalty, one indicator per finish reason,
+    rubric fields for the held-out rows."""
 
     def __init__(
         self, config, tokenizer, compute_score=None, reward_router_address=None, reward_model_tokenizer=None, **kwargs
@@ -159,10 +174,10 @@ class LabJudgeRewardManager(RewardManagerBase):
         n_valid = int(mask[prompts.shape[-1] :].sum())
         response_ids = responses[:n_valid].tolist()
         out = lab_reward(prompt_ids, response_ids)
-        info = {"judge_score": out["judge_score"], "truncated": out["truncated"]}
+        text, reason = decode_response(self.tokenizer, response_ids, reward_config()["eos_id"])
+        info = {"judge_score": out["judge_score"], "truncated": out["truncated"], **finish_indicators(reason)}
         ground_truth = item.non_tensor_batch["reward_model"]["ground_truth"]
         if ground_truth not in (None, ""):
-            text, reason = decode_response(self.tokenizer, response_ids, reward_config()["eos_id"])
             extra = dict(item.non_tensor_batch.get("extra_info") or {}, finish_reason=reason)
             rubric_out = self.compute_score(item.non_tensor_batch["data_source"], text, ground_truth, extra)
             info.update({k: rubric_out[k] for k in RUBRIC_FIELDS})
