@@ -398,3 +398,68 @@ def stage_costs(
     out["decode_step_s"] = step_s
     out["assumptions"] = {"peak_flops_per_s": peak_flops_per_s, "utilisation": utilisation, "bytes_per_s": bytes_per_s}
     return out
+
+
+# ------------------------------------------------------------------------------ launches
+
+
+# Kernel launches of one cached decode step, scoring forward and training update of the 24-layer
+# Qwen2.5-0.5B structure with the lab's LoRA, counted on the CPU (tests_unit/bench_harness.py
+# launch_counts: aten ops, and deterministic mode's NaN fills of new tensors), without the
+# launch diet and with it (fills off, one FP32 cast per q/k/v and gate/up group, and decode steps
+# replayed as CUDA graphs: the host then launches `graphed_host` ops and one replay per step,
+# while the GPU runs the step's kernels back to back).
+LAUNCHES = {
+    "no_diet": {"decode_step": 2010 + 867, "forward": 2088 + 921, "update": 5131 + 2494},
+    "diet": {"decode_step": 1938, "forward": 2016, "update": 4989, "graphed_host": 24 + 1},
+}
+
+
+def lab_launch_work(profile) -> dict[str, int]:
+    """What `rlhf lab` with its interrupt/resume protocol asks of a GPU, counted from the profile,
+    every answer at its token limit (an upper bound: an answer that ends at EOS stops earlier):
+
+        decode_steps  PPO's rollouts (every iteration of the three legs, limit - 1 steps each)
+                      and the held-out answers (2 policies x batches of 32 of 260 rows)
+        forwards      PPO's reference, judge and critic scoring of each rollout; the validations
+                      of SFT (per epoch of each leg) and the judge, in batches of 16; the
+                      evaluation's scoring (actor, reference, judge per batch), the judge's
+                      test accuracy, the shortcut audit's 5 sets, in batches of 16 pairs
+        updates       SFT's and the judge's updates of each leg; PPO's 2 x (actor + critic) per
+                      iteration of each leg"""
+    ppo = profile.ppo
+    ppo_iterations = ppo.resume_stop_iteration + (ppo.iterations - ppo.resume_stop_iteration) + ppo.iterations
+    steps_per_answer = profile.limits.response_tokens - 1
+    eval_batches = -(-260 // 32)
+    pair_batches = -(-180 // 16)
+    epoch_legs = {
+        stage: 1 + (cfg.epochs - 1) + cfg.epochs for stage, cfg in (("sft", profile.sft), ("judge", profile.judge))
+    }
+    return {
+        "decode_steps": ppo_iterations * steps_per_answer + 2 * eval_batches * steps_per_answer,
+        "forwards": 3 * ppo_iterations + pair_batches * (epoch_legs["sft"] + epoch_legs["judge"])
+        + 2 * eval_batches * 3 + pair_batches + 5 * pair_batches,
+        "updates": 2 * profile.sft.expected_updates + 2 * profile.judge.expected_updates
+        + ppo_iterations * ppo.updates_per_iteration * TRAINED_ROLES,
+    }  # fmt: skip
+
+
+def launch_seconds(work: dict[str, int], *, host_us: float, kernel_us: float, diet: bool) -> dict[str, float]:
+    """Seconds `work` (lab_launch_work) spends launching kernels, when each launch costs the host
+    `host_us` microseconds and each kernel at least `kernel_us` on the GPU:
+
+        without the diet  every kernel launched by the host:  launches x host_us
+        with the diet     forwards and updates likewise; a decode step replays its graph, so
+                          it costs max(its host ops x host_us, its kernels x kernel_us)
+    The arithmetic itself is not counted: at these shapes it is a few seconds (stage_costs)."""
+    per = LAUNCHES["diet" if diet else "no_diet"]
+    step = per["decode_step"] * host_us
+    if diet:
+        step = max(per["graphed_host"] * host_us, per["decode_step"] * kernel_us)
+    out = {
+        "decode_s": work["decode_steps"] * step / 1e6,
+        "forwards_s": work["forwards"] * per["forward"] * host_us / 1e6,
+        "updates_s": work["updates"] * per["update"] * host_us / 1e6,
+    }
+    out["total_s"] = sum(out.values())
+    return out

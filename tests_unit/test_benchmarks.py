@@ -1595,6 +1595,11 @@ def test_launches_per_decode_step_forward_and_update(benchmark, record_result):
         assert before["ops"][path] - after["ops"][path] >= 72, path
     graphed = after["graphed"]
     assert graphed["graph_replays"] == 1 and 0 < graphed["outside_ops"] < 50, graphed
+    # the cost model's counts (rlhf.flops.LAUNCHES, docs/gpu-cost.md) are these
+    assert {path: before["ops"][path] + before["fills"][path] for path in before["ops"]} == {
+        k: v for k, v in flops.LAUNCHES["no_diet"].items()
+    }
+    assert {**after["ops"], "graphed_host": graphed["outside_ops"] + 1} == flops.LAUNCHES["diet"]
     launches = {
         "no_diet_per_decode_step": before["ops"]["decode_step"] + before["fills"]["decode_step"],
         "graphed_per_decode_step": graphed["outside_ops"] + graphed["graph_replays"],

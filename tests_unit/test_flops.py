@@ -103,3 +103,27 @@ def test_flops_is_pure_and_at_the_bottom_of_the_import_graph():
             imported.add(node.module.split(".")[0])
     assert "rlhf" not in imported, imported
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
+
+
+def test_the_labs_launch_work_counted_by_hand():
+    """`rlhf lab` with its protocol on the qwen2.5-0.5b profile, every answer at 64 tokens."""
+    work = flops.lab_launch_work(load_profile("qwen2.5-0.5b"))
+    ppo_iterations = 40 + 60 + 100  # the boundary, resumed and continuous legs
+    eval_batches, pair_batches = 9, 12  # 260 rows in 32s; 180 pairs in 16s
+    assert work["decode_steps"] == ppo_iterations * 63 + 2 * eval_batches * 63 == 13_734
+    validations = (1 + 2 + 3) + (1 + 1 + 2)  # SFT's 3 epochs and the judge's 2, over the three legs
+    assert work["forwards"] == 3 * ppo_iterations + pair_batches * validations + 2 * 9 * 3 + 12 + 5 * 12 == 846
+    assert work["updates"] == (21 + 42 + 63) + (105 + 105 + 210) + ppo_iterations * 2 * 2 == 1_346
+
+
+def test_launch_seconds_with_and_without_the_diet():
+    work = {"decode_steps": 1000, "forwards": 10, "updates": 20}
+    before = flops.launch_seconds(work, host_us=5.0, kernel_us=2.0, diet=False)
+    assert before["decode_s"] == pytest.approx(1000 * (2010 + 867) * 5e-6)
+    assert before["updates_s"] == pytest.approx(20 * (5131 + 2494) * 5e-6)
+    after = flops.launch_seconds(work, host_us=5.0, kernel_us=2.0, diet=True)
+    assert after["decode_s"] == pytest.approx(1000 * max(25 * 5.0, 1938 * 2.0) * 1e-6)  # the GPU bounds a replay
+    assert after["forwards_s"] == pytest.approx(10 * 2016 * 5e-6)
+    slow_host = flops.launch_seconds(work, host_us=200.0, kernel_us=2.0, diet=True)
+    assert slow_host["decode_s"] == pytest.approx(1000 * 25 * 200e-6)  # the host bounds it
+    assert after["total_s"] == pytest.approx(after["decode_s"] + after["forwards_s"] + after["updates_s"])
