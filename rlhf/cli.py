@@ -541,11 +541,9 @@ def add_seeds(sub) -> None:
 
 
 def cmd_frontier(args) -> int:
-    from rlhf.studies.frontier import run_confirmation, run_frontier
-
     t0 = time.perf_counter()
     if args.summarise_to:
-        from rlhf.studies.frontier import summarise_to
+        from rlhf.studies.frontier.study import summarise_to
 
         summarise_to(args.out, args.summarise_to)
         return 0
@@ -560,6 +558,7 @@ def cmd_frontier(args) -> int:
     if args.confirm:
         print(logdir_line(args.out), flush=True)
         from rlhf.report.frontier import point_where
+        from rlhf.studies.frontier.confirmation import run_confirmation
 
         record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
         for p in record["points"]:
@@ -574,7 +573,8 @@ def cmd_frontier(args) -> int:
             f"{args.out}/confirmation.json and {args.out}/confirmation.html"
         )
         return 0
-    from rlhf.studies.frontier import GRID, Settings, default_arms
+    from rlhf.studies.frontier.arms import GRID, Settings, default_arms
+    from rlhf.studies.frontier.study import run_frontier
 
     print(logdir_line(args.out), flush=True)
 
