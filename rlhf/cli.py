@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rlhf.config import DEFAULT_PROFILE, PROFILES, REWARD_DESIGNS, load_profile, override
 from rlhf.events import EventFolderError, logdir_line
+from rlhf.signals import SIGNALS
 
 PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
@@ -218,6 +219,7 @@ def _context(args):
 def cmd_stage(args) -> int:
     from rlhf import lab
 
+    lab.check_stop_after(load_profile(args.profile), args.command, args.stop_after)  # before the run folder
     ctx = _context(args)
     if args.stop_after is None and not args.resume and lab.stage_complete(ctx, args.command):
         print(f"{args.command}: already complete in {ctx.run} (run.json); nothing to do")
@@ -420,10 +422,11 @@ def add_lab(sub) -> None:
         "--stop-on-warning",
         nargs="*",
         metavar="SIGNAL",
+        choices=SIGNALS,
         default=None,
         help="stop PPO after the first iteration where a frozen over-optimisation warning rule fires "
         "(rlhf/warning_rules.json; [ppo] stop_on_warning, part of the run's identity); with SIGNAL names "
-        "(e.g. kl_growth), only those signals' rules stop it ([ppo] stop_signals). Without the option a "
+        f"({', '.join(SIGNALS)}), only those signals' rules stop it ([ppo] stop_signals). Without the option a "
         "warning is printed and changes nothing",
     )
     p.set_defaults(func=cmd_lab)
@@ -488,7 +491,6 @@ def add_base_study(sub) -> None:
 def cmd_seeds(args) -> int:
     from rlhf.studies.seeds import run_study
 
-    print(logdir_line(args.out), flush=True)
     t0 = time.perf_counter()
     result = run_study(
         args.out,
@@ -555,8 +557,7 @@ def cmd_frontier(args) -> int:
             rule = "never defined" if r["threshold"] is None else f">= {r['threshold']:.4g} for {r['patience']}"
             print(f"  {r['signal']}: {rule}")
         return 0
-    if args.confirm:
-        print(logdir_line(args.out), flush=True)
+    if args.confirm is not None:
         from rlhf.report.frontier import point_where
         from rlhf.studies.frontier.confirmation import run_confirmation
 
@@ -573,12 +574,9 @@ def cmd_frontier(args) -> int:
             f"{args.out}/confirmation.json and {args.out}/confirmation.html"
         )
         return 0
-    from rlhf.studies.frontier.arms import GRID, Settings, default_arms
+    from rlhf.studies.frontier.arms import Settings, default_arms, parse_grid
     from rlhf.studies.frontier.study import run_frontier
 
-    print(logdir_line(args.out), flush=True)
-
-    grid = GRID if args.grid is None else tuple(float(c) for c in args.grid.split(","))
     result = run_frontier(
         args.out,
         n=args.n,
@@ -586,7 +584,7 @@ def cmd_frontier(args) -> int:
         sft_budget=args.sft_budget,
         workers=args.workers,
         profile_name=args.profile,
-        settings=Settings(arms=default_arms(grid)),
+        settings=Settings(arms=default_arms(parse_grid(args.grid))),
     )
     sel = result["selection"]
     print(

@@ -15,6 +15,7 @@ arms outside the default.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import cast
 
@@ -71,10 +72,43 @@ class Arm:
         return f"{self.design}, {beta}{lr}" + "".join(f", {key} {value}" for key, value in self.ppo)
 
 
+def grid_name(c: float) -> str:
+    """A grid arm's name: c and its coefficient to 6 significant digits."""
+    return f"c{c:g}"
+
+
+def parse_grid(text: str | None) -> tuple[float, ...]:
+    """`--grid C1,C2,...` as coefficients in units of sigma (GRID when absent), checked by check_grid."""
+    if text is None:
+        return GRID
+    grid = []
+    for part in text.split(","):
+        try:
+            grid.append(float(part))
+        except ValueError:
+            raise StudyError(f"--grid takes comma-separated numbers (c1,c2,...), not {part.strip()!r}") from None
+    return check_grid(tuple(grid))
+
+
+def check_grid(grid: tuple[float, ...]) -> tuple[float, ...]:
+    """Each c finite and >= 0 (beta = c sigma is a penalty, never a bonus for leaving SFT), and
+    each arm name distinct (two c's that print alike would share one arm's folder)."""
+    for c in grid:
+        if not (math.isfinite(c) and c >= 0):
+            raise StudyError(f"--grid values must be finite numbers >= 0 (beta = c sigma), not {c}")
+    names = [grid_name(c) for c in grid]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise StudyError(f"--grid values must be distinct: {', '.join(twice)} given more than once")
+    return grid
+
+
 def default_arms(grid=GRID) -> tuple[Arm, ...]:
+    """The study's arms (module docstring) with `grid` (checked) as its coefficient grid."""
+    check_grid(grid)
     return (
         Arm("spec-default", "judge", raw=SPEC_KL),
-        *(Arm(f"c{c:g}", "judge", c=c) for c in grid),
+        *(Arm(grid_name(c), "judge", c=c) for c in grid),
         Arm("standardised-judge", "standardised-judge", raw=SPEC_KL),
         Arm("eos-less-replaced", "eos-less-replaced", raw=SPEC_KL),
         Arm("oracle", "oracle", raw=SPEC_KL),
@@ -110,6 +144,12 @@ class Settings:
     # Best-of-n ranked by each of these ensemble rewards too, on the same draws (with ensemble arms:
     # their members; none without).
     bon_ensembles: tuple[str, ...] = ENSEMBLE_DESIGNS
+
+    def __post_init__(self):
+        names = [a.name for a in self.arms]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise StudyError(f"every arm needs a name of its own (its folder): {', '.join(twice)} used twice")
 
     def record(self) -> dict:
         return {

@@ -10,7 +10,6 @@ written, and nothing it measures feeds back into a choice.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
@@ -23,10 +22,12 @@ from rlhf.evaluate import (
     score_rows,
     summarise_populations,
 )
+from rlhf.events import logdir_line
 from rlhf.identities import code_sha256
-from rlhf.io import read_json, write_json
+from rlhf.io import output_folder, read_json, write_json
 from rlhf.signals import RULES_FILE
 from rlhf.studies import StudyError
+from rlhf.studies.derivation import write_study_profiles
 from rlhf.studies.frontier.arms import SPEC_KL, Arm, resolved, settings_of
 from rlhf.studies.frontier.runs import (
     actor_at,
@@ -36,7 +37,8 @@ from rlhf.studies.frontier.runs import (
     measured_iterations,
     roles_for_measuring,
 )
-from rlhf.studies.frontier.study import check_record, prepare_seed_folders, run_tasks
+from rlhf.studies.frontier.study import run_tasks
+from rlhf.studies.record import check_runs, open_record, workers_count
 from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, metric_bounds
 from rlhf.studies.warnings import score_rules
 
@@ -104,11 +106,26 @@ def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int | None], ...], revision: s
     return str(seed_dir)
 
 
+def confirmation_points(result: dict) -> list[tuple[Arm, int | None]]:
+    """What the confirmation runs, from frontier.json: the SPEC's default at its last iteration, the
+    point chosen on validation (when it is another), and the default stopped by STOP_SIGNAL."""
+    settings = settings_of(result["study"])
+    by_name = {a.name: a for a in resolved(settings.arms, result.get("grid_choice"))}
+    sel = result["selection"]
+    points: list[tuple[Arm, int | None]] = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
+    if (sel["arm"], sel["iteration"]) != (points[0][0].name, points[0][1]):
+        points.append((by_name[sel["arm"]], sel["iteration"]))
+    points.append((STOP_ARM, None))
+    return points
+
+
 def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) -> dict:
     """The chosen operating point and the SPEC's default on `n` fresh seeds, on test (SPEC §8),
     with the seed study's across-seed statistics. Reads frontier.json's choice; writes
     confirmation.json and confirmation.html."""
-    out = Path(out)
+    out = output_folder(out)
+    check_runs(n, "--confirm", (2, " (across-seed statistics need 2)"))
+    workers = workers_count(workers)
     frontier = out / "frontier.json"
     if not frontier.is_file():
         raise StudyError(
@@ -120,13 +137,7 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
         say(f"confirmation already complete in {out} (confirmation.json): nothing recomputed")
         return read_json(done)
     study = result["study"]
-    settings = settings_of(study)
-    by_name = {a.name: a for a in resolved(settings.arms, result.get("grid_choice"))}
-    sel = result["selection"]
-    points: list[tuple[Arm, int | None]] = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
-    if (sel["arm"], sel["iteration"]) != (points[0][0].name, points[0][1]):
-        points.append((by_name[sel["arm"]], sel["iteration"]))
-    points.append((STOP_ARM, None))
+    points = confirmation_points(result)
     identity = {
         **study,
         "n": n,
@@ -136,15 +147,16 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
     }
     root = out / "confirm"
     root.mkdir(parents=True, exist_ok=True)
-    check_record(root / "study.json", identity)
+    open_record(root, identity)
+    say(logdir_line(out))
     profile_name = "embedded" if study["profile"] == "embedded" else str(out / "seed-0" / "profile.toml")
-    folders = prepare_seed_folders(root, profile_name, n, CONFIRM_STUDY_SEED, study["sft_budget"])
-    workers = workers or os.cpu_count() or 1
+    folders = write_study_profiles(root, profile_name, n, CONFIRM_STUDY_SEED, study["sft_budget"])
     t0 = time.perf_counter()
     say(
         f"confirmation {root}: {n} fresh seed(s); points: "
         + ", ".join(f"{a.name} at iteration {it}" if it is not None else f"{a.name} where it stops" for a, it in points)
     )
+    settings = settings_of(study)
     run_tasks(folders, tuple(a for a, _ in points), study["revision"], settings, workers, say, confirm=True)
     for i, f in enumerate(folders):
         confirm_seed(f, tuple(points), study["revision"], log=workers > 1)

@@ -5,22 +5,20 @@ written to frontier.json and report.html, or recomputed into a new folder."""
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import cast
 
 from rlhf.config import ENSEMBLE_DESIGNS, load_profile
-from rlhf.identities import code_sha256, describe_change
+from rlhf.identities import code_sha256
 from rlhf.io import output_folder, read_json, write_json
 from rlhf.studies import StudyError, worker_pool
-from rlhf.studies.derivation import profile_source, seed_changes, write_run_profile
+from rlhf.studies.derivation import write_study_profiles
 from rlhf.studies.frontier.arms import GRID, Arm, Settings, default_arms, grid_arms, resolved, settings_of
 from rlhf.studies.frontier.measure import arm_complete, prepare_seed, run_arm
 from rlhf.studies.frontier.selection import collect, grid_choice
-from rlhf.studies.seeds import identity_of_study
-from rlhf.studies.sft_budget import budget_changes
+from rlhf.studies.record import begin_study, identity_of_study, ran_with, workers_count
 
 FORMAT = "rlhf-frontier-1"
 STUDY_SEED = 1
@@ -31,17 +29,6 @@ def study_identity(
 ) -> dict:
     ident = identity_of_study(FORMAT, "the frontier", profile_name, revision, n, study_seed, sft_budget)
     return {**ident, "settings": settings.record()}
-
-
-def check_record(path: Path, identity: dict) -> None:
-    if not path.is_file():
-        write_json(path, {"identity": identity})
-        return
-    change = describe_change(read_json(path)["identity"], identity)
-    if change:
-        raise StudyError(
-            f"refusing to continue the study in {path.parent}: {change}. Nothing was written; use a new --out folder"
-        )
 
 
 # What an extension may change besides adding arms: the code (and so the profile's hash, when the code
@@ -76,7 +63,8 @@ def added_arms(old: dict, new: dict) -> list[str] | None:
 def extend_study(out: Path, identity: dict, say) -> bool:
     """Accept `identity` for the study in `out` when it only adds arms to the recorded one (a
     grid extended beyond its edge, say): study.json then records the new identity and the old
-    ones it extends (`extended_from`), and a summary of the old arms (frontier.json, report.html)
+    ones it extends (`extended_from`) with what the extension runs with (commit and code), and a
+    summary of the old arms (frontier.json, report.html)
     is moved aside to frontier-before-extension-N.json / .html. Returns True when it extended."""
     path = out / "study.json"
     if not path.is_file():
@@ -90,7 +78,7 @@ def extend_study(out: Path, identity: dict, say) -> bool:
         if (out / f"{name}.{ext}").is_file():
             (out / f"{name}.{ext}").rename(out / f"{name}-before-extension-{k}.{ext}")
     extended = {"identity": identity, "extended_from": [*record.get("extended_from", []), record["identity"]]}
-    write_json(path, extended, overwrite=True)
+    write_json(path, {**extended, **ran_with()}, overwrite=True)
     arms = [name for name in added if name not in ADDABLE_MEASUREMENTS.values()]
     parts = ([f"the arms {', '.join(arms)}"] if arms else []) + [name for name in added if name not in arms]
     say(f"study {out} extended by {' and '.join(parts)}; what was measured before is kept")
@@ -113,19 +101,6 @@ def move_aside_stale(folders: list[Path], arms: tuple[Arm, ...], say) -> None:
                 say(
                     f"{f.name}/{arm.name} ran at c = {old_c:.6g}, not the grid's best {arm.c:g}: moved aside, run again"
                 )
-
-
-def prepare_seed_folders(out: Path, profile_name: str, n: int, study_seed: int, sft_budget: str) -> list[Path]:
-    base_text = profile_source(profile_name).read_text()
-    base = load_profile(str(profile_source(profile_name)))
-    budget = budget_changes(base, sft_budget)
-    folders = []
-    for i in range(n):
-        folder = out / f"seed-{i}"
-        name = f"{base.name}-study{study_seed}-seed{i}" + ("" if sft_budget == "full" else f"-{sft_budget}")
-        write_run_profile(folder / "profile.toml", base_text, name, {**seed_changes(base, study_seed, i), **budget})
-        folders.append(folder)
-    return folders
 
 
 def run_tasks(
@@ -201,23 +176,18 @@ def run_frontier(
     say=print,
 ) -> dict:
     """The whole validation study (rlhf.studies.frontier); returns frontier.json's content."""
+    t0 = time.perf_counter()
     out = output_folder(out)
     identity = study_identity(profile_name, revision, n, sft_budget, settings, STUDY_SEED)
+    workers = workers_count(workers)
     done = out / "frontier.json"
     if any(a.c_from_grid for a in settings.arms) and not grid_arms(settings.arms):
         raise StudyError("arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)")
     extend_study(out, identity, say)
-    if done.is_file():
-        result = read_json(done)
-        if result["study"] != identity:
-            check_record(out / "study.json", identity)  # names what differs
-        say(f"frontier already complete in {out} (frontier.json): nothing recomputed")
-        return result
-    t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    check_record(out / "study.json", identity)
-    folders = prepare_seed_folders(out, profile_name, n, STUDY_SEED, sft_budget)
-    workers = workers or os.cpu_count() or 1
+    finished = begin_study(out, identity, done, say)
+    if finished is not None:
+        return finished
+    folders = write_study_profiles(out, profile_name, n, STUDY_SEED, sft_budget)
     say(
         f"frontier {out}: {n} seed(s) of the embedded lab on {revision}, SFT budget {sft_budget}, "
         f"{len(settings.arms)} arms, {workers} worker(s)"
