@@ -513,7 +513,7 @@ def cmd_seeds(args) -> int:
 
 def add_seeds(sub) -> None:
     """`rlhf seeds`: its options, beside the command it runs."""
-    from rlhf.studies.sft_budget import SFT_BUDGETS
+    from rlhf.studies.derivation import SFT_BUDGETS
 
     p = _command(
         sub,
@@ -535,7 +535,7 @@ def add_seeds(sub) -> None:
         "--sft-budget",
         default="full",
         choices=list(SFT_BUDGETS),
-        help="named SFT budget (rlhf.studies.sft_budget.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
+        help="named SFT budget (rlhf.studies.derivation.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
     )
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
@@ -597,7 +597,7 @@ def cmd_frontier(args) -> int:
 
 def add_frontier(sub) -> None:
     """`rlhf frontier`: its options, beside the command it runs."""
-    from rlhf.studies.sft_budget import SFT_BUDGETS
+    from rlhf.studies.derivation import SFT_BUDGETS
 
     p = _command(
         sub,
