@@ -150,6 +150,8 @@ class Settings:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise StudyError(f"every arm needs a name of its own (its folder): {', '.join(twice)} used twice")
+        if not self.bon_ns or self.bon_ns[0] != 1 or list(self.bon_ns) != sorted(set(self.bon_ns)):
+            raise StudyError(f"best-of-n's n must rise from 1 (its gains are over best-of-1), not {self.bon_ns}")
 
     def record(self) -> dict:
         return {

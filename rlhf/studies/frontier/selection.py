@@ -163,9 +163,16 @@ def arm_summaries(arm_list: tuple[Arm, ...], per_seed: list[dict], iterations: l
     return arms
 
 
+def bon_gains(points: list[dict]) -> list[tuple[float, float]]:
+    """(d_bound, gain) of one seed's best-of-n points, each gain over the same seed's best-of-1:
+    gain(n) = gold(n) - gold(n = 1), one temperature-1 SFT sample, what best-of-n starts from."""
+    (one,) = [p["gold"] for p in points if p["n"] == 1]
+    return [(p["d_bound"], p["gold"] - one) for p in points]
+
+
 def best_of_n_summary(per_seed: list[dict], ns: tuple[int, ...]) -> dict:
     """Best-of-n per n over seeds (gold, standardised proxy, truncations, with its KL bound) and
-    Gao's best-of-n fit of every seed's gains over its own best-of-1."""
+    Gao's best-of-n fit of every seed's gains over its own best-of-1 (bon_gains)."""
     points = []
     for k, n in enumerate(ns):
         pts = [s["best_of_n"][k] for s in per_seed]
@@ -177,8 +184,7 @@ def best_of_n_summary(per_seed: list[dict], ns: tuple[int, ...]) -> dict:
                 **{key: across_seeds([p[key] for p in pts]) for key in ("gold", "proxy_std", "truncations")},
             }
         )
-    gains = [(p["d_bound"], p["gold"] - s["best_of_n"][0]["gold"]) for s in per_seed for p in s["best_of_n"]]
-    fit = gao_fit(gains, "bon")
+    fit = gao_fit([gain for s in per_seed for gain in bon_gains(s["best_of_n"])], "bon")
     return {"points": points, "fit": fit, "gain_over": "best-of-1 (one temperature-1 SFT sample)"}
 
 
@@ -249,7 +255,7 @@ def collect_ensemble_best_of_n(folders: list[Path], settings: Settings, per_seed
                 }
                 for k, n in enumerate(settings.bon_ns)
             ],
-            "gold_change": across_seeds([p[-1]["gold"] - p[0]["gold"] for p in per], rate),
+            "gold_change": across_seeds([bon_gains(p)[-1][1] for p in per], rate),
         }
         for seed, points in zip(per_seed, per):
             seed.setdefault("best_of_n_ensemble", {})[design] = points
@@ -259,9 +265,7 @@ def collect_ensemble_best_of_n(folders: list[Path], settings: Settings, per_seed
         "members": records[0]["members"],
         "ns": list(settings.bon_ns),
         "draws": "the same temperature-1 SFT samples as best-of-n under the judge (the same seed)",
-        "judge_gold_change": across_seeds(
-            [s["best_of_n"][-1]["gold"] - s["best_of_n"][0]["gold"] for s in per_seed], rate
-        ),
+        "judge_gold_change": across_seeds([bon_gains(s["best_of_n"])[-1][1] for s in per_seed], rate),
         "designs": designs,
     }
 
@@ -278,24 +282,32 @@ def _identity_of(folders: list[Path]) -> dict | None:
 ORACLE_MIN_GAIN = 0.05
 
 
+def is_control(arm: dict) -> bool:
+    """An oracle control, whatever its name: its reward design reads the rubric's target (shown,
+    never chosen, the yardstick of what a right reward reaches)."""
+    return arm["design"] == "oracle"
+
+
 def add_best_points(arms: dict, sft_gold: float) -> None:
-    """Each arm's best checkpoint (largest mean validation gold over seeds, iteration >= 1; ties:
-    the smaller mean d, then the earlier iteration), its gain over SFT, and the share of the
-    oracle control's best gain it recovers (None without an oracle arm, or when the oracle's best
-    gain is below ORACLE_MIN_GAIN)."""
+    """Each arm's best checkpoint (largest mean validation gold over seeds among iterations >= 1,
+    never the SFT policy itself; ties: the smaller mean d, then the earlier iteration), its gain
+    over SFT, and the share of the oracle control's best gain it recovers: the largest best gain of
+    the arms whose design is the oracle (None without one, or when that gain is below
+    ORACLE_MIN_GAIN)."""
     for arm in arms.values():
-        best = max(arm["curve"][1:], key=lambda r: (r["gold"]["mean"], -r["d"]["mean"], -r["iteration"]))
+        trained = [r for r in arm["curve"] if r["iteration"] > 0]
+        best = max(trained, key=lambda r: (r["gold"]["mean"], -r["d"]["mean"], -r["iteration"]))
         arm["best"] = {
             "iteration": best["iteration"],
             "gold": best["gold"]["mean"],
             "d": best["d"]["mean"],
             "gain": best["gold"]["mean"] - sft_gold,
         }
-    oracle = arms.get("oracle", {}).get("best")
+    oracle = max((a["best"]["gain"] for a in arms.values() if is_control(a)), default=None)
     for arm in arms.values():
         share = None
-        if oracle is not None and oracle["gain"] >= ORACLE_MIN_GAIN:
-            share = arm["best"]["gain"] / oracle["gain"]
+        if oracle is not None and oracle >= ORACLE_MIN_GAIN:
+            share = arm["best"]["gain"] / oracle
         arm["best"]["share_of_oracle_gain"] = share
 
 
@@ -332,7 +344,7 @@ def select(arms: dict, sft_level: dict) -> dict:
     candidates = [
         (row["gold"]["mean"], -row["d"]["mean"], name, row["iteration"])
         for name, arm in arms.items()
-        if arm["design"] != "oracle"  # a control that reads the rubric's target: shown, never chosen
+        if not is_control(arm)
         for row in arm["curve"]
         if row["iteration"] > 0
     ]
