@@ -460,8 +460,8 @@ def small_frontier(tmp_path_factory):
     from filelock import FileLock
 
     from rlhf.config import PROFILE_DIR, profile_text_with
-    from rlhf.corpus import Corpus
-    from rlhf.studies.frontier import run_frontier
+    from rlhf.corpus import Corpus, EvaluationView
+    from rlhf.studies.frontier.study import run_frontier
 
     folder = shared_root(tmp_path_factory) / "shared-frontier"
     folder.mkdir(exist_ok=True)
@@ -477,6 +477,7 @@ def small_frontier(tmp_path_factory):
 
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(Corpus, "evaluation_view", refuse)
+                mp.setattr(EvaluationView, "__init__", refuse)
                 run_frontier(
                     out,
                     n=2,
@@ -494,7 +495,7 @@ def small_frontier_settings():
     """The small frontier's arms and measurement sizes: the SPEC's default, a one-point grid, the
     standardised judge, the oracle, the iterated judge (a refresh after iteration 2 of 4) and a
     worst-case ensemble of 2 judges at the grid's best c (so: after the grid)."""
-    from rlhf.studies.frontier import SPEC_KL, Arm, Settings
+    from rlhf.studies.frontier.arms import SPEC_KL, Arm, Settings
 
     refresh = (("refresh_every", 2), ("refresh_prompts", 8), ("refresh_updates", 2))
     arms = (

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhf import runtime
-from rlhf.io import read_json
+from rlhf.io import read_json_of_kind
 
 VERIFIED_DIR = Path(__file__).with_name("fingerprints")
 SEED = 20261201
@@ -382,18 +382,8 @@ def compared(mine: dict, other: dict) -> int:
 def load(path) -> dict:
     """A fingerprint file (this module's format, or the older {section: {name: hash}} form);
     anything else is refused with a ValueError naming the file and what is wrong with it."""
-    try:
-        fp = read_json(path)
-    except OSError as err:
-        raise ValueError(f"cannot read fingerprint file {path}: {err.strerror or err}") from None
-    except ValueError as err:  # json's decoding errors, and bytes that are not UTF-8
-        raise ValueError(f"{path} is not a fingerprint file: not JSON ({err})") from None
-    missing = [s for s in SECTIONS if not isinstance(fp, dict) or not isinstance(fp.get(s), (list, dict))]
-    if missing:
-        raise ValueError(
-            f"{path} is not a fingerprint file: JSON without the sections {', '.join(missing)} "
-            "(`rlhf arithmetic --out FILE` writes one)"
-        )
+    sections = {s: (list, dict) for s in SECTIONS}
+    fp = read_json_of_kind(path, "fingerprint file", sections, "sections", "`rlhf arithmetic --out FILE` writes one")
     for section in (*SECTIONS, "bf16"):
         if isinstance(fp.get(section), dict):
             fp[section] = list(fp[section].items())

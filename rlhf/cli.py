@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rlhf.config import DEFAULT_PROFILE, PROFILES, REWARD_DESIGNS, load_profile, override
 from rlhf.events import EventFolderError, logdir_line
+from rlhf.signals import SIGNALS
 
 PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
@@ -218,6 +219,7 @@ def _context(args):
 def cmd_stage(args) -> int:
     from rlhf import lab
 
+    lab.check_stop_after(load_profile(args.profile), args.command, args.stop_after)  # before the run folder
     ctx = _context(args)
     if args.stop_after is None and not args.resume and lab.stage_complete(ctx, args.command):
         print(f"{args.command}: already complete in {ctx.run} (run.json); nothing to do")
@@ -420,10 +422,11 @@ def add_lab(sub) -> None:
         "--stop-on-warning",
         nargs="*",
         metavar="SIGNAL",
+        choices=SIGNALS,
         default=None,
         help="stop PPO after the first iteration where a frozen over-optimisation warning rule fires "
         "(rlhf/warning_rules.json; [ppo] stop_on_warning, part of the run's identity); with SIGNAL names "
-        "(e.g. kl_growth), only those signals' rules stop it ([ppo] stop_signals). Without the option a "
+        f"({', '.join(SIGNALS)}), only those signals' rules stop it ([ppo] stop_signals). Without the option a "
         "warning is printed and changes nothing",
     )
     p.set_defaults(func=cmd_lab)
@@ -488,7 +491,6 @@ def add_base_study(sub) -> None:
 def cmd_seeds(args) -> int:
     from rlhf.studies.seeds import run_study
 
-    print(logdir_line(args.out), flush=True)
     t0 = time.perf_counter()
     result = run_study(
         args.out,
@@ -511,7 +513,7 @@ def cmd_seeds(args) -> int:
 
 def add_seeds(sub) -> None:
     """`rlhf seeds`: its options, beside the command it runs."""
-    from rlhf.studies.sft_budget import SFT_BUDGETS
+    from rlhf.studies.derivation import SFT_BUDGETS
 
     p = _command(
         sub,
@@ -533,7 +535,7 @@ def add_seeds(sub) -> None:
         "--sft-budget",
         default="full",
         choices=list(SFT_BUDGETS),
-        help="named SFT budget (rlhf.studies.sft_budget.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
+        help="named SFT budget (rlhf.studies.derivation.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
     )
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
@@ -541,11 +543,9 @@ def add_seeds(sub) -> None:
 
 
 def cmd_frontier(args) -> int:
-    from rlhf.studies.frontier import run_confirmation, run_frontier
-
     t0 = time.perf_counter()
     if args.summarise_to:
-        from rlhf.studies.frontier import summarise_to
+        from rlhf.studies.frontier.study import summarise_to
 
         summarise_to(args.out, args.summarise_to)
         return 0
@@ -557,9 +557,9 @@ def cmd_frontier(args) -> int:
             rule = "never defined" if r["threshold"] is None else f">= {r['threshold']:.4g} for {r['patience']}"
             print(f"  {r['signal']}: {rule}")
         return 0
-    if args.confirm:
-        print(logdir_line(args.out), flush=True)
+    if args.confirm is not None:
         from rlhf.report.frontier import point_where
+        from rlhf.studies.frontier.confirmation import run_confirmation
 
         record = run_confirmation(args.out, n=args.confirm, workers=args.workers)
         for p in record["points"]:
@@ -574,11 +574,9 @@ def cmd_frontier(args) -> int:
             f"{args.out}/confirmation.json and {args.out}/confirmation.html"
         )
         return 0
-    from rlhf.studies.frontier import GRID, Settings, default_arms
+    from rlhf.studies.frontier.arms import Settings, default_arms, parse_grid
+    from rlhf.studies.frontier.study import run_frontier
 
-    print(logdir_line(args.out), flush=True)
-
-    grid = GRID if args.grid is None else tuple(float(c) for c in args.grid.split(","))
     result = run_frontier(
         args.out,
         n=args.n,
@@ -586,7 +584,7 @@ def cmd_frontier(args) -> int:
         sft_budget=args.sft_budget,
         workers=args.workers,
         profile_name=args.profile,
-        settings=Settings(arms=default_arms(grid)),
+        settings=Settings(arms=default_arms(parse_grid(args.grid))),
     )
     sel = result["selection"]
     print(
@@ -599,7 +597,7 @@ def cmd_frontier(args) -> int:
 
 def add_frontier(sub) -> None:
     """`rlhf frontier`: its options, beside the command it runs."""
-    from rlhf.studies.sft_budget import SFT_BUDGETS
+    from rlhf.studies.derivation import SFT_BUDGETS
 
     p = _command(
         sub,

@@ -4,7 +4,8 @@ An identity is a flat dict of parts (name -> short value, mostly SHA-256 hex). T
 
     config       profile_hash of the profile (rlhf.config)
     corpus       SHA-256 of the corpus manifest.json
-    code         `code_sha256()`: the package's source files and profiles
+    code         `code_sha256()`: the package's source files and profiles (a study's record also
+                 keeps `git_commit()`, the commit they were checked out at, where there is one)
     base_model   `base_model_sha256(files)`: the base model directory's file hashes
                  (rlhf.models.directory_identity), as one hash
     arithmetic   rlhf.runtime.identity_tag(): pinned or not, on which machine kind and thread count
@@ -20,6 +21,7 @@ refuses a mismatch names the parts that changed with `describe_change`.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from rlhf import runtime
@@ -34,6 +36,25 @@ def code_sha256() -> str:
     for p in sorted(list(CODE_DIR.rglob("*.py")) + list((CODE_DIR / "profiles").glob("*.toml"))):
         parts.append(f"{p.relative_to(CODE_DIR)}:{sha256_file(p)}")
     return sha256_bytes("\n".join(parts).encode())
+
+
+def git_commit() -> str | None:
+    """The commit (git HEAD) of the checkout the package runs from; None where there is none (an
+    installed package, no git): only a repository whose top level holds this package counts."""
+    root = CODE_DIR.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root.resolve():
+        return None
+    return lines[1]
 
 
 def base_model_sha256(files: dict) -> str:

@@ -1,4 +1,5 @@
-"""The one atomic writer and the one hashing helper.
+"""The one atomic writer and the one hashing helper (and `read_json_of_kind`, the one reader of a
+JSON file a user names, refused naming the file when it is not of its kind).
 
 Every artifact of the lab is written through `write_bytes` / `write_json`: a temporary file in
 the same folder, fsync, then `os.replace`. An existing file is never overwritten unless the
@@ -26,6 +27,7 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -193,6 +195,22 @@ def write_json(path, obj, *, overwrite: bool = False, keep_existing: bool = Fals
 def read_json(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_json_of_kind(path, kind: str, required: Mapping[str, type | tuple[type, ...]], parts: str, made_by: str):
+    """A JSON file a user names as a `kind` (a fingerprint file, a command's record): refused with
+    a ValueError naming the file and what is wrong: it cannot be read, is not JSON, or lacks one of
+    the `required` {key: type} (`parts` names them, `made_by` says what writes such a file)."""
+    try:
+        data = read_json(path)
+    except OSError as err:
+        raise ValueError(f"cannot read {kind} {path}: {err.strerror or err}") from None
+    except ValueError as err:  # json's decoding errors, and bytes that are not UTF-8
+        raise ValueError(f"{path} is not a {kind}: not JSON ({err})") from None
+    missing = [k for k, t in required.items() if not isinstance(data, dict) or not isinstance(data.get(k), t)]
+    if missing:
+        raise ValueError(f"{path} is not a {kind}: JSON without the {parts} {', '.join(missing)} ({made_by})")
+    return data
 
 
 def write_with_sidecar(path, data: bytes, manifest: dict) -> dict:

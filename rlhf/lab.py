@@ -353,6 +353,27 @@ class LegRun(NamedTuple):
     clock: list  # [[seconds into the leg, units done], ...] after each update / iteration and validation
 
 
+def stage_length(profile: Profile, stage: str) -> tuple[int, str]:
+    """How long a resumable stage runs: (epochs, "epoch") of SFT, the judge and an ensemble
+    member (judge-m), (iterations, "iteration") of PPO."""
+    if stage == "ppo":
+        return profile.ppo.iterations, "iteration"
+    return (profile.sft.epochs if stage == "sft" else profile.judge.epochs), "epoch"
+
+
+def check_stop_after(profile: Profile, stage: str, stop_after: int | None) -> None:
+    """--stop-after N stops a stage at a boundary inside it, 1 <= N < its length, to continue with
+    --resume; anything else is refused before anything is written."""
+    if stop_after is None:
+        return
+    total, unit = stage_length(profile, stage)
+    if not 1 <= stop_after < total:
+        raise ValueError(
+            f"--stop-after must be between 1 and {total - 1}, not {stop_after}: the {stage} stage of profile "
+            f"{profile.name} runs {total} {unit}s; stop after one of them, then continue with --resume"
+        )
+
+
 def run_protocol(
     ctx: Context,
     stage: str,
@@ -599,6 +620,7 @@ def _epoch_stage(
     """SFT and the judge: the same resumable epoch stage over a different role and loss; the
     trained role is saved as `stage/kind.safetensors`, and `epoch_line(epoch record)` is printed
     per epoch."""
+    check_stop_after(ctx.profile, stage, stop_after)
     paid, t = costs.snapshot(), time.perf_counter()
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=initial_fingerprints({kind: ctx.role(kind)}))
@@ -768,6 +790,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     """PPO (SPEC §6) over the protocol's legs (run_protocol): each leg builds the four roles from
     SFT and the judge (ppo_roles), trains them (rlhf.ppo.train_ppo), and checks that no two share
     storage and that only actor and critic moved; then the final roles and records are written."""
+    check_stop_after(ctx.profile, "ppo", stop_after)
     paid, t_stage = costs.snapshot(), time.perf_counter()
     initial = ppo_fingerprints(ctx)
     identity = ppo_identity(ctx, initial)

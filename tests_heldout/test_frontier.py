@@ -189,6 +189,177 @@ def test_validation_measurements_refuse_anything_but_the_learning_view(tmp_path)
         corpus.learning_view().inputs("pair", "test")
 
 
+# ------------------------------------------------------------------------------ the committed studies
+# Selection, best-of-n and d recomputed here, by hand, from the per-seed points the committed
+# frontier.json files store, and by the module's functions on the same points: both must give
+# the committed numbers. On both studies several arms never beat SFT at any checkpoint.
+
+
+def committed(revision: str) -> dict:
+    return json.loads((ROOT / "results" / f"frontier-{revision}" / "frontier.json").read_text())
+
+
+def curves_by_hand(result: dict) -> dict[str, dict[int, tuple[float, float]]]:
+    """{arm: {iteration: (mean gold, mean d) over seeds}} from each seed's stored points."""
+    out: dict = {}
+    for name in result["arms"]:
+        at: dict = {}
+        for s in result["seeds"]:
+            for p in s["arms"][name]["points"]:
+                at.setdefault(p["iteration"], []).append((p["gold"], p["d"]))
+        out[name] = {it: (sum(g for g, _ in v) / len(v), sum(d for _, d in v) / len(v)) for it, v in at.items()}
+    return out
+
+
+def without_best(arms: dict) -> dict:
+    arms = json.loads(json.dumps(arms))
+    for arm in arms.values():
+        arm.pop("best")
+    return arms
+
+
+@pytest.mark.parametrize("revision", ["r001", "r002"])
+def test_each_arms_best_point_and_the_choice_recomputed_from_the_committed_studys_points(revision):
+    """Each arm's best point is its largest mean gold among iterations >= 1 (ties: smaller mean d,
+    earlier iteration), never iteration 0 even where no checkpoint beats SFT; the choice is the
+    largest among every non-oracle arm's (ties: smaller d, earlier arm, earlier iteration)."""
+    from rlhf.studies.frontier.selection import add_best_points, select
+
+    result = committed(revision)
+    sft = sum(s["sft"]["gold"] for s in result["seeds"]) / len(result["seeds"])
+    assert result["sft_level"]["mean"] == pytest.approx(sft, abs=1e-12)
+    curves = curves_by_hand(result)
+    below = [n for n, c in curves.items() if max(g for it, (g, _) in c.items() if it > 0) < sft]
+    assert len(below) >= 2, below  # arms whose SFT point (iteration 0, gain 0) would beat every checkpoint
+    arms = without_best(result["arms"])
+    add_best_points(arms, result["sft_level"]["mean"])
+    for name, arm in arms.items():
+        for row in arm["curve"]:
+            assert (row["gold"]["mean"], row["d"]["mean"]) == pytest.approx(curves[name][row["iteration"]], abs=1e-12)
+        it = min((i for i in curves[name] if i > 0), key=lambda i: (-curves[name][i][0], curves[name][i][1], i))
+        assert arm["best"]["iteration"] == it >= 1, name
+        assert arm["best"]["gain"] == pytest.approx(curves[name][it][0] - sft, abs=1e-12)
+        assert arm["best"] == result["arms"][name]["best"], name  # the committed record is this code's
+    order = list(arms)
+    pairs = [(n, i) for n in order if result["arms"][n]["design"] != "oracle" for i in curves[n] if i > 0]
+    best = min(pairs, key=lambda p: (-curves[p[0]][p[1]][0], curves[p[0]][p[1]][1], order.index(p[0]), p[1]))
+    sel = select(arms, result["sft_level"])
+    assert (sel["arm"], sel["iteration"]) == best
+    assert sel == result["selection"]
+
+
+@pytest.mark.parametrize("revision", ["r001", "r002"])
+def test_an_oracle_control_is_never_chosen_whatever_its_name(revision):
+    """A second oracle-type arm under another name, above every arm at every checkpoint, and the
+    oracle itself renamed: the choice is the study's, each arm's share of the oracle's gain is
+    over the best oracle-type arm's gain; and where no checkpoint of any arm beats SFT the choice
+    is still a trained checkpoint (iteration >= 1), marked not above SFT."""
+    from rlhf.studies.frontier.selection import add_best_points, select
+
+    result = committed(revision)
+    sft = result["sft_level"]["mean"]
+    arms = {("control" if n == "oracle" else n): a for n, a in without_best(result["arms"]).items()}
+    top = json.loads(json.dumps(arms["control"]))
+    for row in top["curve"][1:]:
+        row["gold"]["mean"] = 1.0
+    arms["oracle-lr1e-5"] = top
+    add_best_points(arms, sft)
+    sel = select(arms, result["sft_level"])
+    assert (sel["arm"], sel["iteration"]) == (result["selection"]["arm"], result["selection"]["iteration"])
+    for name, arm in arms.items():
+        assert arm["best"]["share_of_oracle_gain"] == pytest.approx(arm["best"]["gain"] / (1.0 - sft), abs=1e-12)
+    low = without_best(result["arms"])
+    for arm in low.values():
+        for row in arm["curve"][1:]:
+            row["gold"]["mean"] -= 1.0
+    add_best_points(low, sft)
+    sel = select(low, result["sft_level"])
+    assert sel["iteration"] >= 1 and not sel["above_sft"]
+    assert all(arm["best"]["iteration"] >= 1 and arm["best"]["gain"] < 0 for arm in low.values())
+
+
+@pytest.mark.parametrize("revision", ["r001", "r002"])
+def test_best_of_n_gains_are_over_best_of_one_of_the_same_seed_in_the_committed_studies(revision):
+    """Best-of-n's fit is over every seed's gains gold(n) - gold(n = 1) of that same seed, recomputed
+    here from the stored per-seed points (the seeds' best-of-1 golds differ, so another seed's, or
+    their mean, or SFT's greedy gold would move the points); the change of gold under the judge
+    alone, from n = 1 to the largest n, likewise."""
+    from rlhf.studies.frontier.selection import best_of_n_summary
+
+    result = committed(revision)
+    seeds = result["seeds"]
+    assert len({next(p["gold"] for p in s["best_of_n"] if p["n"] == 1) for s in seeds}) > 1
+    gains, changes = [], []
+    for s in seeds:
+        by_n = {p["n"]: p for p in s["best_of_n"]}
+        gains += [(p["d_bound"], p["gold"] - by_n[1]["gold"]) for p in s["best_of_n"]]
+        changes.append(by_n[max(by_n)]["gold"] - by_n[1]["gold"])
+    want = gao_fit(gains, "bon")
+    ns = tuple(p["n"] for p in result["best_of_n"]["points"])
+    got = best_of_n_summary(seeds, ns)
+    stored = {k: v for k, v in result["best_of_n"]["fit"].items() if k != "curve"}
+    assert {k: v for k, v in got["fit"].items() if k != "curve"} == want == stored
+    assert got["points"] == result["best_of_n"]["points"]
+    change = result["best_of_n_ensemble"]["judge_gold_change"]["mean"]
+    assert change == pytest.approx(sum(changes) / len(changes), abs=1e-12)
+
+
+def test_settings_refuse_two_arms_of_one_name_and_best_of_n_without_best_of_one():
+    """An arm's name is its folder: two arms of one name are refused; best-of-n's n must rise from
+    1, since its gains are over best-of-1."""
+    from rlhf.studies import StudyError
+    from rlhf.studies.frontier.arms import Arm, Settings
+
+    with pytest.raises(StudyError, match="c0.05 used twice"):
+        Settings(arms=(Arm("c0.05", "judge", c=0.05), Arm("c0.05", "judge", c=0.05)))
+    for ns in ((2, 4), (1, 4, 2), (1, 1, 2), ()):
+        with pytest.raises(StudyError, match="must rise from 1"):
+            Settings(bon_ns=ns)
+    assert Settings(bon_ns=(1, 3)).bon_ns == (1, 3)
+
+
+def test_d_is_the_square_root_of_the_kl_estimate_and_zero_where_it_is_negative():
+    """d = sqrt(KL) where the mean KL estimate is >= 0 and 0 where it is negative (the unbiased
+    sampled-token estimate of a policy near SFT can be), never sqrt(|KL|); every stored point of
+    the committed studies holds it."""
+    from rlhf.studies.validation import distance
+
+    assert [distance(kl) for kl in (0.0, 0.09, 4.0)] == [0.0, 0.3, 2.0]
+    assert [distance(kl) for kl in (-1e-12, -0.09, -4.0)] == [0.0, 0.0, 0.0]
+    for revision in ("r001", "r002"):
+        for s in committed(revision)["seeds"]:
+            for arm in s["arms"].values():
+                assert all(p["d"] == distance(p["kl"]) for p in arm["points"])
+
+
+# What reads a test prompt, in the package: the corpus's evaluation view and rlhf.evaluate's
+# held-out generation, scoring and rubric rows (each reads that view), and whatever imports them.
+TEST_READERS = re.compile(r"evaluation_view|EvaluationView|\bfrom rlhf\.evaluate import|\bfrom rlhf import evaluate\b")
+
+
+def _frontier_modules() -> dict[str, str]:
+    import rlhf.studies.frontier as package
+
+    return {p.stem: p.read_text() for p in sorted(Path(package.__file__).parent.glob("*.py"))}
+
+
+def test_only_the_confirmation_module_can_read_test_prompts():
+    """Of the frontier's modules only `confirmation` reaches the evaluation view (directly or through
+    rlhf.evaluate's held-out readers), and no other module imports it: the arms, runs, validation
+    measurements, selection and orchestration cannot read a test prompt. (The small study is built
+    with the evaluation view refusing every call: the same, at run time.)"""
+    modules = _frontier_modules()
+    assert set(modules) == {"__init__", "arms", "runs", "measure", "selection", "study", "confirmation"}
+    assert TEST_READERS.search(modules["confirmation"])  # the check sees a reader where there is one
+    for name, text in modules.items():
+        if name in ("__init__", "confirmation"):
+            continue
+        assert not TEST_READERS.search(text), f"rlhf.studies.frontier.{name} reads test prompts"
+        assert "frontier.confirmation" not in text and "frontier import confirmation" not in text, name
+    body = modules["__init__"].split('"""')[2]  # the package's own code, past its docstring
+    assert not body.strip(), "rlhf/studies/frontier/__init__.py holds code: each concern has its module"
+
+
 # ------------------------------------------------------------------------------ the small study
 
 
@@ -310,7 +481,7 @@ def test_the_study_writes_one_series_per_seed_and_arm_under_the_arms_name(small_
 
 
 def test_each_arms_best_point_and_share_of_the_oracles_gain_are_the_studys(small_frontier):
-    from rlhf.studies import frontier
+    from rlhf.studies.frontier.selection import ORACLE_MIN_GAIN
 
     _, result = small_frontier
     sft = result["sft_level"]["mean"]
@@ -321,7 +492,7 @@ def test_each_arms_best_point_and_share_of_the_oracles_gain_are_the_studys(small
         assert best["gold"] == top and best["gain"] == top - sft
         row = next(r for r in arm["curve"] if r["iteration"] == best["iteration"])
         assert row["gold"]["mean"] == top and best["d"] == row["d"]["mean"]
-        want = best["gain"] / oracle["gain"] if oracle["gain"] >= frontier.ORACLE_MIN_GAIN else None
+        want = best["gain"] / oracle["gain"] if oracle["gain"] >= ORACLE_MIN_GAIN else None
         assert best["share_of_oracle_gain"] == want
 
 
@@ -336,7 +507,10 @@ def test_kl_coefficient_is_c_times_the_measured_spread(small_frontier):
 
 
 def test_kl_estimate_recomputed_from_stored_rows_and_from_the_models(small_frontier):
-    from rlhf.studies import frontier, validation
+    from rlhf.studies import validation
+    from rlhf.studies.frontier.arms import Arm
+    from rlhf.studies.frontier.measure import measurement_seeds
+    from rlhf.studies.frontier.runs import actor_at, arm_context, roles_for_measuring
 
     out, result = small_frontier
     seed_dir = out / "seed-0"
@@ -348,12 +522,12 @@ def test_kl_estimate_recomputed_from_stored_rows_and_from_the_models(small_front
 
     # Independently: draw the same samples, then score them with a plain forward pass of each
     # model over the whole sequence (not rlhf.scoring), summing log pi - log pi_SFT per answer.
-    ctx = frontier.arm_context(seed_dir, frontier.Arm("spec-default", "judge", raw=0.02), "r002")
-    actor = frontier.actor_at(ctx, 4)
-    sft, _ = frontier._roles_for_measuring(ctx)
+    ctx = arm_context(seed_dir, Arm("spec-default", "judge", raw=0.02), "r002")
+    actor = actor_at(ctx, 4)
+    sft, _ = roles_for_measuring(ctx)
     records = validation.validation_prompts(ctx.corpus.learning_view(), ctx.profile.evaluation.max_units)
     prompt_ids = validation.encode_records(records, ctx)
-    gen = torch.Generator().manual_seed(frontier.measurement_seeds(ctx.profile)["kl"])
+    gen = torch.Generator().manual_seed(measurement_seeds(ctx.profile)["kl"])
     samples = validation.answers(actor.model, prompt_ids, ctx, gen)
     got = []
     with torch.no_grad():
@@ -395,7 +569,8 @@ def test_standardisation_computed_once_recorded_and_applied_to_that_arm_only(sma
 
 
 def test_rerun_of_a_finished_frontier_recomputes_nothing(small_frontier, tmp_path, monkeypatch):
-    from rlhf.studies import frontier
+    from rlhf.studies.frontier import study as frontier_study
+    from rlhf.studies.frontier.study import run_frontier
 
     out, result = small_frontier
     study = tmp_path / "study"
@@ -406,11 +581,11 @@ def test_rerun_of_a_finished_frontier_recomputes_nothing(small_frontier, tmp_pat
     def no_work(*args, **kwargs):
         raise AssertionError("a finished frontier started work")
 
-    monkeypatch.setattr(frontier, "run_tasks", no_work)
+    monkeypatch.setattr(frontier_study, "run_tasks", no_work)
     lines = []
     from conftest import small_frontier_settings
 
-    again = frontier.run_frontier(
+    again = run_frontier(
         study, n=2, revision="r002", sft_budget="full", workers=1, profile_name=profile,
         settings=small_frontier_settings(), say=lines.append,
     )  # fmt: skip
@@ -420,7 +595,7 @@ def test_rerun_of_a_finished_frontier_recomputes_nothing(small_frontier, tmp_pat
 
 def test_an_interrupted_frontier_recomputes_only_what_is_missing(small_frontier, tmp_path):
     from conftest import small_frontier_settings
-    from rlhf.studies import frontier
+    from rlhf.studies.frontier.study import run_frontier
 
     out, result = small_frontier
     study = tmp_path / "study"
@@ -430,7 +605,7 @@ def test_an_interrupted_frontier_recomputes_only_what_is_missing(small_frontier,
     for p in (lost, study / "frontier.json", study / "report.html"):
         p.unlink()
     before = {p: os.stat(p).st_mtime_ns for p in study.rglob("*") if p.is_file()}
-    again = frontier.run_frontier(
+    again = run_frontier(
         study, n=2, revision="r002", sft_budget="full", workers=1,
         profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=small_frontier_settings(),
         say=lambda line: None,
@@ -446,32 +621,37 @@ def test_an_interrupted_frontier_recomputes_only_what_is_missing(small_frontier,
 
 
 def test_a_changed_setting_is_refused_in_an_existing_study(small_frontier, tmp_path):
-    from rlhf.studies import StudyError, frontier
+    from rlhf.studies import StudyError
+    from rlhf.studies.frontier.arms import Settings
+    from rlhf.studies.frontier.study import run_frontier
 
     out, _ = small_frontier
     study = tmp_path / "study"
     shutil.copytree(out, study)
     (study / "frontier.json").unlink()
     with pytest.raises(StudyError, match="refusing to continue"):
-        frontier.run_frontier(
+        run_frontier(
             study, n=2, revision="r002", sft_budget="full", workers=1,
-            profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=frontier.Settings(),
+            profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=Settings(),
             say=lambda line: None,
         )  # fmt: skip
 
 
 def test_confirmation_needs_the_choice_made_on_validation(tmp_path):
-    from rlhf.studies import StudyError, frontier
+    from rlhf.studies import StudyError
+    from rlhf.studies.frontier.confirmation import run_confirmation
 
     with pytest.raises(StudyError, match="chosen on validation first"):
-        frontier.run_confirmation(tmp_path / "nothing", n=5)
+        run_confirmation(tmp_path / "nothing", n=5)
 
 
 def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fresh_seeds(
     small_frontier, tmp_path, monkeypatch
 ):
     from rlhf import signals
-    from rlhf.studies import frontier
+    from rlhf.studies.frontier import confirmation
+    from rlhf.studies.frontier.arms import SPEC_KL
+    from rlhf.studies.frontier.confirmation import STOP_ARM, STOP_SIGNAL, run_confirmation, test_file
 
     out, result = small_frontier
     study = tmp_path / "study"
@@ -479,13 +659,13 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
     # The small budget's 4 iterations are too few for the committed kl_growth rule: a rules file
     # whose kl_growth rule fires at the first iteration with a growth (iteration 1) makes the stop real.
     rules = tmp_path / "warning_rules.json"
-    kl_growth = {"signal": frontier.STOP_SIGNAL, "threshold": -1e30, "patience": 1}
+    kl_growth = {"signal": STOP_SIGNAL, "threshold": -1e30, "patience": 1}
     frozen = {"format": signals.RULES_FORMAT, "window": 1, "drop_margin": signals.DROP_MARGIN, "rules": [kl_growth]}
     frozen["chosen_on"] = {"study": {"revision": "r002"}}
     rules.write_text(json.dumps(frozen))
     monkeypatch.setattr(signals, "RULES_FILE", rules)  # what PPO stops by
-    monkeypatch.setattr(frontier, "RULES_FILE", rules)  # what the confirmation scores
-    record = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
+    monkeypatch.setattr(confirmation, "RULES_FILE", rules)  # what the confirmation scores
+    record = run_confirmation(study, n=2, workers=1, say=lambda line: None)
     sel = result["selection"]
     want = [("spec-default", 4)] + (
         [] if (sel["arm"], sel["iteration"]) == ("spec-default", 4) else [(sel["arm"], sel["iteration"])]
@@ -495,7 +675,7 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
     for row in stopped["seeds"]:
         arm = study / "confirm" / row["folder"] / "arms" / "spec-default-stop"
         ppo = load_profile(str(arm / "profile.toml")).ppo
-        assert (ppo.stop_on_warning, ppo.stop_signals, ppo.kl_coef) == (True, ("kl_growth",), frontier.SPEC_KL)
+        assert (ppo.stop_on_warning, ppo.stop_signals, ppo.kl_coef) == (True, ("kl_growth",), SPEC_KL)
         history = json.loads((arm / "ppo" / "history.json").read_text())
         assert row["iteration"] == len(history["iterations"]) == 2 < ppo.iterations  # fired at 1: 2 done
         rec = json.loads((arm / "test-final.json").read_text())
@@ -510,7 +690,7 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
     for p in record["points"]:
         for row in p["seeds"]:
             rec = json.loads(
-                frontier.test_file(study / "confirm" / row["folder"], frontier.STOP_ARM, None).read_text()
+                test_file(study / "confirm" / row["folder"], STOP_ARM, None).read_text()
                 if p["iteration"] is None
                 else (
                     study / "confirm" / row["folder"] / "arms" / p["arm"] / f"test-iter-{p['iteration']:04d}.json"
@@ -546,16 +726,17 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
             assert test and {a["sft"]["rubric_success"] for a in test} <= {True, False}
             rate = sum(a[key]["rubric_success"] for a in test) / len(test)
             assert rate == pytest.approx(row["metrics"]["rubric_success.test.ppo"], abs=1e-12)
-    again = frontier.run_confirmation(study, n=2, workers=1, say=lambda line: None)
+    again = run_confirmation(study, n=2, workers=1, say=lambda line: None)
     assert again == json.loads((study / "confirmation.json").read_text())
 
 
 def test_summary_is_recomputed_from_the_stored_measurements_into_a_new_folder(small_frontier, tmp_path):
-    from rlhf.studies import StudyError, frontier
+    from rlhf.studies import StudyError
+    from rlhf.studies.frontier.study import summarise_to
 
     out, result = small_frontier
     dest = tmp_path / "summary"
-    again = frontier.summarise_to(out, dest, say=lambda line: None)
+    again = summarise_to(out, dest, say=lambda line: None)
     assert again["selection"] == result["selection"] and again["measured_by"]["code"] == result["study"]["code"]
     for name, arm in again["arms"].items():
         for new, old in zip(arm["curve"], result["arms"][name]["curve"]):
@@ -566,12 +747,12 @@ def test_summary_is_recomputed_from_the_stored_measurements_into_a_new_folder(sm
             assert endings == pytest.approx(new["truncations"]["mean"])  # every answer without EOS, split in two
     assert (dest / "report.html").is_file()
     with pytest.raises(FileExistsError, match="new folder"):
-        frontier.summarise_to(out, dest, say=lambda line: None)
+        summarise_to(out, dest, say=lambda line: None)
     unfinished = tmp_path / "unfinished"
     shutil.copytree(out, unfinished)
     (unfinished / "seed-0" / "arms" / "oracle" / "validation" / "iter-0004.json").unlink()
     with pytest.raises(StudyError, match="not finished.*seed-0/oracle"):
-        frontier.summarise_to(unfinished, tmp_path / "other", say=lambda line: None)
+        summarise_to(unfinished, tmp_path / "other", say=lambda line: None)
 
 
 # ------------------------------------------------------------------------------ over-optimisation warnings
@@ -647,17 +828,18 @@ def test_a_study_extended_by_grid_arms_keeps_what_it_measured_and_runs_only_the_
     aside first, if the best c moved), the old summary is moved aside, study.json records what it extended."""
     from conftest import small_frontier_settings
     from rlhf.io import read_json
-    from rlhf.studies import frontier
+    from rlhf.studies.frontier.arms import Arm, Settings
+    from rlhf.studies.frontier.study import run_frontier
 
     out, result = small_frontier
     study = tmp_path / "study"
     shutil.copytree(out, study)
     before = {p: p.read_bytes() for p in study.glob("seed-*/arms/*/validation/*.json")}
     old = small_frontier_settings()
-    arms = (*old.arms[:2], frontier.Arm("c1", "judge", c=1.0), *old.arms[2:])
-    settings = frontier.Settings(arms=arms, bon_ns=old.bon_ns, kl_samples=old.kl_samples)
+    arms = (*old.arms[:2], Arm("c1", "judge", c=1.0), *old.arms[2:])
+    settings = Settings(arms=arms, bon_ns=old.bon_ns, kl_samples=old.kl_samples)
     said: list[str] = []
-    again = frontier.run_frontier(
+    again = run_frontier(
         study, n=2, revision="r002", sft_budget="full", workers=1,
         profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=settings, say=said.append,
     )  # fmt: skip
@@ -677,12 +859,12 @@ def test_a_study_extended_by_grid_arms_keeps_what_it_measured_and_runs_only_the_
         profile = load_profile(str(study / s["folder"] / "arms" / "ensemble-min-cbest" / "profile.toml"))
         assert profile.ppo.kl_coef == again["grid_choice"]["c"] * s["sigma_validation"]
     # Changing an arm, not adding one, is still refused.
-    changed = frontier.Settings(arms=(old.arms[0], frontier.Arm("c0.05", "judge", c=0.07), *old.arms[2:]))
+    changed = Settings(arms=(old.arms[0], Arm("c0.05", "judge", c=0.07), *old.arms[2:]))
     (study / "frontier.json").unlink()
     from rlhf.studies import StudyError
 
     with pytest.raises(StudyError, match="refusing to continue"):
-        frontier.run_frontier(
+        run_frontier(
             study, n=2, revision="r002", sft_budget="full", workers=1,
             profile_name=str(out.parent / "embedded-frontier-small.toml"), settings=changed, say=lambda line: None,
         )  # fmt: skip
@@ -694,7 +876,7 @@ def test_the_stopping_rule_is_the_best_rule_of_the_study_the_rules_were_chosen_o
     criterion, written out here (most early warnings; ties: fewer false alarms)."""
     from rlhf import signals
     from rlhf.io import sha256_file
-    from rlhf.studies import frontier
+    from rlhf.studies.frontier.confirmation import STOP_SIGNAL
     from rlhf.studies.warnings import best_rule
 
     scored = json.loads((ROOT / "results" / "frontier-r002" / "frontier.json").read_text())["warnings"]
@@ -706,10 +888,10 @@ def test_the_stopping_rule_is_the_best_rule_of_the_study_the_rules_were_chosen_o
         if s["early"] == top
         and s["false_alarms"] == min(t["false_alarms"] for t in scored["scores"] if t["early"] == top)
     ]
-    assert best_rule(scored) == by_hand == frontier.STOP_SIGNAL
+    assert best_rule(scored) == by_hand == STOP_SIGNAL
     # the rule the lab then applies is that signal's frozen rule
     rules, _ = signals.frozen_rules()
-    assert [r.signal for r in rules].count(frontier.STOP_SIGNAL) == 1
+    assert [r.signal for r in rules].count(STOP_SIGNAL) == 1
     tied = {
         **scored,
         "scores": [{**s, "early": 5, "false_alarms": 9 if s["signal"] == "kl" else 3} for s in scored["scores"]],
@@ -855,8 +1037,9 @@ def test_best_of_n_under_the_ensemble_recomputed_from_each_members_scores(small_
 def test_an_ensemble_best_of_n_of_other_draws_is_refused(small_frontier, tmp_path):
     """The ensemble's best-of-n must rank the judge's best-of-n draws: when the stored judge scores
     are not those of its draws (other samples), it refuses and writes nothing."""
-    from rlhf.studies import frontier
-    from rlhf.studies.frontier import StudyError
+    from rlhf.studies import StudyError
+    from rlhf.studies.frontier.arms import settings_of
+    from rlhf.studies.frontier.measure import ensemble_best_of_n
 
     out, result = small_frontier
     seed_dir = tmp_path / "seed-0"
@@ -866,9 +1049,9 @@ def test_an_ensemble_best_of_n_of_other_draws_is_refused(small_frontier, tmp_pat
     sft = json.loads((seed_dir / "frontier" / "sft.json").read_text())
     sft["best_of_n"]["scores"][0][1] += 1.0
     (seed_dir / "frontier" / "sft.json").write_text(json.dumps(sft))
-    settings = frontier.settings_of(json.loads((out / "study.json").read_text())["identity"])
+    settings = settings_of(json.loads((out / "study.json").read_text())["identity"])
     with pytest.raises(StudyError, match="not the same samples"):
-        frontier.ensemble_best_of_n(seed_dir, "r002", settings, log=False)
+        ensemble_best_of_n(seed_dir, "r002", settings, log=False)
     assert not (seed_dir / "frontier" / "best-of-n-ensemble.json").exists()
 
 
@@ -876,15 +1059,16 @@ def test_a_study_made_before_the_ensembles_best_of_n_gains_it_by_extension_only(
     """An identity without `bon_ensembles` (a study made before) is extended by that measurement
     alone; with any other setting changed too it is not an extension; a study that has it gains
     nothing."""
-    from rlhf.studies import frontier
+    from rlhf.studies.frontier.arms import Settings, settings_of
+    from rlhf.studies.frontier.study import added_arms
 
-    new = {"format": 1, "code": "b", "settings": frontier.Settings().record()}
+    new = {"format": 1, "code": "b", "settings": Settings().record()}
     old = {**new, "code": "a", "settings": {k: v for k, v in new["settings"].items() if k != "bon_ensembles"}}
-    assert frontier.added_arms(old, new) == ["best-of-n under the ensembles"]
-    assert frontier.settings_of(old).bon_ensembles == ()
-    assert frontier.added_arms(new, new) == []
+    assert added_arms(old, new) == ["best-of-n under the ensembles"]
+    assert settings_of(old).bon_ensembles == ()
+    assert added_arms(new, new) == []
     other = {**new, "settings": {**new["settings"], "kl_samples_per_prompt": 3}}
-    assert frontier.added_arms(old, other) is None
+    assert added_arms(old, other) is None
 
 
 def test_sign_counts_positive_seeds_and_the_sign_test_by_hand():

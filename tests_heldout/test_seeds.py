@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from rlhf.config import ProfileError, load_profile, profile_text_with
+from rlhf.events import logdir_line
 from rlhf.io import read_json, write_json
-from rlhf.studies import StudyError, changed_answer, derivation, seeds, sft_budget
+from rlhf.studies import StudyError, changed_answer, derivation, seeds
 from rlhf.studies import statistics as study_statistics
 from rlhf.studies.statistics import metric_bounds
 
@@ -223,7 +224,8 @@ def test_killed_study_continues_where_it_stopped(small_study, tmp_path):
     lines = []
     again = seeds.run_study(out, n=2, revision="r001", workers=2, profile_name=small_study["profile"], say=lines.append)
     assert _snapshot(out / "seed-0") == run0
-    assert "seed 0: already complete" in lines[1] and any("seed 1: queued" in x for x in lines)
+    assert lines[0] == logdir_line(out)  # said once the arguments are checked, before anything runs
+    assert "seed 0: already complete" in lines[2] and any("seed 1: queued" in x for x in lines)
     assert any("seed 1: report complete" in x for x in lines)
     log = (run1 / "lab.log").read_text()
     assert all(f"{stage}: already complete" in log for stage in seeds.STAGES[:-1])
@@ -285,7 +287,7 @@ def test_run_profile_reads_back_as_intended(tmp_path):
 
     text = (PROFILE_DIR / "embedded.toml").read_text()
     profile = load_profile("embedded")
-    changes = {**derivation.seed_changes(profile, 3, 7), **sft_budget.budget_changes(profile, "sft-e2")}
+    changes = {**derivation.seed_changes(profile, 3, 7), **derivation.budget_changes(profile, "sft-e2")}
     got = derivation.write_run_profile(tmp_path / "p.toml", text, "embedded-x", changes)
     assert got.seeds.data_order == 149 + 300000 + 7000 and got.sft.epochs == 2 and got.name == "embedded-x"
     assert got.sft.expected_updates == 42 and got.seeds.evaluation == 349 and got.lora == profile.lora
@@ -294,7 +296,7 @@ def test_run_profile_reads_back_as_intended(tmp_path):
     with pytest.raises(ProfileError, match="no \\[nowhere\\] table"):
         profile_text_with(text, "z", {("nowhere", "seed"): 1})
     with pytest.raises(ValueError, match="unknown SFT budget"):
-        sft_budget.budget_changes(profile, "sft-e11")
+        derivation.budget_changes(profile, "sft-e11")
 
 
 def test_t_quantiles_and_sign_test():
@@ -348,7 +350,8 @@ def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkey
     """The choice runs with the corpus's evaluation view and every test read made to fail: only
     the learning view reaches the code that trains and measures."""
     from rlhf import corpus as corpus_mod
-    from rlhf.studies.sft_budget import choose_sft_budget, validation_prompts
+    from rlhf.studies.sft_budget import choose_sft_budget
+    from rlhf.studies.validation import validation_prompts
 
     def refuse(*a, **k):
         raise AssertionError("the budget choice touched the evaluation view")

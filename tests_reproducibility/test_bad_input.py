@@ -323,3 +323,248 @@ def test_run_json_records_the_runtime_threads_pin_and_determinism_in_force(stopp
     assert determinism["cudnn_benchmark"] == torch.backends.cudnn.benchmark
     assert set(record["precision"]) == {"dtype", "force", "reason", "requested", "stored"}
     assert record["profile_values"] == json.loads(json.dumps(stopped_run.profile.to_dict()))
+
+
+# ------------------------------------------------------------------------------ study and stage arguments
+# Every command checks all its input before it writes or prints anything: a bad argument gets one
+# `rlhf CMD: error: ...` line naming its option and a non-zero exit, and the folder is left exactly
+# as it was (empty, or the study or run begun before it). The corrected command then gets past its
+# checks and starts: it writes its record and reaches its first task, where these tests stop it
+# (`Started`, raised by the task) instead of training.
+
+
+class Started(Exception):
+    """The corrected command got past its checks and reached its first task."""
+
+
+def start(*args, **kwargs):
+    """What a command's first task is replaced by here: it stops the command where it starts."""
+    raise Started
+
+
+def listing(folder) -> dict:
+    """Every path under `folder` with its SHA-256 (None for a folder)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): sha256_file(p) if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def run_cli(argv: list[str]) -> int:
+    from rlhf import cli
+
+    try:
+        return cli.main(argv)
+    except SystemExit as stop:  # argparse's refusal of an option
+        return int(stop.code or 0)
+
+
+def refused(argv: list[str], option: str, capsys, folder, *first) -> str:
+    """`rlhf ARGV` refused: non-zero exit, one error line naming `option`, `folder` as it was, and
+    no TensorBoard line printed. Returns the error line. `first`: (module, task) of the tasks the
+    command would start, each made to raise Started, so that a check that lets the input through
+    fails here instead of training."""
+    before = listing(folder)
+    with pytest.MonkeyPatch.context() as mp:
+        for module, task in first:
+            mp.setattr(module, task, start)
+        code = run_cli(argv)
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith(f"rlhf {argv[0]}: error: ")]
+    assert code != 0 and len(errors) == 1 and option in errors[0], (code, err)
+    assert "tensorboard" not in out, out
+    assert listing(folder) == before
+    return errors[0]
+
+
+def started(argv: list[str], capsys, monkeypatch, module, task: str) -> str:
+    """`rlhf ARGV` reaches `module.task` (stopped there by Started); returns what it printed."""
+    monkeypatch.setattr(module, task, start)
+    with pytest.raises(Started):
+        run_cli(argv)
+    monkeypatch.undo()
+    out, err = capsys.readouterr()
+    assert " error: " not in err, err
+    return out
+
+
+def assert_record(folder, **identity) -> None:
+    """study.json holds the identity asked for and what the study ran with: commit and code."""
+    from rlhf.identities import code_sha256, git_commit
+
+    record = read_json(folder / "study.json")
+    assert {k: record["identity"][k] for k in identity} == identity
+    assert record["code"] == record["identity"]["code"] == code_sha256()
+    assert record["commit"] == git_commit() and (record["commit"] is None or len(record["commit"]) == 40)
+
+
+@pytest.mark.parametrize(
+    "bad,option",
+    [
+        (["--study-seed", "-1"], "--study-seed"),
+        (["--study-seed", str(2**64)], "--study-seed"),  # beyond what torch.manual_seed takes
+        (["--study-seed", "92233720368547"], "--study-seed"),  # its runs' seeds would pass 2**63 (TOML, torch)
+        (["--workers", "-1"], "--workers"),
+        (["--workers", "0"], "--workers"),
+        (["--n", "1"], "--n"),
+    ],
+)
+def test_seeds_checks_every_argument_before_writing(tmp_path, bad, option, capsys, monkeypatch):
+    from rlhf.events import logdir_line
+    from rlhf.studies import seeds
+
+    out = tmp_path / "study"
+    out.mkdir()
+    line = refused(["seeds", "--out", str(out), *bad], option, capsys, out, (seeds, "run_all"))
+    assert bad[1] in line
+    printed = started(["seeds", "--out", str(out), "--n", "2", "--workers", "1"], capsys, monkeypatch, seeds, "run_all")
+    assert printed.splitlines()[0] == logdir_line(out)  # once the arguments are checked
+    assert_record(out, n=2, study_seed=0)
+    assert sorted(p.name for p in out.iterdir()) == ["seed-0", "seed-1", "study.json"]
+    refused(["seeds", "--out", str(out), "--n", "2", *bad], option, capsys, out, (seeds, "run_all"))  # begun: untouched
+
+
+def test_the_largest_study_seed_keeps_every_seed_of_its_runs_where_torch_and_toml_take_it():
+    """derivation.max_study_seed: its last run's training seeds, plus the lab's offsets (< 1000),
+    stay below 2**63 (a TOML integer, and torch's manual_seed); one study seed more leaves it."""
+    from rlhf.studies import StudyError, derivation
+
+    profile = load_profile("embedded")
+    top = derivation.max_study_seed(profile)
+    last = derivation.seed_changes(profile, top, derivation.MAX_RUNS - 1)
+    assert max(last.values()) + derivation.RUN_STRIDE - 1 < 2**63 == derivation.SEED_LIMIT
+    beyond = {k: derivation.derived_seed(derivation.profile_value(profile, *k), top + 1, 0) for k in last}
+    assert max(beyond.values()) + derivation.RUN_STRIDE * derivation.MAX_RUNS > 2**63
+    with pytest.raises(StudyError, match=f"--study-seed must be between 0 and {top}, not {top + 1}"):
+        derivation.seed_changes(profile, top + 1, 0)
+
+
+@pytest.mark.parametrize(
+    "bad,option",
+    [
+        (["--workers", "-1"], "--workers"),
+        (["--workers", "0"], "--workers"),
+        (["--grid", "-1"], "--grid"),
+        (["--grid", "0.05,nan"], "--grid"),
+        (["--grid", "inf"], "--grid"),
+        (["--grid", "1,1"], "--grid"),
+        (["--grid", "0.1,0.10"], "--grid"),
+        (["--grid", "0.05,abc"], "--grid"),
+        (["--n", "0"], "--n"),
+    ],
+)
+def test_frontier_checks_every_argument_before_writing(tmp_path, bad, option, capsys, monkeypatch):
+    from rlhf.events import logdir_line
+    from rlhf.studies.frontier import study
+
+    out = tmp_path / "frontier"
+    out.mkdir()
+    refused(["frontier", "--out", str(out), *bad], option, capsys, out, (study, "run_tasks"))
+    good = ["--out", str(out), "--n", "1", "--grid", "0,0.05", "--workers", "1"]
+    printed = started(["frontier", *good], capsys, monkeypatch, study, "run_tasks")
+    assert logdir_line(out) in printed.splitlines()
+    assert_record(out, n=1, study_seed=1)
+    assert [a["name"] for a in read_json(out / "study.json")["identity"]["settings"]["arms"]][1:3] == ["c0", "c0.05"]
+    refused(["frontier", *good[:4], *bad], option, capsys, out, (study, "run_tasks"))  # begun: untouched
+
+
+def fake_frontier_choice(out) -> None:
+    """A frontier.json with a choice made on validation (what --confirm reads), no study behind it."""
+    from rlhf.io import write_json
+    from rlhf.studies.frontier.arms import Settings
+    from rlhf.studies.frontier.study import STUDY_SEED, study_identity
+
+    identity = study_identity("embedded", "r002", 1, "sft-e7", Settings(), STUDY_SEED)
+    default = {"arm": "spec-default", "iteration": 100}
+    selection = {"arm": "c0.05", "iteration": 10, "default": default}
+    write_json(out / "frontier.json", {"study": identity, "selection": selection, "grid_choice": {"c": 0.05}})
+
+
+@pytest.mark.parametrize("n", ["0", "-1", "1"])
+def test_frontier_confirm_checks_its_seed_count_before_writing(tmp_path, n, capsys, monkeypatch):
+    """`--confirm 0` is refused, not taken for "no confirmation" (which would run the study);
+    one seed has no across-seed statistics."""
+    from rlhf.events import logdir_line
+    from rlhf.studies.frontier import confirmation, study
+
+    out = tmp_path / "frontier"
+    out.mkdir()
+    fake_frontier_choice(out)
+    first = [(confirmation, "run_tasks"), (study, "run_tasks")]  # the confirmation's, or the study's
+    refused(["frontier", "--out", str(out), "--confirm", n], "--confirm", capsys, out, *first)
+    good = ["frontier", "--out", str(out), "--confirm", "2", "--workers", "1"]
+    printed = started(good, capsys, monkeypatch, confirmation, "run_tasks")
+    assert logdir_line(out) in printed.splitlines()
+    assert_record(out / "confirm", n=2, study_seed=2)
+    refused(["frontier", "--out", str(out), "--confirm", n], "--confirm", capsys, out, *first)
+    refused([*good[:-1], "0"], "--workers", capsys, out, *first)
+
+
+@pytest.mark.parametrize(
+    "budgets,previous,option,problem",
+    [
+        ("nosuch", None, "--budgets", "'nosuch'"),
+        ("sft-e1,nosuch", None, "--budgets", "'nosuch'"),
+        ("full", None, "--budgets", "'full'"),
+        (None, b"not json at all", "--previous", "not JSON"),
+        (None, b'{"identity": {"format": "rlhf-seeds-1"}, "derivation": "x"}', "--previous", "without the keys"),
+        (None, b"[1, 2]", "--previous", "without the keys revision, profile_sha256, command, candidates"),
+        (None, "missing", "--previous", "cannot read"),
+    ],
+)
+def test_choose_sft_budget_checks_every_argument_before_writing(
+    tmp_path, budgets, previous, option, problem, capsys, monkeypatch
+):
+    from rlhf.studies import sft_budget
+
+    folder = tmp_path / "b"
+    folder.mkdir()
+    argv = ["choose-sft-budget", "--out", str(folder / "choice.json"), "--work", str(folder / "work")]
+    bad = ["--budgets", budgets] if budgets else []
+    prev = tmp_path / "previous.json"
+    if isinstance(previous, bytes):
+        prev.write_bytes(previous)
+    if previous is not None:
+        bad += ["--previous", str(prev)]
+    line = refused([*argv, *bad], option, capsys, folder, (sft_budget, "measure_budget"))
+    assert problem in line and (previous is None or str(prev) in line), line
+    started([*argv, "--budgets", "sft-e1"], capsys, monkeypatch, sft_budget, "measure_budget")
+    assert (folder / "work" / "corpus" / "manifest.json").is_file() and not (folder / "choice.json").exists()
+    refused([*argv, *bad], option, capsys, folder, (sft_budget, "measure_budget"))  # the work begun: untouched
+
+
+@pytest.mark.parametrize(
+    "stage,stop_after",
+    [("sft", "0"), ("sft", "-1"), ("sft", "20"), ("judge", "2"), ("judge", "3"), ("ppo", "0"), ("ppo", "101")],
+)
+def test_stop_after_must_fall_inside_the_stage(tmp_path, stage, stop_after, capsys, monkeypatch):
+    """--stop-after N: 1 <= N < the stage's epochs (SFT 20, the judge 2 in the embedded profile)
+    or iterations (PPO 100), checked before the run folder is made."""
+    from rlhf import lab
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = (lab, "ppo_fingerprints" if stage == "ppo" else "run_protocol")  # PPO's first step reads SFT's
+    line = refused([stage, "--run", str(run), "--stop-after", stop_after], "--stop-after", capsys, run, first)
+    assert f"not {stop_after}" in line and "--resume" in line
+    started([stage, "--run", str(run), "--stop-after", "1"], capsys, monkeypatch, *first)
+    assert (run / "run.json").is_file()
+    refused([stage, "--run", str(run), "--stop-after", stop_after], "--stop-after", capsys, run, first)
+
+
+def test_stop_on_warning_offers_its_signal_names(tmp_path, capsys, monkeypatch):
+    """An unknown signal is refused by the option (argparse's choices, every signal listed), not
+    by the profile file it would have been written into."""
+    from rlhf import lab
+    from rlhf.signals import SIGNALS
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = (lab, "run_lab")
+    bad = ["lab", "--out", str(run), "--stop-on-warning"]
+    line = refused([*bad, "nosuch"], "--stop-on-warning", capsys, run, first)
+    assert "'nosuch'" in line and all(s in line for s in SIGNALS) and ".toml" not in line
+    started(["lab", "--out", str(run), "--stop-on-warning", "kl_growth"], capsys, monkeypatch, *first)
+    ppo = read_json(run / "run.json")["profile_values"]["ppo"]
+    assert (ppo["stop_on_warning"], ppo["stop_signals"]) == (True, ["kl_growth"])
+    refused([*bad, "kl_growth", "nosuch"], "--stop-on-warning", capsys, run, first)

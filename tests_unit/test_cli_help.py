@@ -2,11 +2,15 @@
 
 For each subparser of `rlhf.cli.build_parser()`: every option has non-empty help, the command
 has a description, and its help text holds an example line starting with `rlhf <command>`,
-which the parser itself accepts.
+which the parser itself accepts. `rlhf --help` and every `rlhf COMMAND --help` answer without
+importing torch or transformers (a fresh process each, its modules read after the help).
 """
 
 import argparse
+import json
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +76,33 @@ def test_each_command_declares_its_options_in_one_small_function_beside_it():
         at = lines.index(f"def {func.__name__}(args) -> int:")
         following = lines[min(i for i in tops if i > at)]
         assert following.startswith(f"def {adder.__name__}("), f"{adder.__name__} is not beside {func.__name__}"
+
+
+# What a help text must not wait for: torch and what comes with it (the lab's models, its numbers).
+HEAVY = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "matplotlib")
+HELP_PROBE = """
+import json, runpy, sys
+heavy = json.loads(sys.argv[2])
+sys.argv = ["rlhf", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("rlhf", run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    code = stop.code
+print(json.dumps({"exit": code, "loaded": sorted(m for m in heavy if m in sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([name, "--help"] for name in NAMES)], ids=" ".join)
+def test_help_imports_no_torch(argv):
+    """`python -m rlhf [COMMAND] --help` in a fresh process prints its help and exits 0 without
+    having imported torch, transformers or anything else in HEAVY."""
+    probe = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE, json.dumps(argv), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert probe.returncode == 0, probe.stderr
+    *help_text, last = probe.stdout.splitlines()
+    assert any(line.startswith("usage: rlhf") for line in help_text), probe.stdout
+    assert json.loads(last) == {"exit": 0, "loaded": []}, f"rlhf {' '.join(argv)} imported {last}"

@@ -6,7 +6,7 @@ names what changed.
   a module of a subpackage (rlhf/studies/, rlhf/report/) or a profile changes it.
 * A refused rerun or resume names every part that differs, a part only the saved identity holds
   and a part only the current one holds included: in `describe_change` and in each of its callers
-  that refuses (a resume state, run.json, a seeds study, a frontier study).
+  that refuses (a resume state, run.json, a study's record: seeds, frontier and its confirmation).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from rlhf import identities, lab
 from rlhf.checkpoint import StateError, load_state, save_state
-from rlhf.studies import StudyError, frontier, seeds
+from rlhf.studies import StudyError, record
 
 pytestmark = pytest.mark.unit
 
@@ -102,16 +102,14 @@ def refuse_study(check, path, error):
     return str(refused.value)
 
 
-@pytest.mark.parametrize("caller", ["resume state", "run.json", "seeds study", "frontier study"])
+@pytest.mark.parametrize("caller", ["resume state", "run.json", "study record"])
 def test_every_refusal_names_the_parts_held_on_one_side_only(caller, tmp_path, monkeypatch):
     if caller == "resume state":
         message = refuse_resume_state(tmp_path)
     elif caller == "run.json":
         message = refuse_run_record(tmp_path, monkeypatch)
-    elif caller == "seeds study":
-        message = refuse_study(seeds._check_study_record, tmp_path, StudyError)
     else:
-        message = refuse_study(frontier._check_record, tmp_path / "study.json", StudyError)
+        message = refuse_study(record.open_record, tmp_path, StudyError)
     assert "identity changed in config, current_only, saved_only (" in message, message
     assert "saved_only was ssss" in message and "now None" in message, message
     assert "current_only was None, now nnnn" in message, message

@@ -363,13 +363,10 @@ def seeds_table(result: dict) -> Table:
     )
 
 
-def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
-    st, sel = result["study"], result["selection"]
-    title = (
-        f"RLHF with PPO — over-optimisation frontier on {st['revision']} "
-        f"({st['n']} seeds, SFT budget {st['sft_budget']})"
-    )
-    arms = result["arms"]
+def frontier_intro(result: dict) -> list[str]:
+    """The page's opening paragraphs: how to reproduce it and what its numbers read, the operating
+    point chosen on validation, and the grid's best c where arms ran there."""
+    sel, arms = result["selection"], result["arms"]
     body = [
         f"<p>Reproduce: <code>{esc(result['command'])}</code>. "
         "Every number on this page reads validation prompts only. "
@@ -394,9 +391,31 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
             )
             + "</p>"
         )
+    return body
+
+
+def bon_section(result: dict) -> list[str]:
+    """Best-of-n under the judge, and under each ensemble reward where the study measured it."""
+    e = result.get("best_of_n_ensemble")
+    if not e:
+        return [bon_table(result).html()]
+    return [
+        bon_table(result).html(),
+        f"<p>The same draws ranked by an ensemble of {e['ensemble_size']} judges "
+        f"({esc(', '.join(e['members']))}; λ = {fmt(e['ensemble_lambda'], 2)} for "
+        "ensemble-uncertainty) instead of the judge alone: gold (± seed SD) per n, and its change "
+        "from the smallest to the largest n (95% t-interval over seeds).</p>",
+        bon_ensemble_table(result).html(),
+    ]
+
+
+def frontier_sections(result: dict) -> list[tuple[str, list[str]]]:
+    """The page's sections in order; "@name" marks where a figure goes."""
+    arms = result["arms"]
     warned = warnings_table(result)
-    sections = [
-        ("Frontier", [*body, "@frontier", "@iterations"]),
+    refreshes = [refresh_table(n, a).html() for n, a in arms.items() if a.get("refreshes")]
+    return [
+        ("Frontier", [*frontier_intro(result), "@frontier", "@iterations"]),
         (
             "Arms",
             [
@@ -404,34 +423,9 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
                 arms_table(result).html(),
             ],
         ),
-        *(
-            [
-                (
-                    "Judge refreshes",
-                    [refresh_table(n, a).html() for n, a in arms.items() if a.get("refreshes")],
-                )
-            ]
-            if any(a.get("refreshes") for a in arms.values())
-            else []
-        ),
+        *([("Judge refreshes", refreshes)] if refreshes else []),
         *([("Over-optimisation warnings", [warned.html(), "@warnings"])] if warned is not None else []),
-        (
-            "Best-of-n",
-            [
-                bon_table(result).html(),
-                *(
-                    [
-                        f"<p>The same draws ranked by an ensemble of {e['ensemble_size']} judges "
-                        f"({esc(', '.join(e['members']))}; λ = {fmt(e['ensemble_lambda'], 2)} for "
-                        "ensemble-uncertainty) instead of the judge alone: gold (± seed SD) per n, and its change "
-                        "from the smallest to the largest n (95% t-interval over seeds).</p>",
-                        bon_ensemble_table(result).html(),
-                    ]
-                    if (e := result.get("best_of_n_ensemble"))
-                    else []
-                ),
-            ],
-        ),
+        ("Best-of-n", bon_section(result)),
         (
             "Fits",
             [
@@ -444,13 +438,21 @@ def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
         ("Seeds and spreads", [seeds_table(result).html()]),
         ("Honesty", ['<ul class="honesty">' + "".join(f"<li>{esc(x)}</li>" for x in wording.HONESTY) + "</ul>"]),
     ]
+
+
+def render_frontier_html(result: dict, plots: dict[str, bytes] | None) -> str:
+    st = result["study"]
+    title = (
+        f"RLHF with PPO — over-optimisation frontier on {st['revision']} "
+        f"({st['n']} seeds, SFT budget {st['sft_budget']})"
+    )
     plots = plots or {}
     figures = {
         "frontier": (plots.get("frontier"), "gold and proxy against sqrt(KL)"),
         "iterations": (plots.get("iterations"), "gold against iteration"),
         "warnings": (plots.get("warnings"), "each signal's firing against the iteration where gold fell"),
     }
-    return page_html(title, sections, figures)
+    return page_html(title, frontier_sections(result), figures)
 
 
 def write_frontier_report(out, result: dict) -> Path:

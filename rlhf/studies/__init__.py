@@ -5,6 +5,9 @@
     statistics      the across-seed statistics (mean, SD, Student-t interval, sign test)
     changed_answer  the per-token view of a held-out answer that PPO changed
     sft_budget      `rlhf choose-sft-budget`: the cut SFT budget, chosen on validation prompts only
+    validation      measurements on validation prompts only (what the SFT budget and the frontier read)
+    frontier/       `rlhf frontier`: the over-optimisation frontier, one module per concern (its docstring)
+    warnings        over-optimisation warning rules chosen on one frontier study, scored on any
     base            `rlhf base-study`: can the embedded base carry the lab?
 
 A study's page is written by rlhf.report.study, a run profile's TOML by rlhf.config.profile_text_with.
@@ -26,7 +29,7 @@ IMPORT_TIME_ENVIRONMENT = (
     "RLHF_CPU_PIN",
     "RLHF_CRASH_AT",
 )
-PRELOAD = ["rlhf.lab", "rlhf.studies.frontier", "rlhf.studies.seeds"]
+PRELOAD = ["rlhf.lab", "rlhf.studies.frontier.measure", "rlhf.studies.seeds"]
 _server_environment: dict | None = None  # IMPORT_TIME_ENVIRONMENT as the fork server imported the lab
 
 

@@ -19,9 +19,10 @@ bootstrap draws. The embedded base is built from its fixed seed 49 in every run 
 "pre-trained" model is not a training seed of RLHF). ``seed_changes`` is the one function that
 says which profile entries are set.
 
-`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``rlhf.studies.sft_budget.SFT_BUDGETS``; the
+`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``SFT_BUDGETS``; the
 budget of question (b) is chosen on validation prompts only by `rlhf choose-sft-budget`
-(rlhf.studies.sft_budget).
+(rlhf.studies.sft_budget). A study seed is refused (`check_study_seed`) where a seed of its runs
+would leave what a profile and torch hold (``SEED_LIMIT``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ FIXED_SEEDS = (("seeds", "evaluation"),)
 RUN_STRIDE = 1000
 STUDY_STRIDE = 100_000
 MAX_RUNS = STUDY_STRIDE // RUN_STRIDE
+# Every seed a run uses goes into its profile.toml, whose integers TOML holds as 64-bit signed
+# (below 2**63), and then to torch.manual_seed / torch.Generator.manual_seed (below 2**64) and
+# random.seed; the lab adds less than RUN_STRIDE to a training seed (an ensemble member's: + m).
+SEED_LIMIT = 2**63
 DERIVATION = (
     "training seed of run i = the profile's value + 100000 * study_seed + 1000 * i, for "
     + ", ".join(f"{t}.{k}" for t, k in TRAINING_SEEDS)
@@ -62,6 +67,24 @@ DERIVATION = (
     + ", ".join(f"{t}.{k}" for t, k in FIXED_SEEDS)
     + " and the corpus seed 49"
 )
+
+
+# Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
+# updates). `full` keeps the profile's. The budget of question (b) is chosen among the others
+# (rlhf.studies.sft_budget).
+SFT_BUDGETS: dict[str, int | None] = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
+EPOCH_BUDGETS = {k: v for k, v in SFT_BUDGETS.items() if v is not None}  # the named budgets, 'full' excluded
+
+
+def budget_changes(profile: Profile, budget: str) -> dict[tuple[str | None, str], object]:
+    """{(table, key): value} of the named SFT budget (`full`: nothing changes)."""
+    if budget not in SFT_BUDGETS:
+        raise ValueError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_BUDGETS)}")
+    epochs = SFT_BUDGETS[budget]
+    if epochs is None:
+        return {}
+    per_epoch = profile.sft.expected_updates // profile.sft.epochs
+    return {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
 
 
 def derived_seed(profile_seed: int, study_seed: int, index: int) -> int:
@@ -74,12 +97,29 @@ def profile_value(profile: Profile, table: str, key: str):
     return profile.to_dict()[table][key]
 
 
+def max_study_seed(profile: Profile) -> int:
+    """The largest study seed whose every run (up to MAX_RUNS) keeps each seed it uses, the lab's
+    offsets included, below SEED_LIMIT."""
+    top = max(profile_value(profile, t, k) for t, k in TRAINING_SEEDS)
+    return (SEED_LIMIT - RUN_STRIDE * MAX_RUNS - top) // STUDY_STRIDE
+
+
+def check_study_seed(profile: Profile, study_seed: int) -> None:
+    """Refuse, naming the option, a study seed whose runs' seeds could not be written or used."""
+    top = max_study_seed(profile)
+    if not 0 <= study_seed <= top:
+        raise StudyError(
+            f"--study-seed must be between 0 and {top}, not {study_seed}: every training seed of its runs is "
+            f"written into a profile and passed to torch, which take seeds from 0 to below {SEED_LIMIT} "
+            f"(the seed of run i is the profile's + {STUDY_STRIDE} x study seed + {RUN_STRIDE} x i)"
+        )
+
+
 def seed_changes(profile: Profile, study_seed: int, index: int) -> dict[tuple[str, str], int]:
     """{(table, key): seed} for every training seed of run `index`: the one place that sets them."""
     if not 0 <= index < MAX_RUNS:
         raise StudyError(f"run index {index} outside 0..{MAX_RUNS - 1} (seeds would collide)")
-    if study_seed < 0:
-        raise StudyError(f"study seed must be >= 0, not {study_seed}")
+    check_study_seed(profile, study_seed)
     return {(t, k): derived_seed(profile_value(profile, t, k), study_seed, index) for t, k in TRAINING_SEEDS}
 
 
@@ -93,6 +133,21 @@ def profile_source(profile_name: str) -> Path:
     if not path.is_file():
         raise StudyError(f"no profile file {path}")
     return path
+
+
+def write_study_profiles(out: Path, profile_name: str, n: int, study_seed: int, sft_budget: str) -> list[Path]:
+    """out/seed-i/profile.toml for every run i < n of a study (checked on a rerun): the profile
+    with run i's training seeds and the SFT budget written in, named after both; the run folders."""
+    base_text = profile_source(profile_name).read_text()
+    base = load_profile(str(profile_source(profile_name)))
+    budget = budget_changes(base, sft_budget)
+    folders = []
+    for i in range(n):
+        folder = out / f"seed-{i}"
+        name = f"{base.name}-study{study_seed}-seed{i}" + ("" if sft_budget == "full" else f"-{sft_budget}")
+        write_run_profile(folder / "profile.toml", base_text, name, {**seed_changes(base, study_seed, i), **budget})
+        folders.append(folder)
+    return folders
 
 
 def write_run_profile(path, base_text: str, name: str, changes: dict) -> Profile:

@@ -14,36 +14,28 @@ to W worker processes (default: the cores), one torch thread each (the profile's
 fresh process per run; each writes its lab output to DIR/seed-i/lab.log, and the study prints a
 line whenever a run finishes a stage. A killed study continues on rerun: a finished run (its
 run.json records the report stage) is not reopened, an unfinished one continues as `rlhf lab`
-does (rlhf.lab). A finished study (DIR/seeds.json there) recomputes nothing.
+does (rlhf.lab). A finished study (DIR/seeds.json there) recomputes nothing. Every argument is
+checked before the study writes or prints anything (rlhf.studies.record); DIR/study.json records
+the study's identity, the commit and the code it ran with.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 
 from rlhf import lab
-from rlhf.config import load_profile, profile_hash
-from rlhf.identities import code_sha256, describe_change
+from rlhf.config import load_profile
 from rlhf.io import dumps_json, output_folder, read_json, sha256_text, write_json
 from rlhf.report.study import write_study_report
 from rlhf.studies import StudyError, worker_pool
 from rlhf.studies.changed_answer import answer_kinds, changed_answer_view, study_answers
-from rlhf.studies.derivation import (
-    DERIVATION,
-    FIXED_SEEDS,
-    MAX_RUNS,
-    TRAINING_SEEDS,
-    profile_source,
-    profile_value,
-    seed_changes,
-    write_run_profile,
-)
-from rlhf.studies.sft_budget import budget_changes, budget_record
+from rlhf.studies.derivation import DERIVATION, FIXED_SEEDS, TRAINING_SEEDS, profile_value, write_study_profiles
+from rlhf.studies.record import begin_study, identity_of_study, workers_count
+from rlhf.studies.sft_budget import budget_record
 from rlhf.studies.statistics import INTERVAL, across_table, metric_bounds
 
 FORMAT = "rlhf-seeds-1"
@@ -124,63 +116,6 @@ def study_identity(profile_name: str, revision: str, n: int, study_seed: int, sf
         sft_budget,
         (2, " (across-seed statistics need 2)"),
     )
-
-
-def identity_of_study(
-    fmt: str, kind: str, profile_name: str, revision: str, n: int, study_seed: int, sft_budget: str, least=(1, "")
-) -> dict:
-    """What a study over N runs of the embedded lab is (a rerun must match it): its format, the
-    profile and its hash, the revision, N, the study seed, the SFT budget and the code. `least`:
-    (the smallest N, why); refuses another profile kind, an N out of range, an unknown budget."""
-    base = load_profile(profile_name)
-    if base.model.kind != "embedded":
-        raise StudyError(f"{kind} runs the embedded lab, not profile {base.name}")
-    if not least[0] <= n <= MAX_RUNS:
-        raise StudyError(f"--n must be between {least[0]} and {MAX_RUNS}{least[1]}, not {n}")
-    budget_changes(base, sft_budget)  # refuses an unknown name
-    return {
-        "format": fmt,
-        "profile": base.name,
-        "profile_sha256": profile_hash(base),
-        "revision": revision,
-        "n": n,
-        "study_seed": study_seed,
-        "sft_budget": sft_budget,
-        "code": code_sha256(),
-    }
-
-
-def _check_study_record(out: Path, identity: dict) -> None:
-    path = out / "study.json"
-    if not path.is_file():
-        write_json(path, {"identity": identity, "derivation": DERIVATION})
-        return
-    change = describe_change(read_json(path)["identity"], identity)
-    if change:
-        raise StudyError(
-            f"refusing to continue the study in {out}: {change}. "
-            f"Nothing was written; use a new --out folder for another study"
-        )
-
-
-def run_folders(out: Path, n: int) -> list[Path]:
-    return [out / f"seed-{i}" for i in range(n)]
-
-
-def prepare_runs(out: Path, profile_name: str, identity: dict) -> list[Path]:
-    """Write every run's profile.toml (checked on a rerun); return the run folders."""
-    base_text = profile_source(profile_name).read_text()
-    base = load_profile(str(profile_source(profile_name)))
-    folders = run_folders(out, identity["n"])
-    budget = budget_changes(base, identity["sft_budget"])
-    for i, folder in enumerate(folders):
-        name = f"{base.name}-study{identity['study_seed']}-seed{i}"
-        if identity["sft_budget"] != "full":
-            name += f"-{identity['sft_budget']}"
-        write_run_profile(
-            folder / "profile.toml", base_text, name, {**seed_changes(base, identity["study_seed"], i), **budget}
-        )
-    return folders
 
 
 def run_complete(folder: Path) -> bool:
@@ -273,18 +208,13 @@ def run_study(
 
     out = output_folder(out)
     identity = study_identity(profile_name, revision, n, study_seed, sft_budget)
+    workers = workers_count(workers)
     done = out / "seeds.json"
-    if done.is_file():
-        result = read_json(done)
-        if result["study"] != identity:
-            _check_study_record(out, identity)  # names what differs
-        say(f"study already complete in {out} (seeds.json): nothing recomputed")
-        return result
+    finished = begin_study(out, identity, done, say, derivation=DERIVATION)
+    if finished is not None:
+        return finished
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    _check_study_record(out, identity)
-    folders = prepare_runs(out, profile_name, identity)
-    workers = workers or os.cpu_count() or 1
+    folders = write_study_profiles(out, profile_name, n, study_seed, sft_budget)
     say(
         f"study {out}: {n} runs of the embedded lab on {revision}, SFT budget {sft_budget}, "
         f"{min(workers, n)} worker(s); seeds: {DERIVATION}"

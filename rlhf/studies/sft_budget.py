@@ -8,7 +8,9 @@ Rule, fixed before measuring: among the named budgets of SFT_BUDGETS (all but
 candidate is trained and measured, so the file shows the whole curve, not only the chosen point.
 `--budgets` measures some, and `--previous FILE` takes the candidates an earlier record measured
 (same revision and profile; each candidate keeps the code hash it was measured with) instead of
-training them again; a budget is chosen only when every smaller candidate was measured.
+training them again; a budget is chosen only when every smaller candidate was measured. Every
+argument is checked before the corpus or the base is made; the record keeps the commit and the
+code it ran with.
 
 No test prompt can inform it: the corpus is prepared in the work folder and only its
 *learning view* (rlhf.corpus.LearningView: train demonstrations, train/validation pairs,
@@ -29,31 +31,17 @@ from rlhf.config import Profile, load_profile, override, profile_hash
 from rlhf.corpus import LearningView, load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.identities import code_sha256
-from rlhf.io import read_json, write_json
+from rlhf.io import output_folder, read_json_of_kind, write_json
 from rlhf.models import check_tokenizer, directory_identity, load_tokenizer
 from rlhf.roles import new_role
 from rlhf.runtime import configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
-from rlhf.studies.validation import validation_prompts, validation_rubric_success
-
-__all__ = ["SFT_BUDGETS", "budget_changes", "choose", "choose_sft_budget", "validation_prompts"]
+from rlhf.studies import StudyError
+from rlhf.studies.derivation import EPOCH_BUDGETS, SFT_BUDGETS, budget_changes
+from rlhf.studies.record import ran_with
+from rlhf.studies.validation import validation_rubric_success
 
 LOW, HIGH = 0.3, 0.8
-# Named SFT budgets (epochs of 21 updates; the embedded profile's own budget is 20 epochs, 420
-# updates). `full` keeps the profile's. The budget of question (b) is chosen among the others.
-SFT_BUDGETS: dict[str, int | None] = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
-EPOCH_BUDGETS = {k: v for k, v in SFT_BUDGETS.items() if v is not None}  # the named budgets, 'full' excluded
-
-
-def budget_changes(profile: Profile, budget: str) -> dict[tuple[str | None, str], object]:
-    """{(table, key): value} of the named SFT budget (`full`: nothing changes)."""
-    if budget not in SFT_BUDGETS:
-        raise ValueError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_BUDGETS)}")
-    epochs = SFT_BUDGETS[budget]
-    if epochs is None:
-        return {}
-    per_epoch = profile.sft.expected_updates // profile.sft.epochs
-    return {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
 
 
 RULE = (
@@ -105,20 +93,58 @@ def choose(measured: list[dict], order: list[str] | None = None) -> str | None:
     return None
 
 
+def check_budgets(budgets: list[str] | None) -> list[str]:
+    """--budgets: names among the candidates (candidate_budgets, 'full' excluded); None: all of them."""
+    if budgets is None:
+        return candidate_budgets()
+    unknown = [b for b in budgets if b not in EPOCH_BUDGETS]
+    if unknown or not budgets:
+        raise StudyError(
+            f"--budgets takes names among {', '.join(candidate_budgets())}, not {', '.join(map(repr, unknown))}"
+        )
+    return budgets
+
+
+# What a record of this command holds (`--previous FILE` must be one).
+RECORD_KEYS = {"revision": str, "profile_sha256": str, "command": str, "candidates": list}
+
+
 def previous_candidates(paths, revision: str, profile: Profile) -> list[dict]:
     """Candidates measured by earlier records of the same revision and profile (each keeps the
-    command and the code hash it was measured with)."""
-
+    command and the code hash it was measured with); a file that is not such a record, or one of
+    another revision or profile, is refused naming it."""
     out = []
     for path in paths or []:
-        rec = read_json(path)
+        try:
+            rec = read_json_of_kind(
+                path, "choose-sft-budget record", RECORD_KEYS, "keys", "`rlhf choose-sft-budget --out FILE` writes one"
+            )
+        except ValueError as err:
+            raise StudyError(f"--previous: {err}") from None
+        if not all(isinstance(m, dict) and m.get("budget") in EPOCH_BUDGETS for m in rec["candidates"]):
+            raise StudyError(f"--previous: {path} is not a choose-sft-budget record: a candidate is not a named budget")
         if (rec["revision"], rec["profile_sha256"]) != (revision, profile_hash(profile)):
-            raise ValueError(f"{path} was measured on another revision or profile; measure again")
+            raise StudyError(f"--previous: {path} was measured on another revision or profile; measure again")
         out += [
             {**m, "measured_by": m.get("measured_by", rec["command"]), "code": m.get("code", rec.get("code"))}
             for m in rec["candidates"]
         ]
     return out
+
+
+def prepare_work(work: Path, revision: str, profile: Profile):
+    """The corpus and the embedded base in `work` (each made once); the learning view, the
+    tokenizer and its EOS and PAD ids."""
+    if not (work / "corpus" / "manifest.json").is_file():
+        prepare(work / "corpus", revision=revision)
+    view = load_corpus(work / "corpus").learning_view()  # the only corpus object kept: no test input
+    if view.revision != revision:
+        raise StudyError(f"{work} holds corpus {view.revision}, not {revision}: use a new --work folder")
+    if not (work / "base_model" / "config.json").is_file():
+        build_embedded(work / "base_model")
+    tokenizer = load_tokenizer(work / "base_model")
+    eos_id, pad_id = check_tokenizer(profile, tokenizer)
+    return view, tokenizer, eos_id, pad_id
 
 
 def choose_sft_budget(
@@ -131,30 +157,24 @@ def choose_sft_budget(
     say=print,
 ) -> dict:
     """Measure every candidate budget on validation prompts; write the record to `out_json`
-    (never overwritten) and return it."""
-
-    out_json, work = Path(out_json), Path(work)
+    (never overwritten) and return it. Every argument is checked before anything is written."""
+    out_json, work = Path(out_json), output_folder(work)
     if out_json.exists():
         raise FileExistsError(f"{out_json} exists: the budget was already chosen (use a new --out)")
     profile = load_profile(profile_name)
-    configure_torch(profile)
-    if not (work / "corpus" / "manifest.json").is_file():
-        prepare(work / "corpus", revision=revision)
-    if not (work / "base_model" / "config.json").is_file():
-        build_embedded(work / "base_model")
-    view = load_corpus(work / "corpus").learning_view()  # the only corpus object kept: no test input
-    if view.revision != revision:
-        raise ValueError(f"{work} holds corpus {view.revision}, not {revision}")
-    tokenizer = load_tokenizer(work / "base_model")
-    eos_id, pad_id = check_tokenizer(profile, tokenizer)
-    t0 = time.perf_counter()
+    if profile.model.kind != "embedded":
+        raise StudyError(f"the SFT budget is chosen on the embedded lab, not profile {profile.name}")
+    names = check_budgets(budgets)
     measured = previous_candidates(previous, revision, profile)
+    configure_torch(profile)
+    view, tokenizer, eos_id, pad_id = prepare_work(work, revision, profile)
+    t0 = time.perf_counter()
     command = (
         f"rlhf choose-sft-budget --out {out_json} --work {work} --revision {revision}"
         + (f" --budgets {','.join(budgets)}" if budgets else "")
         + "".join(f" --previous {p}" for p in previous or [])
     )
-    for name in budgets or candidate_budgets():
+    for name in names:
         if any(m["budget"] == name for m in measured):
             continue
         p = override(profile, budget_changes(profile, name))
@@ -171,18 +191,17 @@ def choose_sft_budget(
         )
         measured.append(m)
     measured.sort(key=lambda m: EPOCH_BUDGETS[m["budget"]])
-    chosen = choose(measured, candidate_budgets())
     record = {
         "revision": revision,
         "profile": profile.name,
         "profile_sha256": profile_hash(profile),
-        "code": code_sha256(),
+        **ran_with(),
         "seeds": dataclasses.asdict(profile.seeds),
         "rule": RULE,
         "inputs": "the learning view only: train demonstrations and validation pairs "
         "(prompts; actions read from the chosen answers); no test prompt",
         "candidates": measured,
-        "chosen": chosen,
+        "chosen": choose(measured, candidate_budgets()),
         "command": command,
         "not_measured": [b for b in candidate_budgets() if all(m["budget"] != b for m in measured)],
         "seconds": time.perf_counter() - t0,

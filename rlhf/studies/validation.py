@@ -10,6 +10,7 @@ pair's chosen answer (rlhf.rubric.chosen_actions), not from a label.
     answers(model, prompt_ids, ctx)  greedy, or temperature-1 samples from a seeded generator
     judge_scores / rubric_verdicts   the frozen judge's score and the rubric's verdict per answer
     sequence_log_ratios              sum_t (log pi(y_t) - log pi_SFT(y_t)) per sampled answer
+    distance                         d = sqrt(KL), 0 where the estimate is negative
     measure_policy                   gold, proxy, truncations, UNCERTIFIED and KL from SFT
     best_of_n                        n SFT samples per prompt, the judge's favourite kept
     best_of_n_ensemble               the same samples, an ensemble's reward choosing
@@ -120,6 +121,13 @@ def _sd(xs) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
+def distance(kl: float) -> float:
+    """d = sqrt(KL) of a KL estimate, 0 where the estimate is negative: the sampled-token estimator
+    is unbiased, so a policy close to SFT can average below 0, and such a policy is at distance 0
+    (not at sqrt(|KL|))."""
+    return math.sqrt(max(kl, 0.0))
+
+
 def measure_policy(model, sft_model, judge: Role, view: LearningView, ctx, *, kl_samples: int, seed: int) -> dict:
     """One policy on the validation prompts: greedy gold (rubric success), proxy (the judge's
     score of the same greedy answers), truncations, UNCERTIFIED, and the KL from SFT estimated on
@@ -153,7 +161,7 @@ def measure_policy(model, sft_model, judge: Role, view: LearningView, ctx, *, kl
         "recognised_share": sum(v["recognized"] for v in verdicts) / n,
         "kl": kl,
         "kl_se": _sd(per_prompt) / math.sqrt(n),
-        "d": math.sqrt(max(kl, 0.0)),
+        "d": distance(kl),
         "kl_samples_per_prompt": kl_samples,
         "kl_seed": seed,
         "rows": [
