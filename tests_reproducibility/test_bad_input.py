@@ -318,8 +318,10 @@ def test_run_json_records_the_runtime_threads_pin_and_determinism_in_force(stopp
     assert set(determinism) == {
         "applied", "overridden_user_settings", "deterministic_algorithms", "cublas_workspace_config",
         "matmul_allow_tf32", "cudnn_allow_tf32", "cudnn_deterministic", "cudnn_benchmark", "complete",
+        "fill_uninitialized_memory",
     }  # fmt: skip
     assert determinism["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
+    assert determinism["fill_uninitialized_memory"] == torch.utils.deterministic.fill_uninitialized_memory
     assert determinism["cudnn_benchmark"] == torch.backends.cudnn.benchmark
     assert set(record["precision"]) == {"dtype", "force", "reason", "requested", "stored"}
     assert record["profile_values"] == json.loads(json.dumps(stopped_run.profile.to_dict()))
