@@ -9,7 +9,8 @@ rlhf lab --out DIR [--profile embedded]      the whole lab in one run
 rlhf lab --profile P --model-dir DIR --dry-run [--cpu]   every stage at tiny budgets, projected full times
 rlhf base-study --out DIR                    the embedded base beside its control base
 rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   the lab over N seeds
-rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the cut SFT budget, validation only
+rlhf reproduce RESULTS_DIR --seed N [--work DIR]   one seed of a committed seed study, recomputed and compared
+rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the SFT budget with room to help, validation only
 rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
@@ -542,6 +543,38 @@ def add_seeds(sub) -> None:
     p.set_defaults(func=cmd_seeds)
 
 
+def cmd_reproduce(args) -> int:
+    from rlhf.studies.reproduce import reproduce
+
+    out = reproduce(args.results, args.seed, args.work, profile_name=args.profile)
+    if out["identical"]:
+        print(
+            f"seed {args.seed} of {args.results}: recomputed in {out['seconds']:.0f} s, byte for byte the committed row"
+        )
+        return 0
+    print(f"seed {args.seed} of {args.results} differs from the committed row: {out['first_difference']}")
+    return 1
+
+
+def add_reproduce(sub) -> None:
+    """`rlhf reproduce`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "reproduce",
+        "recompute one seed of a committed seed study and compare its row byte for byte",
+        "Run `rlhf lab` on seed N's run profile of the seed study in RESULTS_DIR (rlhf seeds) with\n"
+        "today's code, and compare its row with the committed one in canonical JSON: exit 0 when they\n"
+        "are the same bytes, 1 naming the first difference. Same CPU arithmetic expected (the CPU\n"
+        "pin; `rlhf arithmetic` says whether this machine computes like the verified ones).",
+        "rlhf reproduce results/seeds-r001 --seed 0 --work runs/reproduce-r001-0",
+    )
+    p.add_argument("results", help="the committed study's folder (its study.json and seeds.json)")
+    p.add_argument("--seed", type=int, required=True, help="the run of the study to recompute (0 to n - 1)")
+    p.add_argument("--work", default=None, help="the run folder's parent (default: a new temporary folder)")
+    p.add_argument("--profile", default=None, help="the profile file of a study made with one (default: the study's)")
+    p.set_defaults(func=cmd_reproduce)
+
+
 def cmd_frontier(args) -> int:
     t0 = time.perf_counter()
     if args.summarise_to:
@@ -662,9 +695,16 @@ def cmd_choose_sft_budget(args) -> int:
 
     budgets = args.budgets.split(",") if args.budgets else None
     record = choose_sft_budget(
-        args.out, args.work, revision=args.revision, profile_name=args.profile, budgets=budgets, previous=args.previous
+        args.out,
+        args.work,
+        revision=args.revision,
+        profile_name=args.profile,
+        budgets=budgets,
+        previous=args.previous,
+        workers=args.workers,
     )
-    print(f"chosen SFT budget: {record['chosen']} ({record['rule']}); written to {args.out}")
+    chosen = record["chosen"] or "none: no budget qualifies (the record shows each one's oracle gain)"
+    print(f"chosen SFT budget: {chosen} ({record['rule']}); written to {args.out}")
     return 0
 
 
@@ -673,14 +713,17 @@ def add_choose_sft_budget(sub) -> None:
     p = _command(
         sub,
         "choose-sft-budget",
-        "pick the cut SFT budget of question (b) on validation prompts only",
-        "Pick the cut SFT budget on validation prompts only: the smallest named budget (1 to 10\n"
-        "epochs) whose greedy validation rubric success lies in [0.3, 0.8], with the profile's own\n"
-        "seeds. Writes every measured candidate and the choice to a JSON record.",
+        "pick the SFT budget where PPO has room to help, on validation prompts only",
+        "Pick the SFT budget on validation prompts only: the smallest named budget (1 to 10 epochs)\n"
+        "whose SFT greedy validation success (mean of the frontier's 3 seeds) lies in [0.1, 0.7] and\n"
+        "where the oracle control raises that by at least 0.10 (a frontier study of the oracle arm\n"
+        "in WORK/frontier-BUDGET). Writes every measured budget and the choice to a JSON record.",
         "rlhf choose-sft-budget --out runs/sft-budget-r002.json --work runs/sft-budget-r002-work --revision r002",
     )
     p.add_argument("--out", required=True, help="JSON record of every candidate and the choice")
-    p.add_argument("--work", required=True, help="folder for the corpus and the base model")
+    p.add_argument(
+        "--work", required=True, help="folder for the corpus, the base model and the oracle control's studies"
+    )
     p.add_argument("--revision", default="r002", choices=["r001", "r002"], help="corpus revision (default r002)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--budgets", default=None, help="comma-separated budget names to measure (default: all)")
@@ -688,7 +731,10 @@ def add_choose_sft_budget(sub) -> None:
         "--previous",
         action="append",
         default=[],
-        help="an earlier record whose measured candidates are taken, not retrained (repeatable)",
+        help="an earlier record whose SFT measurements are taken, not retrained (repeatable)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, help="worker processes of the oracle studies (default: one per core)"
     )
     p.set_defaults(func=cmd_choose_sft_budget)
 
@@ -755,6 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_seeds,
         add_frontier,
         add_choose_sft_budget,
+        add_reproduce,
         add_export_verl,
     ):
         add(sub)

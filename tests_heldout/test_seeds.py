@@ -7,6 +7,7 @@ the continuation test, which gives one unfinished run to a spawned worker.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import statistics
@@ -316,34 +317,87 @@ def test_t_quantiles_and_sign_test():
 # ------------------------------------------------------------------------------ the SFT budget
 
 
-def test_budget_rule_takes_the_smallest_inside_the_band():
+def _measured(name: str, success: float, gain: float | None = None) -> dict:
+    m = {"budget": name, "sft_validation_success": success}
+    if gain is not None:
+        m["oracle"] = {"gain": gain, "qualifies": gain >= 0.10}
+    return m
+
+
+def test_budget_rule_takes_the_smallest_in_the_band_where_the_oracle_gains():
     from rlhf.studies.sft_budget import choose
 
-    m = lambda name, s: {"budget": name, "validation": {"rubric_success": s}}  # noqa: E731
-    assert choose([m("a", 0.1), m("b", 0.3), m("c", 0.5)]) == "b"
-    assert choose([m("a", 0.29), m("b", 0.81), m("c", 0.8)]) == "c"
-    assert choose([m("a", 0.0), m("b", 0.9)]) is None
-    # in the table's order, a budget is chosen only when every smaller one was measured
-    assert choose([m("a", 0.1), m("c", 0.5)], order=["a", "b", "c"]) is None
-    assert choose([m("a", 0.1), m("b", 0.2), m("c", 0.5)], order=["a", "b", "c"]) == "c"
+    order = ["a", "b", "c", "d"]
+    # a below the band, b in it but the oracle gains too little, c in it and gains: c
+    assert choose([_measured("a", 0.05), _measured("b", 0.3, 0.09), _measured("c", 0.5, 0.12)], order) == "c"
+    assert choose([_measured("a", 0.1, 0.10)], ["a"]) == "a"  # both edges belong to the rule
+    assert choose([_measured("a", 0.71, 0.5), _measured("b", 0.09, 0.5)], ["a", "b"]) is None  # outside the band
+    assert choose([_measured("a", 0.7, 0.099)], ["a"]) is None
+    # a budget is chosen only when every smaller one was measured in step 1
+    assert choose([_measured("a", 0.0), _measured("c", 0.5, 0.2)], order) is None
 
 
-def test_previous_candidates_of_another_revision_are_refused(tmp_path):
+def test_the_choice_measures_the_oracle_in_order_over_the_band_and_stops_at_the_first_that_gains(tmp_path, monkeypatch):
+    """Step 1 for every budget, step 2 only inside the band, in increasing budget, until one
+    qualifies; the record shows what each step measured."""
+    from rlhf.studies import sft_budget
+
+    sft = {f"sft-e{k}": s for k, s in enumerate([0.0, 0.0, 0.05, 0.2, 0.3, 0.45, 0.75, 0.8, 0.9, 0.95], start=1)}
+    gains = {"sft-e4": 0.04, "sft-e5": 0.15, "sft-e6": 0.3}
+    oracle_ran = []
+    monkeypatch.setattr(sft_budget, "measure_sft", lambda *a: {"budget": a[-1], "sft_validation_success": sft[a[-1]]})
+
+    def oracle(work, budget, *rest):
+        oracle_ran.append(budget)
+        return {"gain": gains[budget], "qualifies": gains[budget] >= sft_budget.GAIN}
+
+    monkeypatch.setattr(sft_budget, "oracle_gain", oracle)
+    record = sft_budget.choose_sft_budget(tmp_path / "choice.json", tmp_path / "work", say=lambda s: None, workers=1)
+    assert oracle_ran == ["sft-e4", "sft-e5"]  # e1-e3 below the band; e6 never needed
+    assert record["chosen"] == "sft-e5" and record["not_measured"] == []
+    assert [m["budget"] for m in record["candidates"]] == [f"sft-e{k}" for k in range(1, 11)]
+    assert read_json(tmp_path / "choice.json")["chosen"] == "sft-e5"
+    gains.update({"sft-e5": 0.05, "sft-e6": 0.02})
+    oracle_ran.clear()
+    record = sft_budget.choose_sft_budget(tmp_path / "none.json", tmp_path / "work", say=lambda s: None, workers=1)
+    assert oracle_ran == ["sft-e4", "sft-e5", "sft-e6"] and record["chosen"] is None  # every budget of the band shown
+
+
+def test_step_one_trains_the_frontiers_seeds(tmp_path):
+    """The SFT of step 1 is the SFT of the frontier's seed folders: the same profiles."""
+    from rlhf.studies.derivation import write_study_profiles
+    from rlhf.studies.frontier.study import STUDY_SEED
+    from rlhf.studies.sft_budget import SEEDS, seed_profiles
+
+    profile = load_profile("embedded")
+    folders = write_study_profiles(tmp_path, "embedded", SEEDS, STUDY_SEED, "sft-e6")
+    written = [load_profile(str(f / "profile.toml")) for f in folders]
+    for ours, theirs in zip(seed_profiles(profile, "sft-e6"), written):
+        assert ours.seeds == theirs.seeds and (ours.sft.epochs, ours.sft.expected_updates) == (6, 126)
+    assert len({p.seeds.lora for p in written}) == SEEDS
+
+
+def test_previous_candidates_of_another_revision_or_rule_are_refused(tmp_path):
     from rlhf.config import profile_hash
-    from rlhf.studies.sft_budget import previous_candidates
+    from rlhf.studies.sft_budget import RULE, previous_candidates
 
     profile = load_profile("embedded")
     rec = {
         "revision": "r001",
         "profile_sha256": profile_hash(profile),
+        "rule": RULE,
         "command": "c",
         "code": "x",
-        "candidates": [{"budget": "sft-e1", "validation": {"rubric_success": 0.0}}],
+        "candidates": [{"budget": "sft-e1", "sft_validation_success": 0.0, "oracle": {"gain": 0.0}}],
     }
     write_json(tmp_path / "r001.json", rec)
-    assert previous_candidates([tmp_path / "r001.json"], "r001", profile)[0]["measured_by"] == "c"
+    (taken,) = previous_candidates([tmp_path / "r001.json"], "r001", profile)
+    assert taken["measured_by"] == "c" and "oracle" not in taken  # step 2 runs again in this --work
     with pytest.raises(ValueError, match="another revision or profile"):
         previous_candidates([tmp_path / "r001.json"], "r002", profile)
+    write_json(tmp_path / "old.json", {**rec, "rule": "the smallest budget in [0.3, 0.8]"})
+    with pytest.raises(ValueError, match="another rule"):
+        previous_candidates([tmp_path / "old.json"], "r001", profile)
 
 
 def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkeypatch):
@@ -367,7 +421,12 @@ def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkey
         say=lambda s: None,
     )
     (m,) = record["candidates"]
-    assert m["budget"] == "sft-e1" and m["validation"]["n"] == 180 and 0 <= m["validation"]["rubric_success"] <= 1
+    assert m["budget"] == "sft-e1" and len(m["per_seed"]) == 3
+    assert all(s["validation"]["n"] == 180 and 0 <= s["validation"]["rubric_success"] <= 1 for s in m["per_seed"])
+    assert m["sft_validation_success"] == pytest.approx(
+        sum(s["validation"]["rubric_success"] for s in m["per_seed"]) / 3
+    )
+    assert "oracle" not in m  # one epoch of the small budget leaves SFT below the band: no step 2
     assert read_json(tmp_path / "choice.json") == record
     monkeypatch.undo()
     view = corpus_mod.load_corpus(tmp_path / "work" / "corpus")
@@ -381,3 +440,74 @@ def test_budget_choice_reads_no_test_prompt(tmp_path, small_profile_file, monkey
     )
     with pytest.raises(FileExistsError):
         choose_sft_budget(tmp_path / "choice.json", tmp_path / "work", revision="r002")
+
+
+# ------------------------------------------------------------------------------ reproducing a seed
+
+
+def test_a_seed_of_a_study_recomputed_is_its_committed_row_byte_for_byte(small_study, tmp_path):
+    """`rlhf reproduce` on the small study's seed 1: the same row, byte for byte; the committed
+    row altered in one number, the recomputation names exactly that number."""
+    from rlhf.studies.reproduce import reproduce
+
+    out = reproduce(small_study["out"], 1, tmp_path / "again", profile_name=small_study["profile"], say=lambda s: None)
+    assert out["identical"] is True and out["first_difference"] is None
+    assert read_json(tmp_path / "again" / "reproduce-seed-1.json") == out
+    altered = tmp_path / "altered"
+    shutil.copytree(small_study["out"], altered, ignore=shutil.ignore_patterns("seed-*"))
+    table = read_json(altered / "seeds.json")
+    table["seeds"][1]["metrics"]["rubric_success.test.ppo"] += 1e-12
+    write_json(altered / "seeds.json", table, overwrite=True)
+    again = reproduce(altered, 1, tmp_path / "again", profile_name=small_study["profile"], say=lambda s: None)
+    assert again["identical"] is False
+    assert again["first_difference"].startswith("row.metrics.rubric_success.test.ppo: committed ")
+
+
+def test_reproduce_checks_its_arguments_before_writing(small_study, tmp_path):
+    from rlhf.studies.reproduce import committed_row
+
+    with pytest.raises(StudyError, match="--seed must be between 0 and 1"):
+        committed_row(small_study["out"], 2, small_study["profile"])
+    with pytest.raises(StudyError, match="holds no seed study"):
+        committed_row(tmp_path, 0)
+    with pytest.raises(StudyError, match="is not the one the study"):
+        committed_row(small_study["out"], 0, "embedded")  # another profile than the study's
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_first_difference_names_the_first_path_where_two_rows_part():
+    from rlhf.studies.reproduce import first_difference
+
+    row = {"index": 0, "metrics": {"a": 1.0, "b": [1, 2, 3]}, "identity": {"sft": "x"}}
+    assert first_difference(row, json.loads(json.dumps(row))) is None
+    assert (
+        first_difference(row, {**row, "metrics": {"a": 1.0, "b": [1, 2, 4]}})
+        == "row.metrics.b[2]: committed 3, recomputed 4"
+    )
+    assert first_difference(row, {**row, "identity": {}}) == "row.identity.sft: only in the committed row"
+    assert first_difference(row, {**row, "extra": 1}) == "row.extra: only in the recomputed row"
+    assert first_difference({"x": 0.1 + 0.2}, {"x": 0.3}) == f"row.x: committed {0.1 + 0.2!r}, recomputed 0.3"
+
+
+def test_seed_0_of_the_committed_r001_seed_study_is_the_golden_r001_lab():
+    """Run 0 of study seed 0 is the profile's own run: the committed r001 seed study's seed 0
+    holds the golden lab's states and numbers (no training here: the committed files only)."""
+    golden = json.loads(
+        (Path(__file__).resolve().parents[1] / "tests_reproducibility" / "golden_embedded.json").read_text()
+    )["r001"]
+    study = Path(__file__).resolve().parents[1] / "results" / "seeds-r001"
+    (row,) = [r for r in read_json(study / "seeds.json")["seeds"] if r["index"] == 0]
+    assert read_json(study / "study.json")["identity"]["study_seed"] == 0 and row["protocol"] is True
+    states = golden["states_sha256_continuous"]
+    assert [row["identity"][f"{s}_state_sha256"] for s in ("sft", "judge", "ppo")] == [
+        states[s] for s in ("sft", "judge", "ppo")
+    ]
+    assert row["identity"]["corpus_manifest_sha256"] == golden["corpus_manifest_sha256"]
+    for key in ("rubric_success", "mean_learned_reward"):
+        name = "learned_reward" if key == "mean_learned_reward" else key
+        for policy, pops in golden[key].items():
+            for pop, value in pops.items():
+                assert row["metrics"][f"{name}.{pop}.{policy}"] == value, (name, pop, policy)
+    assert row["metrics"]["judge.test_accuracy"] == golden["judge_test_accuracy"]
+    for name, value in golden["shortcut_audit_accuracy"].items():
+        assert row["metrics"][f"shortcut_audit.{name}"] == value, name

@@ -510,7 +510,7 @@ def test_frontier_confirm_checks_its_seed_count_before_writing(tmp_path, n, caps
         ("full", None, "--budgets", "'full'"),
         (None, b"not json at all", "--previous", "not JSON"),
         (None, b'{"identity": {"format": "rlhf-seeds-1"}, "derivation": "x"}', "--previous", "without the keys"),
-        (None, b"[1, 2]", "--previous", "without the keys revision, profile_sha256, command, candidates"),
+        (None, b"[1, 2]", "--previous", "without the keys revision, profile_sha256, rule, command, candidates"),
         (None, "missing", "--previous", "cannot read"),
     ],
 )

@@ -1,28 +1,41 @@
-"""Choosing the cut SFT budget of question (b) on validation prompts only (docs/studies.md).
+"""Choosing r002's SFT budget on validation prompts only: a budget where PPO has room to help
+(docs/studies.md).
 
-`rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]`
+`rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002] [--workers W]`
 
-Rule, fixed before measuring: among the named budgets of SFT_BUDGETS (all but
-`full`: 1 to 10 epochs), the smallest whose greedy *validation* rubric success lies in
-[0.3, 0.8] (the profile's own seeds, i.e. run 0 of study seed 0). Without `--budgets`, every
-candidate is trained and measured, so the file shows the whole curve, not only the chosen point.
-`--budgets` measures some, and `--previous FILE` takes the candidates an earlier record measured
-(same revision and profile; each candidate keeps the code hash it was measured with) instead of
-training them again; a budget is chosen only when every smaller candidate was measured. Every
-argument is checked before the corpus or the base is made; the record keeps the commit and the
-code it ran with.
+The frontier asks whether a learned reward makes PPO beat SFT. At a budget where even a reward
+that reads the rubric (the oracle control) cannot raise held-out success, "no learned reward
+beats SFT" says nothing about the learned reward. The rule, declared before measuring:
 
-No test prompt can inform it: the corpus is prepared in the work folder and only its
-*learning view* (rlhf.corpus.LearningView: train demonstrations, train/validation pairs,
-rollout prompts; it refuses test inputs, probes and gold labels) is handed to the code that
-trains and measures. The validation prompts are the prompts of the 180 validation pairs; the
-action a prompt calls for is read from the pair's chosen answer (every chosen answer is a rubric
-success; checked), not from a label.
+  1. SFT alone: for every named budget (SFT_BUDGETS: 1 to 10 epochs), the greedy validation
+     rubric success of SFT trained with the frontier's training seeds (runs 0 to SEEDS - 1 of the
+     frontier's study seed, rlhf.studies.derivation), averaged over them.
+  2. The oracle control: for the budgets whose mean lies in [LOW, HIGH] (SFT neither never right
+     nor leaving too little to gain), in increasing order, the frontier's oracle arm (PPO at the
+     SPEC's raw beta 0.02 paid the rubric's success on its own train prompt; rlhf.studies.frontier)
+     on those seeds, its greedy validation gold at every kept checkpoint: its gain is the mean
+     curve's best checkpoint after iteration 0 less the seeds' mean SFT gold (frontier.json's
+     `arms.oracle.best`). Each runs as a frontier study of the oracle arm alone in
+     WORK/frontier-BUDGET, which `rlhf frontier` can extend with every other arm.
+  3. The chosen budget: the first of step 2 whose gain is at least GAIN. Step 2 stops there; when
+     none qualifies, every budget in the band is measured, none is chosen, and the record shows
+     each one's gain.
+
+`--budgets` limits step 1 to some budgets (a smaller one left out means no budget is chosen);
+`--previous FILE` takes the step-1 measurements an earlier record of this rule made (same
+revision, profile and seeds) instead of training them again. Every argument is checked before the
+corpus or the base is made; the record keeps the commit and the code it ran with.
+
+No test prompt can inform it: step 1 hands only the corpus's *learning view* (rlhf.corpus.
+LearningView: train demonstrations, train/validation pairs, rollout prompts; it refuses test
+inputs, probes and gold labels) to the code that trains and measures, and step 2 runs the
+frontier's validation study, which reads validation prompts only (its confirmation on test is
+another command). The action a validation prompt calls for is read from its pair's chosen answer.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,16 +50,21 @@ from rlhf.roles import new_role
 from rlhf.runtime import configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
 from rlhf.studies import StudyError
-from rlhf.studies.derivation import EPOCH_BUDGETS, SFT_BUDGETS, budget_changes
-from rlhf.studies.record import ran_with
+from rlhf.studies.derivation import DERIVATION, EPOCH_BUDGETS, SFT_BUDGETS, budget_changes, seed_changes
+from rlhf.studies.frontier.arms import Settings, default_arms
+from rlhf.studies.frontier.study import STUDY_SEED, run_frontier
+from rlhf.studies.record import ran_with, workers_count
 from rlhf.studies.validation import validation_rubric_success
 
-LOW, HIGH = 0.3, 0.8
-
+LOW, HIGH = 0.1, 0.7  # the band of step 1: SFT's mean greedy validation success
+GAIN = 0.10  # what the oracle control must add to SFT's validation gold (step 2)
+SEEDS = 3  # the frontier's seeds: runs 0..SEEDS-1 of its study seed (STUDY_SEED)
 
 RULE = (
-    f"the smallest named budget (rlhf.sft_budget.SFT_BUDGETS, 'full' excluded) whose greedy validation rubric "
-    f"success lies in [{LOW}, {HIGH}], measured with the profile's own seeds"
+    f"the smallest named budget (rlhf.studies.derivation.SFT_BUDGETS, 'full' excluded) whose SFT greedy "
+    f"validation rubric success, averaged over the frontier's {SEEDS} training seeds, lies in [{LOW}, {HIGH}] "
+    f"and where the oracle control (PPO at the SPEC's raw beta 0.02 paid the rubric's success on its train "
+    f"prompt) raises the mean validation gold of those seeds by at least {GAIN} at its best checkpoint"
 )
 
 
@@ -81,14 +99,62 @@ def measure_budget(view: LearningView, model_dir: Path, profile: Profile, tokeni
     }
 
 
-def choose(measured: list[dict], order: list[str] | None = None) -> str | None:
-    """The rule: the smallest candidate inside [LOW, HIGH], in `order` (default: as measured);
-    None when none is, or when a smaller candidate of `order` was not measured."""
+def seed_profiles(profile: Profile, budget: str) -> list[Profile]:
+    """The profile of each of the frontier's seeds at `budget` (what rlhf.studies.derivation
+    writes into the frontier's seed-i/profile.toml): its training seeds and SFT epochs."""
+    budget_epochs: dict = budget_changes(profile, budget)
+    seeds: list[dict] = [seed_changes(profile, STUDY_SEED, i) for i in range(SEEDS)]
+    return [override(profile, {**budget_epochs, **run_seeds}) for run_seeds in seeds]
+
+
+def measure_sft(view: LearningView, work: Path, profile: Profile, tokenizer, eos_id, pad_id, budget: str) -> dict:
+    """Step 1 for `budget`: SFT trained with each frontier seed, its greedy validation success,
+    and their mean (`sft_validation_success`)."""
+    per_seed = [
+        measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id) for p in seed_profiles(profile, budget)
+    ]
+    return {
+        "budget": budget,
+        "epochs": SFT_BUDGETS[budget],
+        "per_seed": per_seed,
+        "sft_validation_success": statistics.fmean(m["validation"]["rubric_success"] for m in per_seed),
+    }
+
+
+def oracle_gain(work: Path, budget: str, revision: str, profile_name: str, workers: int, say) -> dict:
+    """Step 2 for `budget`: the frontier study of the oracle arm alone on the frontier's seeds in
+    WORK/frontier-BUDGET; its mean curve's best checkpoint after iteration 0 (frontier.json's
+    `arms.oracle.best`: the gold, the iteration, the gain over the seeds' mean SFT gold)."""
+    arms = tuple(a for a in default_arms() if a.name == "oracle")
+    folder = work / f"frontier-{budget}"
+    result = run_frontier(
+        folder, n=SEEDS, revision=revision, sft_budget=budget, workers=workers, profile_name=profile_name,
+        settings=Settings(arms=arms), say=say,
+    )  # fmt: skip
+    best = result["arms"]["oracle"]["best"]
+    return {
+        "study": str(folder),
+        "sft_gold": result["sft_level"]["mean"],
+        "best_iteration": best["iteration"],
+        "best_gold": best["gold"],
+        "gain": best["gain"],
+        "qualifies": best["gain"] >= GAIN,
+    }
+
+
+def in_band(m: dict) -> bool:
+    return LOW <= m["sft_validation_success"] <= HIGH
+
+
+def choose(measured: list[dict], order: list[str]) -> str | None:
+    """The rule: the first budget of `order` in the band whose oracle gain qualifies; None when
+    none does, or when a budget before it in `order` was not measured in step 1."""
     by_name = {m["budget"]: m for m in measured}
-    for name in order or [m["budget"] for m in measured]:
+    for name in order:
         if name not in by_name:
             return None
-        if LOW <= by_name[name]["validation"]["rubric_success"] <= HIGH:
+        m = by_name[name]
+        if in_band(m) and m.get("oracle", {}).get("qualifies"):
             return name
     return None
 
@@ -106,7 +172,7 @@ def check_budgets(budgets: list[str] | None) -> list[str]:
 
 
 # What a record of this command holds (`--previous FILE` must be one).
-RECORD_KEYS = {"revision": str, "profile_sha256": str, "command": str, "candidates": list}
+RECORD_KEYS = {"revision": str, "profile_sha256": str, "rule": str, "command": str, "candidates": list}
 
 
 def previous_candidates(paths, revision: str, profile: Profile) -> list[dict]:
@@ -125,8 +191,14 @@ def previous_candidates(paths, revision: str, profile: Profile) -> list[dict]:
             raise StudyError(f"--previous: {path} is not a choose-sft-budget record: a candidate is not a named budget")
         if (rec["revision"], rec["profile_sha256"]) != (revision, profile_hash(profile)):
             raise StudyError(f"--previous: {path} was measured on another revision or profile; measure again")
+        if rec["rule"] != RULE:
+            raise StudyError(f"--previous: {path} was measured under another rule ({rec['rule']}); measure again")
         out += [
-            {**m, "measured_by": m.get("measured_by", rec["command"]), "code": m.get("code", rec.get("code"))}
+            {
+                **{k: v for k, v in m.items() if k != "oracle"},  # step 2 runs again: its study folder is this --work's
+                "measured_by": m.get("measured_by", rec["command"]),
+                "code": m.get("code", rec.get("code")),
+            }
             for m in rec["candidates"]
         ]
     return out
@@ -154,10 +226,12 @@ def choose_sft_budget(
     profile_name: str = "embedded",
     budgets: list[str] | None = None,
     previous=None,
+    workers: int | None = None,
     say=print,
 ) -> dict:
-    """Measure every candidate budget on validation prompts; write the record to `out_json`
-    (never overwritten) and return it. Every argument is checked before anything is written."""
+    """The rule (module docstring): step 1 for every candidate budget (or `budgets`), step 2 in
+    order over the band until one qualifies; the record written to `out_json` (never
+    overwritten) and returned. Every argument is checked before anything is written."""
     out_json, work = Path(out_json), output_folder(work)
     if out_json.exists():
         raise FileExistsError(f"{out_json} exists: the budget was already chosen (use a new --out)")
@@ -166,6 +240,7 @@ def choose_sft_budget(
         raise StudyError(f"the SFT budget is chosen on the embedded lab, not profile {profile.name}")
     names = check_budgets(budgets)
     measured = previous_candidates(previous, revision, profile)
+    workers = workers_count(workers)
     configure_torch(profile)
     view, tokenizer, eos_id, pad_id = prepare_work(work, revision, profile)
     t0 = time.perf_counter()
@@ -174,32 +249,31 @@ def choose_sft_budget(
         + (f" --budgets {','.join(budgets)}" if budgets else "")
         + "".join(f" --previous {p}" for p in previous or [])
     )
-    for name in names:
-        if any(m["budget"] == name for m in measured):
-            continue
-        p = override(profile, budget_changes(profile, name))
+    for name in (n for n in names if all(m["budget"] != n for m in measured)):
         m = {
-            "budget": name,
-            "epochs": p.sft.epochs,
-            **measure_budget(view, work / "base_model", p, tokenizer, eos_id, pad_id),
+            **measure_sft(view, work, profile, tokenizer, eos_id, pad_id, name),
             "measured_by": command,
             "code": code_sha256(),
         }
-        say(
-            f"{name}: {m['updates']} updates, greedy validation rubric success "
-            f"{m['validation']['rubric_success']:.3f} ({m['train_seconds']:.0f} s)"
-        )
+        say(f"{name}: SFT greedy validation rubric success {m['sft_validation_success']:.3f} (mean of {SEEDS} seeds)")
         measured.append(m)
     measured.sort(key=lambda m: EPOCH_BUDGETS[m["budget"]])
+    for m in filter(in_band, measured):
+        m["oracle"] = oracle_gain(work, m["budget"], revision, profile_name, workers, say)
+        say(f"{m['budget']}: the oracle control's gain over SFT {m['oracle']['gain']:+.3f} on validation")
+        if m["oracle"]["qualifies"]:
+            break
     record = {
         "revision": revision,
         "profile": profile.name,
         "profile_sha256": profile_hash(profile),
         **ran_with(),
-        "seeds": dataclasses.asdict(profile.seeds),
+        "seeds": {"frontier_study_seed": STUDY_SEED, "runs": SEEDS, "derivation": DERIVATION},
         "rule": RULE,
-        "inputs": "the learning view only: train demonstrations and validation pairs "
-        "(prompts; actions read from the chosen answers); no test prompt",
+        "band": [LOW, HIGH],
+        "gain_at_least": GAIN,
+        "inputs": "the learning view only (train demonstrations, validation pairs: prompts, actions read from the "
+        "chosen answers) and the frontier's validation study; no test prompt",
         "candidates": measured,
         "chosen": choose(measured, candidate_budgets()),
         "command": command,

@@ -1,0 +1,99 @@
+"""`rlhf reproduce RESULTS_DIR --seed N [--work DIR]`: one seed of a committed seed study,
+recomputed with today's code and compared byte for byte with the committed row.
+
+A seed study's row (rlhf.studies.seeds.seed_row: the run's seeds, every held-out number, the
+shortcut audit, the politeness counts, the hashes of its trained states and data order) holds
+no duration, so a run of the same code on a CPU of the same arithmetic gives the same bytes
+(rlhf.runtime: the pinned arithmetic; `rlhf arithmetic` says whether this CPU computes like the
+ones the golden numbers were verified on). The run is `rlhf lab` on the study's run profile of
+seed N (written as the study writes it: rlhf.studies.derivation) with the protocol the study ran
+with; its row is compared in canonical JSON and the first difference named. Every argument is
+checked before anything is written; the work folder is a run folder like any (a rerun continues).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from rlhf import runtime
+from rlhf.config import load_profile, profile_hash
+from rlhf.identities import code_sha256, git_commit
+from rlhf.io import dumps_json, output_folder, read_json, write_json
+from rlhf.studies import StudyError
+from rlhf.studies.derivation import profile_source, write_study_profiles
+from rlhf.studies.seeds import FORMAT, run_seed, seed_row
+
+
+def committed_row(results: Path, seed: int, profile_name: str | None = None) -> tuple[dict, dict]:
+    """(the study's identity, its committed row of `seed`), each argument checked: a folder of a
+    seed study, a seed it ran, and its profile (`profile_name`, default the one the study names)
+    unchanged since."""
+    results = Path(results)
+    if not (results / "study.json").is_file() or not (results / "seeds.json").is_file():
+        raise StudyError(f"RESULTS_DIR {results} holds no seed study (study.json and seeds.json of `rlhf seeds`)")
+    identity = read_json(results / "study.json")["identity"]
+    if identity.get("format") != FORMAT:
+        kind = identity.get("format")
+        raise StudyError(f"RESULTS_DIR {results} holds a {kind} study; reproduce recomputes a seed study ({FORMAT})")
+    if not 0 <= seed < identity["n"]:
+        raise StudyError(f"--seed must be between 0 and {identity['n'] - 1} (the study's runs), not {seed}")
+    profile = load_profile(str(profile_source(profile_name or identity["profile"])))
+    if profile_hash(profile) != identity["profile_sha256"]:
+        raise StudyError(
+            f"profile {profile_name or identity['profile']} is not the one the study in {results} was made with "
+            f"(its hash {identity['profile_sha256'][:12]}, now {profile_hash(profile)[:12]}): its runs cannot be redone"
+        )
+    (row,) = [r for r in read_json(results / "seeds.json")["seeds"] if r["index"] == seed]
+    return identity, row
+
+
+def first_difference(committed, recomputed, path: str = "row") -> str | None:
+    """None when the two are equal in canonical JSON (rlhf.io.dumps_json), else the first path
+    where they part, with both values."""
+    if dumps_json(committed) == dumps_json(recomputed):
+        return None
+    if isinstance(committed, dict) and isinstance(recomputed, dict):
+        for key in sorted(set(committed) | set(recomputed)):
+            if key not in committed or key not in recomputed:
+                side = "the committed row" if key in committed else "the recomputed row"
+                return f"{path}.{key}: only in {side}"
+            found = first_difference(committed[key], recomputed[key], f"{path}.{key}")
+            if found:
+                return found
+    if isinstance(committed, list) and isinstance(recomputed, list) and len(committed) == len(recomputed):
+        for i, (a, b) in enumerate(zip(committed, recomputed)):
+            found = first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+    return f"{path}: committed {committed!r}, recomputed {recomputed!r}"
+
+
+def reproduce(results, seed: int, work=None, profile_name: str | None = None, say=print) -> dict:
+    """Recompute seed `seed` of the seed study in `results` in `work` (default: a new temporary
+    folder) and compare its row with the committed one; returns (and writes to
+    work/reproduce-seed-N.json) {identical, first_difference, ...}. `profile_name`: the profile
+    file of a study made with one (default: the profile the study names)."""
+    identity, row = committed_row(Path(results), seed, profile_name)
+    work = output_folder(work) if work is not None else Path(tempfile.mkdtemp(prefix="rlhf-reproduce-"))
+    t0 = time.perf_counter()
+    folders = write_study_profiles(
+        work, profile_name or identity["profile"], identity["n"], identity["study_seed"], identity["sft_budget"]
+    )
+    say(f"reproducing seed {seed} of {results} in {folders[seed]} (protocol: {row['protocol']})")
+    run_seed(folders[seed], identity["revision"], row["protocol"], log=False)
+    first = first_difference(row, seed_row(folders[seed], seed))
+    out = {
+        "results": str(results),
+        "seed": seed,
+        "identical": first is None,
+        "first_difference": first,
+        "study_code": identity["code"],
+        "code": code_sha256(),
+        "commit": git_commit(),
+        "arithmetic": runtime.identity_tag(),
+        "seconds": time.perf_counter() - t0,
+    }
+    write_json(work / f"reproduce-seed-{seed}.json", out, overwrite=True)
+    return out
