@@ -302,14 +302,18 @@ def test_run_profile_reads_back_as_intended(tmp_path):
 
 def test_t_quantiles_and_sign_test():
     for df in (1, 2, 4, 9, 30):
-        assert study_statistics.t975(df) == pytest.approx(_t975_by_integration(df), abs=2e-3), df
+        assert study_statistics.t975(df) == pytest.approx(_t975_by_integration(df), abs=1e-6), df
+    # Published quantiles (to 16 digits): the bisection lands on them to the last bits.
+    for df, published in ((1, 12.706204736174698), (2, 4.302652729749464), (4, 2.7764451051977934),
+                          (10, 2.2281388519862744), (30, 2.0422724563012378)):  # fmt: skip
+        assert study_statistics.t975(df) == pytest.approx(published, rel=1e-13), df
     assert study_statistics.sign_test_p(5, 0) == pytest.approx(2 / 32)
     assert study_statistics.sign_test_p(3, 2) == 1.0
     stats = study_statistics.across_seeds([0.1, 0.2, 0.3, 0.4, 0.5])
     assert stats["mean"] == pytest.approx(0.3) and stats["sd"] == pytest.approx(
         statistics.stdev([0.1, 0.2, 0.3, 0.4, 0.5])
     )
-    assert stats["t95"][0] == pytest.approx(0.3 - 2.776 * stats["sd"] / math.sqrt(5))
+    assert stats["t95"][0] == pytest.approx(0.3 - 2.7764451051977934 * stats["sd"] / math.sqrt(5), rel=1e-12)
     with pytest.raises(StudyError, match="finite"):
         study_statistics.across_seeds([0.1, float("nan")])
 

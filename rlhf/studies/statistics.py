@@ -4,7 +4,7 @@
 positive / negative / zero values, and the exact two-sided sign-test p. The t-interval treats the
 n runs as independent draws of training randomness (init, order, sampling) with a roughly normal
 spread of outcomes, for this corpus and these held-out prompts; with n = 5 it has 4 degrees of
-freedom (t = 2.776), so it is wide, and it is only as good as that normality assumption (the
+freedom (t = 2.7764), so it is wide, and it is only as good as that normality assumption (the
 sign count needs none). It says how much the conclusion depends on the draw of training seeds;
 the single-run bootstrap intervals (rlhf.evaluate) resample prompts within one trained run and
 say nothing about that.
@@ -26,53 +26,49 @@ INTERVAL = {
     ),
     "meaning": (
         "where the mean over training seeds plausibly lies, for this corpus and these prompts. With "
-        "n = 5 (4 degrees of freedom, t = 2.776) it is wide and leans on normality; the count of "
+        "n = 5 (4 degrees of freedom, t = 2.7764) it is wide and leans on normality; the count of "
         "seeds with a positive difference and the sign-test p need no such assumption. It is not "
         "the single-run bootstrap interval, which resamples prompts inside one trained run."
     ),
 }
 
 
-# t(0.975, df) for df = 1..30 (standard tables; tests recompute them by integrating the density).
-T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
+def t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with `df` degrees of freedom, exactly, by the finite series of
+    Abramowitz & Stegun 26.7.3 (theta = arctan(t / sqrt(df)), c = cos(theta)):
+
+        df odd   (2/pi) (theta + sin(theta) c (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ... up to c^(df-3)))
+        df even  sin(theta) (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(df-2))
+    """
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:
+        term, total = 1.0, 0.0
+        for k in range(1, (df - 1) // 2 + 1):  # the df - 1 over 2 terms of the odd series
+            total += term
+            term *= 2 * k / (2 * k + 1) * c2
+        return 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+    term, total = 1.0, 0.0
+    for k in range(1, df // 2 + 1):
+        total += term
+        term *= (2 * k - 1) / (2 * k) * c2
+    return math.sin(theta) * total
 
 
 def t975(df: int) -> float:
-    """The 0.975 quantile of Student's t with `df` degrees of freedom (normal 1.960 beyond 30)."""
+    """The 0.975 quantile of Student's t with `df` degrees of freedom: the t where P(|T| < t) =
+    0.95 (t_two_sided_mass), by bisection to the last bit (t(0.975, 4) = 2.7764451...)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, not {df}")
-    return T975[df - 1] if df <= len(T975) else 1.960
+    lo, hi = 0.0, 20.0
+    while t_two_sided_mass(hi, df) < 0.95:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if t_two_sided_mass(mid, df) < 0.95 else (lo, mid)
+    return hi
 
 
 def sign_test_p(positive: int, negative: int) -> float:
