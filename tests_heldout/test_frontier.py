@@ -176,6 +176,43 @@ def test_profile_text_writes_floats_and_optional_tables_that_read_back(tmp_path)
         profile_text_with(path.read_text(), "x", {("ppo", "kl_coef"): float("nan")})
 
 
+FAULTS = ("out_of_vocabulary", "control_token", "broken_text")  # each a kind of its own (docs/results.md)
+
+
+def reason_counts(rows: list[dict]) -> dict[str, int]:
+    """Each finish reason's rows, counted here by hand."""
+    return {k: sum(r["finish_reason"] == k for r in rows) for k in ("eos", "length", *FAULTS)}
+
+
+def test_a_points_endings_count_each_finish_reason_of_its_rows():
+    """cut_at_limit and each token fault are counted from the rows, each on its own, and the
+    measurement's truncations (every answer whose finish reason is not eos) is their sum; a name
+    that is no finish reason (the single `undecodable` of older measurements) is refused."""
+    from rlhf.studies.frontier.selection import POINT_STATS, _point
+
+    reasons = ["eos"] * 4 + ["length"] * 2 + ["control_token"] * 3 + ["broken_text"] * 5 + ["out_of_vocabulary"]
+    rows = [{"finish_reason": r, "response": "Have a pleasant day. " * (k % 3)} for k, r in enumerate(reasons)]
+    truncations = sum(r != "eos" for r in reasons)
+    m = {"gold": 0.25, "proxy": 1.5, "truncations": truncations, "uncertified": 9, "rows": rows}
+    point = _point(m)
+    by_hand = reason_counts(rows)
+    assert point["cut_at_limit"] == by_hand["length"] == 2
+    assert (
+        {f: point[f] for f in FAULTS}
+        == {f: by_hand[f] for f in FAULTS}
+        == {
+            "out_of_vocabulary": 1,
+            "control_token": 3,
+            "broken_text": 5,
+        }
+    )
+    assert point["cut_at_limit"] + sum(point[f] for f in FAULTS) == point["truncations"] == 11
+    assert point["repeats_polite_closing"] == sum(k % 3 == 2 for k in range(len(reasons)))
+    assert "undecodable" not in point and {"cut_at_limit", *FAULTS} <= set(POINT_STATS)
+    with pytest.raises(ValueError, match="unknown finish reason 'undecodable'"):
+        _point({**m, "rows": [*rows, {"finish_reason": "undecodable", "response": ""}]})
+
+
 def test_validation_measurements_refuse_anything_but_the_learning_view(tmp_path):
     from rlhf.corpus import load_corpus, prepare
 
@@ -743,16 +780,54 @@ def test_summary_is_recomputed_from_the_stored_measurements_into_a_new_folder(sm
             assert {k: new[k] for k in ("gold", "d", "truncations")} == {
                 k: old[k] for k in ("gold", "d", "truncations")
             }
-            endings = new["cut_at_limit"]["mean"] + new["undecodable"]["mean"]
-            assert endings == pytest.approx(new["truncations"]["mean"])  # every answer without EOS, split in two
+    endings_by_hand(out, again)
     assert (dest / "report.html").is_file()
     with pytest.raises(FileExistsError, match="new folder"):
         summarise_to(out, dest, say=lambda line: None)
-    unfinished = tmp_path / "unfinished"
-    shutil.copytree(out, unfinished)
-    (unfinished / "seed-0" / "arms" / "oracle" / "validation" / "iter-0004.json").unlink()
-    with pytest.raises(StudyError, match="not finished.*seed-0/oracle"):
-        summarise_to(unfinished, tmp_path / "other", say=lambda line: None)
+    # One stored measurement given an answer with each token fault: the summary counts each on
+    # its own, in the curve and on the page.
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    path = copy / "seed-0" / "arms" / "spec-default" / "validation" / "iter-0004.json"
+    m = json.loads(path.read_text())
+    for row, fault in zip(m["rows"], FAULTS):
+        row["finish_reason"] = fault
+    m["truncations"] = sum(r["finish_reason"] != "eos" for r in m["rows"])  # as the measurement counts them
+    path.write_text(json.dumps(m))
+    faulted = summarise_to(copy, tmp_path / "faulted", say=lambda line: None)
+    endings_by_hand(copy, faulted)
+    last = faulted["arms"]["spec-default"]["curve"][-1]
+    assert last["iteration"] == 4 and all(last[f]["mean"] >= 0.5 for f in FAULTS)
+    frontier_page_shows(tmp_path / "faulted" / "report.html", faulted)
+    path.unlink()
+    with pytest.raises(StudyError, match="not finished.*seed-0/spec-default"):
+        summarise_to(copy, tmp_path / "other", say=lambda line: None)
+
+
+def endings_by_hand(study: Path, result: dict) -> None:
+    """Every curve point's cut_at_limit and each token fault are the mean over seeds of the
+    seed's stored rows of that reason, counted here, and add up to the point's truncations (every
+    answer whose finish reason is not eos)."""
+    folders = [study / s["folder"] for s in result["seeds"]]
+    for name, arm in result["arms"].items():
+        for point in arm["curve"]:
+            counts = []
+            for f in folders:
+                it = point["iteration"]
+                m = json.loads(
+                    (f / "frontier" / "sft.json").read_text()
+                    if it == 0
+                    else (f / "arms" / name / "validation" / f"iter-{it:04d}.json").read_text()
+                )
+                m = m["iteration_0"] if it == 0 else m
+                counts.append(reason_counts(m["rows"]))
+                assert m["truncations"] == len(m["rows"]) - counts[-1]["eos"]
+            for key, reason in (("cut_at_limit", "length"), *((f, f) for f in FAULTS)):
+                mean = sum(c[reason] for c in counts) / len(counts)
+                assert point[key]["mean"] == pytest.approx(mean, abs=1e-12), (name, it, key)
+            endings = point["cut_at_limit"]["mean"] + sum(point[f]["mean"] for f in FAULTS)
+            assert endings == pytest.approx(point["truncations"]["mean"], abs=1e-9)
+            assert "undecodable" not in point
 
 
 # ------------------------------------------------------------------------------ over-optimisation warnings
@@ -1168,9 +1243,25 @@ def bon_ensemble_shows(ens_rows: list[list[str]], result: dict) -> None:
         shown(cell, c["mean"], *c["t95"], *interval, (c["positive"], 0), (c["negative"], 0), (c["n"], 0))
 
 
+# The arm table's ending columns, in the page's order, and their labels: each token fault on its
+# own; a summary that counted the faults as one kind holds `undecodable` instead.
+ENDING_COLUMNS = {
+    "cut_at_limit": "cut at the limit",
+    **{f: f for f in FAULTS},
+    "undecodable": "undecodable",
+    "repeats_polite_closing": "closing repeated",
+}
+
+
 def frontier_page_shows(page: Path, result: dict) -> dict:
     """Every number of a frontier page read back equals the study's JSON; returns its tables."""
-    tables = {head[0]: rows for _, head, rows in page_tables(page)}
+    parsed = page_tables(page)
+    tables = {head[0]: rows for _, head, rows in parsed}
+    (arm_head,) = [head for _, head, _ in parsed if head[0] == "arm"]
+    point = next(iter(result["arms"].values()))["curve"][-1]
+    endings = [k for k in ENDING_COLUMNS if k in point]
+    assert ("undecodable" in point) != all(f in point for f in FAULTS)  # one kind, or each fault its own
+    assert arm_head[7] == " / ".join(ENDING_COLUMNS[k] for k in endings) + " (of the answers)"
     arm_rows = {r[0].split(" (")[0]: r for r in tables["arm"]}
     assert sorted(arm_rows) == sorted(result["arms"]) and len(tables["arm"]) == len(result["arms"])
     for name, arm in result["arms"].items():
@@ -1183,7 +1274,7 @@ def frontier_page_shows(page: Path, result: dict) -> dict:
         shown(row[4], last["gold"]["mean"], last["gold"]["sd"])
         shown(row[5], (last["d"]["mean"], 2))
         shown(row[6], (last["proxy_std"]["mean"], 2))
-        shown(row[7], *((last[k]["mean"], 1) for k in ("cut_at_limit", "undecodable", "repeats_polite_closing")))
+        shown(row[7], *((last[k]["mean"], 1) for k in endings))
         shown(row[8], (last["uncertified"]["mean"], 1))
     for row, p in zip(tables["n"], result["best_of_n"]["points"], strict=True):
         shown(row[0], (p["n"], 0))
@@ -1232,9 +1323,16 @@ def frontier_page_shows(page: Path, result: dict) -> dict:
 
 
 @pytest.mark.parametrize("revision", ["r001", "r002"])
-def test_every_number_of_the_committed_frontier_pages_is_their_studys(revision):
+def test_every_number_of_the_committed_frontier_pages_is_their_studys(revision, tmp_path):
+    """The committed page, and the page this code renders from the committed JSON (which counts
+    the token faults as one kind, undecodable), read back number by number."""
+    from rlhf.report.frontier import render_frontier_html
+
     folder = ROOT / "results" / f"frontier-{revision}"
-    frontier_page_shows(folder / "report.html", json.loads((folder / "frontier.json").read_text()))
+    result = json.loads((folder / "frontier.json").read_text())
+    frontier_page_shows(folder / "report.html", result)
+    (page := tmp_path / "report.html").write_text(render_frontier_html(result, None))
+    frontier_page_shows(page, result)
 
 
 def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_path):
@@ -1248,7 +1346,13 @@ def test_every_number_of_the_frontier_page_is_the_studys(small_frontier, tmp_pat
     distinct.update(accuracy_before=0.25, accuracy_after=0.875)
     variant = json.loads(json.dumps(result))
     variant["arms"]["iterated-judge"]["refreshes"] = [distinct, *result["arms"]["iterated-judge"]["refreshes"]]
+    # Every ending column of the arm table distinct and not 0 (the small study's answers hold no
+    # token fault), so a fault left out or two columns swapped show.
+    for k, arm in enumerate(variant["arms"].values()):
+        for j, key in enumerate(("cut_at_limit", *FAULTS, "repeats_polite_closing")):
+            arm["curve"][-1][key] = {**arm["curve"][-1][key], "mean": 10.0 * (k + 1) + j + 0.5}
     (tmp := tmp_path / "variant-report.html").write_text(render_frontier_html(variant, None))
+    frontier_page_shows(tmp, variant)
     (refresh_rows,) = [rows for _, head, rows in page_tables(tmp) if head[0] == "after iteration"]
     for row, r in zip(refresh_rows, variant["arms"]["iterated-judge"]["refreshes"], strict=True):
         shown(row[0], (r["after_iteration"], 0))

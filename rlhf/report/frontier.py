@@ -13,6 +13,7 @@ from rlhf.report.formatting import esc, fmt, fmt_signed, fmt_t95
 from rlhf.report.plots import _figure, _png
 from rlhf.report.render import page_html
 from rlhf.report.tables import Table
+from rlhf.rubric import TOKEN_FAULTS
 
 LEARNING_RATES = (
     "The embedded profile's PPO learning rates are actor 1e-4 and critic 1e-3 (the SPEC's: 5e-6 and 1e-5; "
@@ -229,7 +230,7 @@ def arms_table(result: dict) -> Table:
             "gold at the last iteration (± seed SD)",
             "d there",
             "proxy (SD units)",
-            "cut at the limit / undecodable / closing repeated (of the answers)",
+            f"{' / '.join(_ending_labels(_last_point(result)))} (of the answers)",
             "UNCERTIFIED",
         ],
         rows,
@@ -267,12 +268,36 @@ def refresh_table(name: str, arm: dict) -> Table:
     )
 
 
+# The endings a curve point counts, each with its column label: the token faults each on its own;
+# a summary that counted them as one kind holds `undecodable` instead.
+ENDINGS = {
+    "cut_at_limit": "cut at the limit",
+    **{fault: fault for fault in TOKEN_FAULTS},
+    "undecodable": "undecodable",
+    "repeats_polite_closing": "closing repeated",
+}
+
+
+def _last_point(result: dict) -> dict:
+    """The first arm's curve point at the last iteration (every arm's counts the same endings)."""
+    return next(iter(result["arms"].values()))["curve"][-1]
+
+
+def _ending_keys(point: dict) -> list[str]:
+    """The ENDINGS a point holds, in ENDINGS' order (older summaries: none, answers without EOS only)."""
+    return [k for k in ENDINGS if k in point]
+
+
+def _ending_labels(point: dict) -> list[str]:
+    return [ENDINGS[k] for k in _ending_keys(point)] or ["without EOS"]
+
+
 def _endings(point: dict) -> str:
-    """Cut at the limit / undecodable / polite closing repeated, means over seeds (older summaries:
-    answers without EOS only)."""
-    if "cut_at_limit" not in point:
+    """Cut at the limit / each token fault (or, in older summaries, undecodable) / polite closing
+    repeated, means over seeds (older summaries still: answers without EOS only)."""
+    keys = _ending_keys(point)
+    if not keys:
         return f"{fmt(point['truncations']['mean'], 1)} without EOS"
-    keys = ("cut_at_limit", "undecodable", "repeats_polite_closing")
     return " / ".join(fmt(point[k]["mean"], 1) for k in keys)
 
 

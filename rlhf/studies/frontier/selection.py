@@ -19,6 +19,7 @@ from rlhf.studies.frontier.runs import measured_iterations
 from rlhf.studies.statistics import INTERVAL, across_seeds, gao_curve, gao_fit
 from rlhf.studies.validation import KL_ESTIMATOR
 from rlhf.studies.warnings import score_rules
+from rlhf.tokens import finish_reason_counts
 
 POINT_STATS = (
     "gold",
@@ -28,7 +29,7 @@ POINT_STATS = (
     "gain",
     "truncations",
     "cut_at_limit",
-    "undecodable",
+    *rubric.TOKEN_FAULTS,  # out_of_vocabulary, control_token, broken_text: each counted on its own
     "repeats_polite_closing",
     "uncertified",
 )
@@ -83,16 +84,20 @@ def standardised(score: float, spread: dict) -> float:
 
 
 def _point(m: dict) -> dict:
-    """One measurement's numbers, its answers' endings counted from its rows ("truncations":
-    every answer without EOS, cut at the limit or holding an undecodable id)."""
+    """One measurement's numbers, its answers' endings counted from its rows' finish reasons
+    (rlhf.rubric.FINISH_REASONS): cut_at_limit (length) and each of rlhf.rubric.TOKEN_FAULTS.
+    "truncations" (the measurement's, rlhf.studies.validation) is every answer without EOS as
+    plain text, cut at the limit or holding a token fault (whatever its ending):
+    truncations = cut_at_limit + out_of_vocabulary + control_token + broken_text."""
     rows = m["rows"]
+    reasons = finish_reason_counts(r["finish_reason"] for r in rows)
     return {
         "gold": m["gold"],
         "proxy": m["proxy"],
         "truncations": m["truncations"],
         "uncertified": m["uncertified"],
-        "cut_at_limit": sum(r["finish_reason"] == "length" for r in rows),
-        "undecodable": sum(r["finish_reason"] == "undecodable" for r in rows),
+        "cut_at_limit": reasons["length"],
+        **{fault: reasons[fault] for fault in rubric.TOKEN_FAULTS},
         "repeats_polite_closing": sum(r["response"].count(rubric.POLITE_CLOSING) >= 2 for r in rows),
     }
 
