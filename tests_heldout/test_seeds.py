@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import statistics
 import time
@@ -109,10 +110,84 @@ def test_across_seed_statistics_recomputed_from_rows(small_study, record_result)
             assert r["metrics"][f"answers.test.{policy}.rubric_success"] == sum(
                 a[policy]["rubric_success"] for a in test
             )
-            cut = sum(a[policy]["finish_reason"] == "length" for a in test)
-            assert r["metrics"][f"answers.test.{policy}.cut_at_limit"] == cut
+            for kind, count in kinds_by_hand([a[policy] for a in test]).items():
+                assert r["metrics"][f"answers.test.{policy}.{kind}"] == count, kind
+            assert f"answers.test.{policy}.undecodable" not in r["metrics"]
             closing = sum(a[policy]["response"].count("Have a pleasant day.") >= 2 for a in test)
             assert r["metrics"][f"answers.test.{policy}.repeats_polite_closing"] == closing
+
+
+FAULTS = ("out_of_vocabulary", "control_token", "broken_text")  # each a kind of its own (docs/results.md)
+
+
+def kinds_by_hand(answers: list[dict]) -> dict[str, int]:
+    """Answers cut at the limit and with each token fault, counted here from their finish reasons."""
+    return {"cut_at_limit": sum(a["finish_reason"] == "length" for a in answers)} | {
+        f: sum(a["finish_reason"] == f for a in answers) for f in FAULTS
+    }
+
+
+def test_a_seeds_answer_kinds_count_each_token_fault_of_its_rows(small_study, tmp_path):
+    """A run whose test answers hold each token fault: its row in the study counts each fault
+    on its own, from the evaluation rows, per policy; a name that is no finish reason (the single
+    `undecodable` of older evaluations) is refused."""
+    src, run = small_study["out"] / "seed-0", tmp_path / "seed-0"
+    read = (
+        "profile.toml",
+        "run.json",
+        "evaluation/results.json",
+        "shortcut_audit/results.json",
+        "ppo/history.json",
+        "sft/resume_check.json",
+        "sft/history.json",
+    )
+    for name in read:  # what seed_row reads, nothing more
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / name, run / name)
+    ev = read_json(run / "evaluation" / "results.json")
+    ppo_test = [r for r in ev["policies"]["ppo"]["rows"] if r["population"] == "test"]
+    sft_test = [r for r in ev["policies"]["sft"]["rows"] if r["population"] == "test"]
+    for row, fault in zip(ppo_test, [*FAULTS, "control_token", "broken_text", "broken_text"]):
+        row["finish_reason"] = fault
+    sft_test[-1]["finish_reason"] = "out_of_vocabulary"
+    (run / "evaluation" / "results.json").unlink()
+    write_json(run / "evaluation" / "results.json", ev)
+    metrics = seeds.seed_row(run, 0)["metrics"]
+    for policy, rows in (("ppo", ppo_test), ("sft", sft_test)):
+        for kind, count in kinds_by_hand(rows).items():
+            assert metrics[f"answers.test.{policy}.{kind}"] == count, (policy, kind)
+    assert [metrics[f"answers.test.ppo.{f}"] for f in FAULTS] == [1, 2, 3]
+    assert metrics["answers.test.sft.out_of_vocabulary"] >= 1
+    with pytest.raises(ValueError, match="unknown finish reason 'undecodable'"):
+        changed_answer.answer_kinds([{**ppo_test[0], "finish_reason": "undecodable"}])
+
+
+def test_the_study_page_shows_each_answer_kind_under_its_name(small_study):
+    """The page's other quantities show every answer kind the study counts, each token fault on
+    its own; a seeds.json that counted the faults as one kind shows it as undecodable."""
+    from rlhf.report.study import render_study_html
+
+    def kinds_shown(result: dict) -> tuple[str, dict[str, float]]:
+        """The page's other-quantities section, and the mean it shows of each answer kind."""
+        page = render_study_html(result, None)
+        section = page.split('<section id="other-quantities">')[1].split("</section>")[0]
+        cells = re.findall(r"<tr><td>(answers\.test\.[^<]+)</td><td>([^<]*)</td>", section)
+        return section, {key: float(mean) for key, mean in cells}
+
+    result = small_study["result"]
+    page, means = kinds_shown(result)
+    kinds = ("ended_with_eos", "cut_at_limit", *FAULTS, "recognised", "rubric_success", "repeats_polite_closing")
+    assert sorted(means) == sorted(f"answers.test.{p}.{k}" for p in ("sft", "ppo") for k in kinds)
+    for key, mean in means.items():
+        assert mean == pytest.approx(result["across"][key]["mean"], abs=5e-4), key
+    assert all(f in page for f in FAULTS) and "undecodable" not in page
+    older = json.loads(json.dumps(result))
+    for policy in ("sft", "ppo"):
+        one = [older["across"].pop(f"answers.test.{policy}.{f}") for f in FAULTS][0]
+        older["across"][f"answers.test.{policy}.undecodable"] = {**one, "mean": 7.0 if policy == "ppo" else 2.0}
+    page, means = kinds_shown(older)
+    assert (means["answers.test.ppo.undecodable"], means["answers.test.sft.undecodable"]) == (7.0, 2.0)
+    assert not any(f in page for f in FAULTS) and "undecodable: the token faults counted as one kind" in page
 
 
 def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):

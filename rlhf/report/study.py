@@ -68,18 +68,29 @@ def differences_table(result: dict) -> Table:
     )
 
 
+def answer_kinds_shown(result: dict) -> list[str]:
+    """The kinds of test answers seeds.json counts (answers.test.POLICY.KIND), each once, as they
+    come: each token fault on its own, or `undecodable` in a study that counted them as one kind."""
+    kinds = [m.split(".", 3)[3] for m in result["across"] if m.startswith("answers.test.")]
+    return list(dict.fromkeys(kinds))
+
+
 def other_table(result: dict) -> Table:
-    """Judge accuracy, shortcut audit, politeness, truncations, UNCERTIFIED: mean, SD, range."""
+    """Judge accuracy, shortcut audit, politeness, truncations, UNCERTIFIED, the test answers of
+    each kind: mean, SD, range."""
     rows = []
     for m, s in result["across"].items():
         if m.startswith(("rubric_success.", "learned_reward.")):
             continue
         rows.append([m, fmt(s["mean"]), fmt(s["sd"]), fmt_t95(s), f"{fmt(s['min'])} … {fmt(s['max'])}"])
+    kinds = answer_kinds_shown(result)
+    old = " (undecodable: the token faults counted as one kind)" if "undecodable" in kinds else ""
     return Table(
         ["quantity", "mean", "SD", "95% t-interval", "min … max"],
         rows,
         "Judge, shortcut audit, politeness probe counts (of 20 contexts), truncations and UNCERTIFIED "
-        "counts (of 180 test rows / 80 probe rows)",
+        "counts (of 180 test rows / 80 probe rows)"
+        + (f"; answers.test.POLICY.KIND: the 180 test answers of each kind, {', '.join(kinds)}{old}" if kinds else ""),
         cls="compare",
     )
 

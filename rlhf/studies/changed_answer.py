@@ -2,7 +2,8 @@
 token by token.
 
 `answer_kinds(rows)` counts the kinds of a policy's greedy answers (ended with EOS, cut at the
-token limit, undecodable, recognised by the rubric, successful, repeating the polite closing);
+token limit, each token fault on its own, recognised by the rubric, successful, repeating the
+polite closing);
 `study_answers(folders)` keeps every seed's per-row answers of both policies (DIR/answers.json),
 so that a sentence about them can be checked. The changed-answer view: the first run of the study
 with a test prompt whose greedy PPO answer differs from SFT's gives its answer's teacher-forced
@@ -21,12 +22,12 @@ from rlhf.config import load_profile
 from rlhf.evaluate import evaluation_roles
 from rlhf.io import read_json, write_json
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import collate, encode_prompt, token_texts
+from rlhf.tokens import collate, encode_prompt, finish_reason_counts, token_texts
 
 ANSWER_KINDS = (
-    "ended_with_eos",  # stopped by itself
-    "cut_at_limit",  # no EOS by the token limit, decodable text
-    "undecodable",  # holds a token id the tokenizer has no text for
+    "ended_with_eos",  # stopped by itself (a faulted answer too, when its last token is EOS)
+    "cut_at_limit",  # finish reason length: no EOS by the token limit, its tokens plain text
+    *rubric.TOKEN_FAULTS,  # out_of_vocabulary, control_token, broken_text: what the tokens hold, whatever the ending
     "recognised",  # one of the rubric's grammar forms (or a declared refusal)
     "rubric_success",
     "repeats_polite_closing",  # the polite closing sentence at least twice
@@ -34,12 +35,14 @@ ANSWER_KINDS = (
 
 
 def answer_kinds(rows: list[dict]) -> dict[str, int]:
-    """{kind: count} over evaluated rows (rlhf.evaluate's, with `rubric`); 'rows' is their number."""
+    """{kind: count} over evaluated rows (rlhf.evaluate's, with `rubric`); 'rows' is their number.
+    cut_at_limit and each fault are counted from the rows' finish reasons (docs/results.md)."""
+    reasons = finish_reason_counts(r["finish_reason"] for r in rows)
     return {
         "rows": len(rows),
         "ended_with_eos": sum(r["ended_with_eos"] for r in rows),
-        "cut_at_limit": sum(r["finish_reason"] == "length" for r in rows),
-        "undecodable": sum(r["finish_reason"] == "undecodable" for r in rows),
+        "cut_at_limit": reasons["length"],
+        **{fault: reasons[fault] for fault in rubric.TOKEN_FAULTS},
         "recognised": sum(r["rubric"]["recognized"] for r in rows),
         "rubric_success": sum(r["rubric"]["rubric_success"] for r in rows),
         "repeats_polite_closing": sum(r["response"].count(rubric.POLITE_CLOSING) >= 2 for r in rows),
