@@ -16,6 +16,10 @@ pair's chosen answer (rlhf.rubric.chosen_actions), not from a label.
     best_of_n_ensemble               the same samples, an ensemble's reward choosing
     score_spread                     mean and SD of the judge's scores of SFT samples
 
+"truncations" counts the answers whose finish reason (rlhf.rubric.FINISH_REASONS) is not eos:
+cut at the token limit, or holding a token fault (control_token, broken_text, out_of_vocabulary;
+docs/results.md) whatever their ending. An answer with a fault that ended with EOS is one of them.
+
 KL from the SFT policy (SPEC §12): per prompt, the mean over k temperature-1 samples y ~ pi of
 ``sum_t log pi(y_t | y_<t) - log pi_SFT(y_t | y_<t)``, the sampled-token estimator of the
 sequence KL(pi || pi_SFT) (unbiased; one sample can be negative). log pi is the log-prob each
@@ -130,9 +134,9 @@ def distance(kl: float) -> float:
 
 def measure_policy(model, sft_model, judge: Role, view: LearningView, ctx, *, kl_samples: int, seed: int) -> dict:
     """One policy on the validation prompts: greedy gold (rubric success), proxy (the judge's
-    score of the same greedy answers), truncations, UNCERTIFIED, and the KL from SFT estimated on
-    `kl_samples` temperature-1 samples per prompt drawn from a generator seeded `seed` (0: none,
-    KL 0, for the SFT policy itself)."""
+    score of the same greedy answers), truncations (cut at the limit or with a token fault),
+    UNCERTIFIED, and the KL from SFT estimated on `kl_samples` temperature-1 samples per prompt
+    drawn from a generator seeded `seed` (0: none, KL 0, for the SFT policy itself)."""
     records = validation_prompts(view, ctx.profile.evaluation.max_units)
     prompt_ids = encode_records(records, ctx)
     starts = prefills(model, prompt_ids, ctx)  # the greedy answers and every sample start from them
@@ -212,8 +216,8 @@ def _successes(draws: list[dict]) -> list[list[bool]]:
 
 def best_of_n_points(scores: list[list[float]], draws: list[dict], ns: tuple[int, ...]) -> list[dict]:
     """For every n: the favourite of the first n samples of each prompt by `scores` ([n_max][P],
-    the ranking reward), its gold, that reward and its truncations averaged over the prompts,
-    with the KL bound of best-of-n."""
+    the ranking reward), its gold, that reward and its truncations (kept answers cut at the limit
+    or with a token fault) over the prompts, with the KL bound of best-of-n."""
     n_max, prompts = len(scores), len(scores[0])
     out = []
     for n in ns:
@@ -259,7 +263,10 @@ def best_of_n_ensemble(
     (same seed), each scored by every member (member 0 the lab's judge, so its scores are
     best_of_n's), combined per ensemble design through the one scoring path
     (rlhf.ppo_math.design_score, the reward PPO pays under that design, before the truncation
-    penalty), and for every n the favourite of the first n by that reward kept."""
+    penalty), and for every n the favourite of the first n by that reward kept. The truncation
+    flag passed is finish reason != eos, so it also marks an answer with a token fault that ended
+    with EOS, which a PPO rollout (truncated: no EOS by the token limit) does not mark; the
+    ensemble designs read no truncation flag, so no kept answer depends on the difference."""
     records = validation_prompts(view, ctx.profile.evaluation.max_units)
     prompt_ids = encode_records(records, ctx)
     draws = sft_draws(sft_model, records, prompt_ids, ctx, n=max(ns), seed=seed)
@@ -279,11 +286,11 @@ def best_of_n_ensemble(
             s = torch.tensor(
                 [member_scores[k][j] for k in range(len(members))], dtype=torch.float32
             )  # [k, P], as PPO holds them
-            truncated = torch.tensor([v["finish_reason"] != "eos" for v in d["verdicts"]])
+            truncated_or_faulted = torch.tensor([v["finish_reason"] != "eos" for v in d["verdicts"]])  # [P]
             cfg = ctx.profile.ppo
             r = design_score(
                 s[0],
-                truncated,
+                truncated_or_faulted,
                 design=design,
                 score_mean=cfg.score_mean,
                 score_sd=cfg.score_sd,
