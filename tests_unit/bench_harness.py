@@ -268,17 +268,6 @@ def launch_counts(layers: int, *, diet: bool) -> dict:
             fn()
         return mode.n
 
-    def fills(fn) -> int:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            fn()
-        return sum(
-            1
-            for e in prof.events()
-            if e.name == "aten::fill_"
-            and e.cpu_parent is not None
-            and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
-        )
-
     config = Qwen2Config(
         hidden_size=112, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=14,
         num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=512,
@@ -326,7 +315,7 @@ def launch_counts(layers: int, *, diet: bool) -> dict:
     )
     out: dict = {}
     try:
-        for name, counter, det in (("ops", ops, False), ("fills", fills, True)):
+        for name, counter, det in (("ops", ops, False), ("fills", deterministic_fills, True)):
             torch.use_deterministic_algorithms(det)
             torch.utils.deterministic.fill_uninitialized_memory = not diet
             out[name] = {
@@ -341,6 +330,22 @@ def launch_counts(layers: int, *, diet: bool) -> dict:
         torch.use_deterministic_algorithms(deterministic)
         torch.utils.deterministic.fill_uninitialized_memory = fill
     return out
+
+
+def deterministic_fills(fn) -> int:
+    """The NaN fills deterministic mode adds to new tensors while fn() runs: the profiler's
+    aten::fill_ events called from aten::empty / aten::empty_strided (a kernel launch each on a GPU)."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(
+        1
+        for e in prof.events()
+        if e.name == "aten::fill_"
+        and e.cpu_parent is not None
+        and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
+    )
 
 
 def _graphed_decode_counts(model, decode, Ops, gen_module) -> dict:

@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+from bench_harness import deterministic_fills  # the one fill counter (tests_unit/ is on sys.path)
 
 from rlhf.config import load_profile, override
 from rlhf.runtime import CUBLAS_WORKSPACE, configure_determinism
@@ -95,19 +96,6 @@ def test_open_context_of_a_cuda_profile_records_the_settings_in_run_json(restore
     assert record["determinism"]["complete"] is True and torch.are_deterministic_algorithms_enabled()
 
 
-def _fills(fn) -> int:
-    """NaN fills of new tensors (aten::fill_ under aten::empty / empty_strided) while fn runs."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return sum(
-        1
-        for e in prof.events()
-        if e.name == "aten::fill_"
-        and e.cpu_parent is not None
-        and e.cpu_parent.name in ("aten::empty", "aten::empty_strided")
-    )
-
-
 def test_deterministic_mode_of_a_cuda_profile_fills_no_new_tensor(restore_torch_settings):
     """Deterministic algorithms stay on; the NaN fill they add to every new tensor (a kernel
     launch each on a GPU) is off. The same fills show on the CPU, where this counts them."""
@@ -119,7 +107,7 @@ def test_deterministic_mode_of_a_cuda_profile_fills_no_new_tensor(restore_torch_
 
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = True
-    with_fills = _fills(work)
+    with_fills = deterministic_fills(work)
     configure_determinism(load_profile("qwen2.5-0.5b"))
     assert torch.are_deterministic_algorithms_enabled()
-    assert with_fills >= 3 and _fills(work) == 0
+    assert with_fills >= 3 and deterministic_fills(work) == 0
