@@ -388,6 +388,19 @@ def seeds_table(result: dict) -> Table:
     )
 
 
+def _chosen(sel: dict | None, arms: dict) -> str:
+    """The paragraph on the point chosen on validation (none in a study of controls alone)."""
+    if sel is None:
+        return "<p><b>Chosen on validation</b>: nothing: every arm of this study is a control, never chosen.</p>"
+    return (
+        f"<p><b>Chosen on validation</b> ({esc(sel['rule'])}): arm <b>{esc(sel['arm'])}</b> "
+        f"({esc(arms[sel['arm']]['describe'])}) at iteration <b>{sel['iteration']}</b>, mean validation gold "
+        f"{fmt(sel['mean_validation_gold'])} against SFT's {fmt(sel['sft_mean_validation_gold'])} "
+        f"({'above' if sel['above_sft'] else 'not above'} SFT). The SPEC's default for comparison: "
+        f"{esc(sel['default']['arm'])} at iteration {sel['default']['iteration']}.</p>"
+    )
+
+
 def frontier_intro(result: dict) -> list[str]:
     """The page's opening paragraphs: how to reproduce it and what its numbers read, the operating
     point chosen on validation, and the grid's best c where arms ran there."""
@@ -397,11 +410,7 @@ def frontier_intro(result: dict) -> list[str]:
         "Every number on this page reads validation prompts only. "
         f"Gold: {esc(result['gold'])}. Proxy: {esc(result['proxy'])}. Distance: {esc(result['kl_estimator'])}. "
         f"Best-of-n: {esc(result['bon_kl'])}. {esc(LEARNING_RATES)}</p>",
-        f"<p><b>Chosen on validation</b> ({esc(sel['rule'])}): arm <b>{esc(sel['arm'])}</b> "
-        f"({esc(arms[sel['arm']]['describe'])}) at iteration <b>{sel['iteration']}</b>, mean validation gold "
-        f"{fmt(sel['mean_validation_gold'])} against SFT's {fmt(sel['sft_mean_validation_gold'])} "
-        f"({'above' if sel['above_sft'] else 'not above'} SFT). The SPEC's default for comparison: "
-        f"{esc(sel['default']['arm'])} at iteration {sel['default']['iteration']}.</p>",
+        _chosen(sel, arms),
     ]
     choice = result.get("grid_choice")
     if choice and any(a.get("c_from_grid") for a in arms.values()):
@@ -455,7 +464,7 @@ def frontier_sections(result: dict) -> list[tuple[str, list[str]]]:
             "Fits",
             [
                 "<p>Gold gain over SFT against d, least squares over the checkpoints of all seeds: RL "
-                f"{esc(arms['spec-default']['fit']['form'])}; best-of-n {esc(result['best_of_n']['fit']['form'])} "
+                f"{esc(next(iter(arms.values()))['fit']['form'])}; best-of-n {esc(result['best_of_n']['fit']['form'])} "
                 "(gain over best-of-1). A fit is shown only where it describes the points.</p>",
                 fits_table(result).html(),
             ],

@@ -112,6 +112,8 @@ def confirmation_points(result: dict) -> list[tuple[Arm, int | None]]:
     settings = settings_of(result["study"])
     by_name = {a.name: a for a in resolved(settings.arms, result.get("grid_choice"))}
     sel = result["selection"]
+    if sel is None:
+        raise StudyError("this study chose no point (its arms are controls alone): there is nothing to confirm")
     points: list[tuple[Arm, int | None]] = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
     if (sel["arm"], sel["iteration"]) != (points[0][0].name, points[0][1]):
         points.append((by_name[sel["arm"]], sel["iteration"]))

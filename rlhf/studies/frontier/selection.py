@@ -343,9 +343,10 @@ def refreshes_across(per_seed: list[list[dict]]) -> list[dict]:
     return out
 
 
-def select(arms: dict, sft_level: dict) -> dict:
+def select(arms: dict, sft_level: dict) -> dict | None:
     """The best (arm, iteration) by mean validation gold over seeds (iteration >= 1; the oracle
-    control excluded; on a tie the smaller mean d, then the earlier arm and iteration)."""
+    control excluded; on a tie the smaller mean d, then the earlier arm and iteration). None for
+    a study of controls alone (the SFT-budget rule's oracle study): nothing there may be chosen."""
     candidates = [
         (row["gold"]["mean"], -row["d"]["mean"], name, row["iteration"])
         for name, arm in arms.items()
@@ -353,6 +354,8 @@ def select(arms: dict, sft_level: dict) -> dict:
         for row in arm["curve"]
         if row["iteration"] > 0
     ]
+    if not candidates or "spec-default" not in arms:
+        return None
     order = {name: k for k, name in enumerate(arms)}
     best = max(candidates, key=lambda c: (c[0], c[1], -order[c[2]], -c[3]))
     return {
