@@ -316,6 +316,24 @@ def test_an_oracle_control_is_never_chosen_whatever_its_name(revision):
 
 
 @pytest.mark.parametrize("revision", ["r001", "r002"])
+def test_a_study_of_controls_alone_chooses_nothing_and_says_so(revision):
+    """The SFT-budget rule's study runs the oracle arm alone: nothing there may be chosen, its
+    page says so, and a confirmation of it is refused."""
+    from rlhf.report.frontier import frontier_intro
+    from rlhf.studies import StudyError
+    from rlhf.studies.frontier.confirmation import confirmation_points
+    from rlhf.studies.frontier.selection import select
+
+    result = committed(revision)
+    controls = {name: arm for name, arm in result["arms"].items() if arm["design"] == "oracle"}
+    assert select(controls, result["sft_level"]) is None
+    alone = {**result, "arms": controls, "selection": None}
+    assert "every arm of this study is a control, never chosen" in "".join(frontier_intro(alone))
+    with pytest.raises(StudyError, match="nothing to confirm"):
+        confirmation_points(alone)
+
+
+@pytest.mark.parametrize("revision", ["r001", "r002"])
 def test_best_of_n_gains_are_over_best_of_one_of_the_same_seed_in_the_committed_studies(revision):
     """Best-of-n's fit is over every seed's gains gold(n) - gold(n = 1) of that same seed, recomputed
     here from the stored per-seed points (the seeds' best-of-1 golds differ, so another seed's, or
