@@ -43,7 +43,7 @@ def package_copy(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "relative",
-    ["ppo_math.py", "studies/seeds.py", "report/tables.py", "profiles/embedded.toml"],
+    ["ppo_math.py", "studies/seeds.py", "studies/frontier/selection.py", "report/tables.py", "profiles/embedded.toml"],
 )
 def test_editing_any_source_file_or_profile_changes_the_code_identity(package_copy, relative):
     before = identities.code_sha256()

@@ -20,6 +20,7 @@ prompt is known by construction: a reward paid against another prompt's action s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -513,6 +514,20 @@ def test_each_iterations_oracle_pays_the_rubric_success_on_its_own_prompts_famil
         rows.append((action, right))
         return hedged_answer(action if right else (action + 1) % 6, tokenizer, eos_id, profile)
 
+    real_rollout_data = ppo.rollout_data
+
+    def actions_interleaved(*args):
+        """The rollout prompts reordered so that neighbours call for different actions (the corpus
+        groups a family's prompts together), so an action read from another index is wrong."""
+        data = real_rollout_data(*args)
+        by_action: dict[int, list[int]] = {}
+        for i, action in enumerate(data.actions):
+            by_action.setdefault(action, []).append(i)
+        order = [i for group in itertools.zip_longest(*by_action.values()) for i in group if i is not None]
+        pick = lambda xs: [xs[i] for i in order]  # noqa: E731
+        return data._replace(prompts=pick(data.prompts), encoded=pick(data.encoded), actions=pick(data.actions))
+
+    monkeypatch.setattr(ppo, "rollout_data", actions_interleaved)
     monkeypatch.setattr(ppo, "sample_like_ppo", scripted_sampling(answer_of))
     roles = PpoRoles(
         **{kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
