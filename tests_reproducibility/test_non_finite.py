@@ -20,6 +20,7 @@ import shutil
 import pytest
 import torch
 
+from rlhf import io as rlhf_io
 from rlhf import judge as judge_module
 from rlhf import lab, ppo_math
 from rlhf import sft as sft_module
@@ -107,6 +108,10 @@ class Poison:
         self.calls += 1
         if self.calls != self.at_call:
             return out
+        # A checkpoint saved before this update may still be in the background writer's hands:
+        # it belongs to what was saved before the poison, so the snapshot waits for it.
+        for thread in list(rlhf_io.WRITES_IN_FLIGHT):
+            thread.join()
         self.snapshot = folder_hashes(self.folder)
         loss = out[0] if isinstance(out, tuple) else out
         bad = {
