@@ -654,9 +654,9 @@ def add_frontier(sub) -> None:
     p.add_argument("--revision", default="r002", choices=["r001", "r002"], help=REVISION_HELP)
     p.add_argument(
         "--sft-budget",
-        default="sft-e7",
+        default="sft-e6",
         choices=list(SFT_BUDGETS),
-        help="named SFT budget (default sft-e7, the budget chosen on validation for r002; full: the profile's)",
+        help="named SFT budget (default sft-e6, the budget rlhf choose-sft-budget chose for r002; full: the profile's)",
     )
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
     p.add_argument(

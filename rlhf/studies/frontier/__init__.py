@@ -1,7 +1,7 @@
 """The over-optimisation frontier (SPEC §12): gold and proxy against sqrt(KL) for PPO arms and
 best-of-n, chosen on validation prompts, confirmed once on test.
 
-`rlhf frontier --out DIR [--revision r002] [--sft-budget sft-e7] [--n 3] [--workers W]`
+`rlhf frontier --out DIR [--revision r002] [--sft-budget sft-e6] [--n 3] [--workers W]`
 `rlhf frontier --out DIR --confirm 5`     (after the study: the chosen point and the default on test)
 `rlhf frontier --out DIR --summarise-to NEWDIR`   (the summary recomputed from stored measurements)
 

@@ -48,8 +48,8 @@ CONFIRM_STUDY_SEED = 2
 # The confirmation's third point: the SPEC's default stopped by one frozen warning rule
 # (`rlhf lab --stop-on-warning kl_growth`), against the same default run to its fixed last
 # iteration. The signal is the rule with the most early warnings on the study the rules were
-# chosen on (rlhf.studies.warnings.best_rule on r002's validation runs: 13 of 39 falls warned
-# early, 2 of 12 held runs warned falsely); a test recomputes that choice from the committed study.
+# chosen on (rlhf.studies.warnings.best_rule on r002's validation runs: 11 of 32 falls warned
+# early, 3 of 19 held runs warned falsely); a test recomputes that choice from the committed study.
 STOP_SIGNAL = "kl_growth"
 STOP_ARM = Arm(
     "spec-default-stop", "judge", raw=SPEC_KL, ppo=(("stop_on_warning", True), ("stop_signals", (STOP_SIGNAL,)))

@@ -169,7 +169,7 @@ def run_frontier(
     *,
     n: int = 3,
     revision: str = "r002",
-    sft_budget: str = "sft-e7",
+    sft_budget: str = "sft-e6",
     workers: int | None = None,
     profile_name: str = "embedded",
     settings: Settings = Settings(),
