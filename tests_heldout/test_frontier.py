@@ -1342,8 +1342,8 @@ def frontier_page_shows(page: Path, result: dict) -> dict:
 
 @pytest.mark.parametrize("revision", ["r001", "r002"])
 def test_every_number_of_the_committed_frontier_pages_is_their_studys(revision, tmp_path):
-    """The committed page, and the page this code renders from the committed JSON (which counts
-    the token faults as one kind, undecodable), read back number by number."""
+    """The committed page, and the page this code renders from the committed JSON, read back
+    number by number."""
     from rlhf.report.frontier import render_frontier_html
 
     folder = ROOT / "results" / f"frontier-{revision}"
