@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rlhf.config import DEFAULT_PROFILE, PROFILES, REWARD_DESIGNS, load_profile, override
 from rlhf.events import EventFolderError, logdir_line
-from rlhf.signals import SIGNALS
+from rlhf.signals import SIGNALS, frozen_rules
 
 PROFILE_HELP = f"profile name ({', '.join(PROFILES)}) or path to a profile TOML file"
 
@@ -419,16 +419,18 @@ def add_lab(sub) -> None:
         "[ppo] refresh_every iterations), 'ensemble-mean', 'ensemble-min', 'ensemble-uncertainty' "
         "([ppo] ensemble_size judges), 'eos-less-replaced', 'oracle' (a control that reads the rubric)",
     )
+    ruled = {rule.signal for rule in frozen_rules()[0]}
+    stoppers = [s for s in SIGNALS if s in ruled]  # a signal without a frozen rule could never stop PPO
     p.add_argument(
         "--stop-on-warning",
         nargs="*",
         metavar="SIGNAL",
-        choices=SIGNALS,
+        choices=stoppers,
         default=None,
         help="stop PPO after the first iteration where a frozen over-optimisation warning rule fires "
         "(rlhf/warning_rules.json; [ppo] stop_on_warning, part of the run's identity); with SIGNAL names "
-        f"({', '.join(SIGNALS)}), only those signals' rules stop it ([ppo] stop_signals). Without the option a "
-        "warning is printed and changes nothing",
+        f"({', '.join(stoppers)}: the signals with a frozen rule), only those signals' rules stop it "
+        "([ppo] stop_signals). Without the option a warning is printed and changes nothing",
     )
     p.set_defaults(func=cmd_lab)
 

@@ -156,6 +156,7 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     run = output_folder(run)
     profile = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
     profile_device(profile)  # refused before anything is prepared
+    stop_rules_identity(profile)  # a stop signal without a frozen rule: refused before SFT, not at PPO
     refuse_old_layout(run)
     events.check_writable(run)  # refused before anything is written
     _sweep_run_folder(run)

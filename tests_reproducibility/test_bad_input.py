@@ -555,17 +555,22 @@ def test_stop_after_must_fall_inside_the_stage(tmp_path, stage, stop_after, caps
 
 
 def test_stop_on_warning_offers_its_signal_names(tmp_path, capsys, monkeypatch):
-    """An unknown signal is refused by the option (argparse's choices, every signal listed), not
-    by the profile file it would have been written into."""
+    """An unknown signal, or one without a frozen rule (it could never stop PPO), is refused by the
+    option (argparse's choices, every signal with a rule listed), not by the profile file it would
+    have been written into, nor after SFT and the judge have trained."""
     from rlhf import lab
-    from rlhf.signals import SIGNALS
+    from rlhf.signals import SIGNALS, frozen_rules
 
     run = tmp_path / "run"
     run.mkdir()
     first = (lab, "run_lab")
     bad = ["lab", "--out", str(run), "--stop-on-warning"]
+    ruled = {rule.signal for rule in frozen_rules()[0]}
     line = refused([*bad, "nosuch"], "--stop-on-warning", capsys, run, first)
-    assert "'nosuch'" in line and all(s in line for s in SIGNALS) and ".toml" not in line
+    assert "'nosuch'" in line and all((s in line) == (s in ruled) for s in SIGNALS) and ".toml" not in line
+    unruled = [s for s in SIGNALS if s not in ruled]
+    assert unruled == ["judge_error"]  # the committed rules file defines no judge_error rule
+    refused([*bad, *unruled], "--stop-on-warning", capsys, run, first)
     started(["lab", "--out", str(run), "--stop-on-warning", "kl_growth"], capsys, monkeypatch, *first)
     ppo = read_json(run / "run.json")["profile_values"]["ppo"]
     assert (ppo["stop_on_warning"], ppo["stop_signals"]) == (True, ["kl_growth"])

@@ -108,6 +108,11 @@ def test_a_stop_signal_needs_the_option_a_known_name_and_a_frozen_rule(small_pro
     profile = override(base, {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): ("kl",)})
     with pytest.raises(ValueError, match="stop_signals kl: no frozen rule"):
         lab.stop_rules_identity(profile)
+    # A run opened with that profile is refused before its corpus or base is written.
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match="stop_signals kl: no frozen rule"):
+        lab.open_context(run, profile)
+    assert not run.exists() or list(run.iterdir()) == []
     named = override(base, {("ppo", "stop_on_warning"): True, ("ppo", "stop_signals"): ("truncation_rate",)})
     assert lab.stop_rules_identity(named) == {"warning_rules": sha256_file(path)}
     assert lab.stop_rules_identity(base) == {}
