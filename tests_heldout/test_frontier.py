@@ -334,6 +334,24 @@ def test_a_study_of_controls_alone_chooses_nothing_and_says_so(revision):
 
 
 @pytest.mark.parametrize("revision", ["r001", "r002"])
+def test_a_study_without_the_spec_default_still_chooses_and_its_confirmation_names_the_missing_arm(revision):
+    """Without the spec-default arm the choice is made among the other arms as before (it is not a
+    study of controls alone); only the confirmation, which compares the choice with that arm, is
+    refused, naming it."""
+    from rlhf.studies import StudyError
+    from rlhf.studies.frontier.confirmation import confirmation_points
+    from rlhf.studies.frontier.selection import select
+
+    result = committed(revision)
+    others = {name: arm for name, arm in result["arms"].items() if name != "spec-default"}
+    sel = select(others, result["sft_level"])
+    assert (sel["arm"], sel["iteration"]) == (result["selection"]["arm"], result["selection"]["iteration"])
+    assert sel["default"] is None
+    with pytest.raises(StudyError, match="no spec-default arm"):
+        confirmation_points({**result, "arms": others, "selection": sel})
+
+
+@pytest.mark.parametrize("revision", ["r001", "r002"])
 def test_best_of_n_gains_are_over_best_of_one_of_the_same_seed_in_the_committed_studies(revision):
     """Best-of-n's fit is over every seed's gains gold(n) - gold(n = 1) of that same seed, recomputed
     here from the stored per-seed points (the seeds' best-of-1 golds differ, so another seed's, or
@@ -783,6 +801,13 @@ def test_confirmation_runs_the_choice_the_default_and_the_stopped_default_on_fre
             assert rate == pytest.approx(row["metrics"]["rubric_success.test.ppo"], abs=1e-12)
     again = run_confirmation(study, n=2, workers=1, say=lambda line: None)
     assert again == json.loads((study / "confirmation.json").read_text())
+    # A finished confirmation of 2 seeds is not returned for another seed count: refused, untouched.
+    from rlhf.studies import StudyError
+
+    before = {p: os.stat(p).st_mtime_ns for p in study.rglob("*") if p.is_file()}
+    with pytest.raises(StudyError, match=r"identity changed in n \(n was 2, now 3\)"):
+        run_confirmation(study, n=3, workers=1, say=lambda line: None)
+    assert {p: os.stat(p).st_mtime_ns for p in study.rglob("*") if p.is_file()} == before
 
 
 def test_summary_is_recomputed_from_the_stored_measurements_into_a_new_folder(small_frontier, tmp_path):

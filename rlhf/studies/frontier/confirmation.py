@@ -38,7 +38,7 @@ from rlhf.studies.frontier.runs import (
     roles_for_measuring,
 )
 from rlhf.studies.frontier.study import run_tasks
-from rlhf.studies.record import check_runs, open_record, workers_count
+from rlhf.studies.record import check_runs, open_record, refuse_change, workers_count
 from rlhf.studies.statistics import INTERVAL, across_seeds, across_table, metric_bounds
 from rlhf.studies.warnings import score_rules
 
@@ -114,6 +114,8 @@ def confirmation_points(result: dict) -> list[tuple[Arm, int | None]]:
     sel = result["selection"]
     if sel is None:
         raise StudyError("this study chose no point (its arms are controls alone): there is nothing to confirm")
+    if sel["default"] is None:
+        raise StudyError("this study has no spec-default arm: the confirmation compares its choice with that arm")
     points: list[tuple[Arm, int | None]] = [(by_name[sel["default"]["arm"]], sel["default"]["iteration"])]
     if (sel["arm"], sel["iteration"]) != (points[0][0].name, points[0][1]):
         points.append((by_name[sel["arm"]], sel["iteration"]))
@@ -134,10 +136,6 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
             f"no {frontier}: the operating point is chosen on validation first (rlhf frontier --out {out})"
         )
     result = read_json(frontier)
-    done = out / "confirmation.json"
-    if done.is_file():
-        say(f"confirmation already complete in {out} (confirmation.json): nothing recomputed")
-        return read_json(done)
     study = result["study"]
     points = confirmation_points(result)
     identity = {
@@ -147,6 +145,12 @@ def run_confirmation(out, *, n: int = 5, workers: int | None = None, say=print) 
         "code": code_sha256(),
         "points": [[a.name, it] for a, it in points],
     }
+    done = out / "confirmation.json"
+    if done.is_file():  # a finished confirmation is returned, not redone, and only if it is this one
+        finished = read_json(done)
+        refuse_change(out, finished["study"], identity)
+        say(f"confirmation already complete in {out} (confirmation.json): nothing recomputed")
+        return finished
     root = out / "confirm"
     root.mkdir(parents=True, exist_ok=True)
     open_record(root, identity)

@@ -346,7 +346,8 @@ def refreshes_across(per_seed: list[list[dict]]) -> list[dict]:
 def select(arms: dict, sft_level: dict) -> dict | None:
     """The best (arm, iteration) by mean validation gold over seeds (iteration >= 1; the oracle
     control excluded; on a tie the smaller mean d, then the earlier arm and iteration). None for
-    a study of controls alone (the SFT-budget rule's oracle study): nothing there may be chosen."""
+    a study of controls alone (the SFT-budget rule's oracle study): nothing there may be chosen.
+    `default` is the SPEC's default at its last iteration (None in a study without that arm)."""
     candidates = [
         (row["gold"]["mean"], -row["d"]["mean"], name, row["iteration"])
         for name, arm in arms.items()
@@ -354,7 +355,7 @@ def select(arms: dict, sft_level: dict) -> dict | None:
         for row in arm["curve"]
         if row["iteration"] > 0
     ]
-    if not candidates or "spec-default" not in arms:
+    if not candidates:
         return None
     order = {name: k for k, name in enumerate(arms)}
     best = max(candidates, key=lambda c: (c[0], c[1], -order[c[2]], -c[3]))
@@ -365,5 +366,9 @@ def select(arms: dict, sft_level: dict) -> dict | None:
         "mean_validation_gold": best[0],
         "sft_mean_validation_gold": sft_level["mean"],
         "above_sft": best[0] > sft_level["mean"],
-        "default": {"arm": "spec-default", "iteration": arms["spec-default"]["curve"][-1]["iteration"]},
+        "default": (
+            {"arm": "spec-default", "iteration": arms["spec-default"]["curve"][-1]["iteration"]}
+            if "spec-default" in arms
+            else None
+        ),
     }
