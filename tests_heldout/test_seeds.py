@@ -556,6 +556,29 @@ def test_reproduce_checks_its_arguments_before_writing(small_study, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_reproduce_refuses_records_that_are_not_a_seed_studys_naming_the_file(tmp_path):
+    """Files of the wrong shape in RESULTS_DIR are refused by name, not with a traceback: a
+    study.json without an identity, a seeds.json that is not JSON, a study without the row asked for."""
+    from rlhf.studies.reproduce import committed_row
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "seeds-r001"
+    study = tmp_path / "study"
+    shutil.copytree(committed, study, ignore=shutil.ignore_patterns("answers.json", "report.html"))
+    assert committed_row(study, 0)[1]["index"] == 0
+    (study / "study.json").write_text('{"commit": null}')
+    with pytest.raises(StudyError, match=r"study.json is not a seed study record: JSON without the key identity"):
+        committed_row(study, 0)
+    shutil.copy(committed / "study.json", study / "study.json")
+    rows = json.loads((study / "seeds.json").read_text())
+    rows["seeds"] = [r for r in rows["seeds"] if r["index"] != 3]
+    (study / "seeds.json").write_text(json.dumps(rows))
+    with pytest.raises(StudyError, match="holds 0 rows of seed 3, not one"):
+        committed_row(study, 3)
+    (study / "seeds.json").write_text("not json")
+    with pytest.raises(StudyError, match=r"seeds.json is not a seed study summary: not JSON"):
+        committed_row(study, 0)
+
+
 def test_first_difference_names_the_first_path_where_two_rows_part():
     from rlhf.studies.reproduce import first_difference
 

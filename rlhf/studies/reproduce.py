@@ -19,10 +19,10 @@ from pathlib import Path
 
 from rlhf import runtime
 from rlhf.config import load_profile, profile_hash
-from rlhf.identities import code_sha256, git_commit
-from rlhf.io import dumps_json, output_folder, read_json, write_json
+from rlhf.io import dumps_json, output_folder, read_json_of_kind, write_json
 from rlhf.studies import StudyError
 from rlhf.studies.derivation import profile_source, write_study_profiles
+from rlhf.studies.record import ran_with
 from rlhf.studies.seeds import FORMAT, run_seed, seed_row
 
 
@@ -33,7 +33,14 @@ def committed_row(results: Path, seed: int, profile_name: str | None = None) -> 
     results = Path(results)
     if not (results / "study.json").is_file() or not (results / "seeds.json").is_file():
         raise StudyError(f"RESULTS_DIR {results} holds no seed study (study.json and seeds.json of `rlhf seeds`)")
-    identity = read_json(results / "study.json")["identity"]
+    made_by = "`rlhf seeds --out DIR` writes it"
+    try:
+        identity = read_json_of_kind(results / "study.json", "seed study record", {"identity": dict}, "key", made_by)[
+            "identity"
+        ]
+        rows = read_json_of_kind(results / "seeds.json", "seed study summary", {"seeds": list}, "key", made_by)["seeds"]
+    except ValueError as err:
+        raise StudyError(f"RESULTS_DIR: {err}") from None
     if identity.get("format") != FORMAT:
         kind = identity.get("format")
         raise StudyError(f"RESULTS_DIR {results} holds a {kind} study; reproduce recomputes a seed study ({FORMAT})")
@@ -45,8 +52,10 @@ def committed_row(results: Path, seed: int, profile_name: str | None = None) -> 
             f"profile {profile_name or identity['profile']} is not the one the study in {results} was made with "
             f"(its hash {identity['profile_sha256'][:12]}, now {profile_hash(profile)[:12]}): its runs cannot be redone"
         )
-    (row,) = [r for r in read_json(results / "seeds.json")["seeds"] if r["index"] == seed]
-    return identity, row
+    found = [r for r in rows if isinstance(r, dict) and r.get("index") == seed]
+    if len(found) != 1:
+        raise StudyError(f"RESULTS_DIR: {results / 'seeds.json'} holds {len(found)} rows of seed {seed}, not one")
+    return identity, found[0]
 
 
 def first_difference(committed, recomputed, path: str = "row") -> str | None:
@@ -90,8 +99,7 @@ def reproduce(results, seed: int, work=None, profile_name: str | None = None, sa
         "identical": first is None,
         "first_difference": first,
         "study_code": identity["code"],
-        "code": code_sha256(),
-        "commit": git_commit(),
+        **ran_with(),
         "arithmetic": runtime.identity_tag(),
         "seconds": time.perf_counter() - t0,
     }
