@@ -76,10 +76,16 @@ def crash_point(name: str) -> None:
         return
     _crash_counts[name] = _crash_counts.get(name, 0) + 1
     if _crash_counts[name] == int(nth or 1):
-        for thread in list(WRITES_IN_FLIGHT):
-            if thread is not threading.current_thread():
-                thread.join()
+        join_background_writes()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def join_background_writes() -> None:
+    """Wait for every write in flight in this process's background writers (WRITES_IN_FLIGHT):
+    what was saved before this moment is then on disk (a writer never waits for itself)."""
+    for thread in list(WRITES_IN_FLIGHT):
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 def output_folder(path: str | os.PathLike) -> Path:

@@ -110,8 +110,7 @@ class Poison:
             return out
         # A checkpoint saved before this update may still be in the background writer's hands:
         # it belongs to what was saved before the poison, so the snapshot waits for it.
-        for thread in list(rlhf_io.WRITES_IN_FLIGHT):
-            thread.join()
+        rlhf_io.join_background_writes()
         self.snapshot = folder_hashes(self.folder)
         loss = out[0] if isinstance(out, tuple) else out
         bad = {
