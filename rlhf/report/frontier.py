@@ -4,7 +4,6 @@ its test confirmation: one page each, the lab's CSS, written from frontier.json'
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 from rlhf.io import write_text
@@ -193,12 +192,6 @@ def warnings_table(result: dict) -> Table | None:
         f"{warn['chosen_on']['study'].get('revision')}; gold falls at the first checkpoint from which it stays more "
         f"than {warn['drop_margin']} below the seed's SFT at every later one (checkpoints every 10 iterations, so a "
         "lead is measured to the checkpoint that saw the fall)",
-    )
-
-
-def _img(png: bytes, alt: str) -> str:
-    return (
-        f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" alt="{esc(alt)}"></figure>'
     )
 
 

@@ -4,11 +4,14 @@
     derivation      what a study run changes in its profile: the training seeds of run i
     statistics      the across-seed statistics (mean, SD, Student-t interval, sign test)
     changed_answer  the per-token view of a held-out answer that PPO changed
-    sft_budget      `rlhf choose-sft-budget`: the cut SFT budget, chosen on validation prompts only
+    sft_budget      `rlhf choose-sft-budget`: the SFT budget where PPO has room to help (SFT success
+                    in a band, the oracle control's gain), chosen on validation prompts only
     validation      measurements on validation prompts only (what the SFT budget and the frontier read)
     frontier/       `rlhf frontier`: the over-optimisation frontier, one module per concern (its docstring)
     warnings        over-optimisation warning rules chosen on one frontier study, scored on any
     base            `rlhf base-study`: can the embedded base carry the lab?
+    record          a study's arguments checked before anything is written; its study.json
+    reproduce       `rlhf reproduce`: one seed of a committed seed study recomputed and compared
 
 A study's page is written by rlhf.report.study, a run profile's TOML by rlhf.config.profile_text_with.
 """

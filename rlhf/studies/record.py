@@ -6,7 +6,10 @@ one is refused with one line naming its option, and the folder is left as it was
 
     identity_of_study   what a study over N runs of the embedded lab is (a rerun must match it),
                         each part checked: profile kind, N (check_runs), study seed, SFT budget
+    check_runs          a count of runs (N, --confirm) within its bounds
     workers_count       the worker processes it runs on (--workers, at least 1; default: the cores)
+    ran_with            what a study ran with: the commit of the checkout and the code identity
+    refuse_change       a rerun whose identity is not the recorded one, refused naming what changed
     open_record         study.json: written on first use with the identity and what the study ran
                         with (`ran_with`: the commit and the code identity); on a rerun the
                         identities compared, a change refused naming it, nothing written
