@@ -442,6 +442,13 @@ def test_the_choice_measures_the_oracle_in_order_over_the_band_and_stops_at_the_
     oracle_ran.clear()
     record = sft_budget.choose_sft_budget(tmp_path / "none.json", tmp_path / "work", say=lambda s: None, workers=1)
     assert oracle_ran == ["sft-e4", "sft-e5", "sft-e6"] and record["chosen"] is None  # every budget of the band shown
+    # Smaller budgets left out of step 1: nothing can be chosen, so no oracle study runs at all.
+    oracle_ran.clear()
+    record = sft_budget.choose_sft_budget(
+        tmp_path / "part.json", tmp_path / "work", budgets=["sft-e4", "sft-e5"], say=lambda s: None, workers=1
+    )
+    assert oracle_ran == [] and record["chosen"] is None
+    assert record["not_measured"] == [f"sft-e{k}" for k in (1, 2, 3, 6, 7, 8, 9, 10)]
 
 
 def test_step_one_trains_the_frontiers_seeds(tmp_path):

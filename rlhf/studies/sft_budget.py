@@ -146,15 +146,21 @@ def in_band(m: dict) -> bool:
     return LOW <= m["sft_validation_success"] <= HIGH
 
 
-def choose(measured: list[dict], order: list[str]) -> str | None:
-    """The rule: the first budget of `order` in the band whose oracle gain qualifies; None when
-    none does, or when a budget before it in `order` was not measured in step 1."""
+def choose(measured: list[dict], order: list[str], oracle_of=None) -> str | None:
+    """The rule, walked once in `order`: the first budget in the band whose oracle gain qualifies;
+    None when none does, or at the first budget step 1 did not measure (nothing after it may be
+    chosen). An in-band budget without an oracle record gets one from `oracle_of(m)` (step 2, run
+    only where it can still decide the choice), stored in m["oracle"]."""
     by_name = {m["budget"]: m for m in measured}
     for name in order:
         if name not in by_name:
             return None
         m = by_name[name]
-        if in_band(m) and m.get("oracle", {}).get("qualifies"):
+        if not in_band(m):
+            continue
+        if "oracle" not in m and oracle_of is not None:
+            m["oracle"] = oracle_of(m)
+        if m.get("oracle", {}).get("qualifies"):
             return name
     return None
 
@@ -258,11 +264,13 @@ def choose_sft_budget(
         say(f"{name}: SFT greedy validation rubric success {m['sft_validation_success']:.3f} (mean of {SEEDS} seeds)")
         measured.append(m)
     measured.sort(key=lambda m: EPOCH_BUDGETS[m["budget"]])
-    for m in filter(in_band, measured):
-        m["oracle"] = oracle_gain(work, m["budget"], revision, profile_name, workers, say)
-        say(f"{m['budget']}: the oracle control's gain over SFT {m['oracle']['gain']:+.3f} on validation")
-        if m["oracle"]["qualifies"]:
-            break
+
+    def oracle_of(m: dict) -> dict:
+        oracle = oracle_gain(work, m["budget"], revision, profile_name, workers, say)
+        say(f"{m['budget']}: the oracle control's gain over SFT {oracle['gain']:+.3f} on validation")
+        return oracle
+
+    chosen = choose(measured, candidate_budgets(), oracle_of)
     record = {
         "revision": revision,
         "profile": profile.name,
@@ -275,7 +283,7 @@ def choose_sft_budget(
         "inputs": "the learning view only (train demonstrations, validation pairs: prompts, actions read from the "
         "chosen answers) and the frontier's validation study; no test prompt",
         "candidates": measured,
-        "chosen": choose(measured, candidate_budgets()),
+        "chosen": chosen,
         "command": command,
         "not_measured": [b for b in candidate_budgets() if all(m["budget"] != b for m in measured)],
         "seconds": time.perf_counter() - t0,
