@@ -333,6 +333,26 @@ def test_a_study_of_controls_alone_chooses_nothing_and_says_so(revision):
         confirmation_points(alone)
 
 
+def test_the_recorded_command_makes_the_study_or_says_that_none_does(tmp_path):
+    """The page's "Reproduce" line: the default arms give the plain command (with --grid when the
+    grid is another), the SFT-budget rule's oracle study (one arm no option chooses) a line saying
+    no command makes it alone, and naming the command that extends it."""
+    from rlhf.studies.frontier.arms import Settings, default_arms
+    from rlhf.studies.frontier.study import STUDY_SEED, frontier_command, study_identity
+
+    def command(settings):
+        return frontier_command(tmp_path, study_identity("embedded", "r002", 3, "sft-e6", settings, STUDY_SEED))
+
+    plain = f"rlhf frontier --out {tmp_path} --n 3 --revision r002 --sft-budget sft-e6"
+    assert command(Settings()) == plain
+    assert command(Settings(arms=default_arms((0.1, 1.0)))) == plain + " --grid 0.1,1"
+    oracle = Settings(arms=tuple(a for a in default_arms() if a.name == "oracle"))
+    assert (
+        command(oracle)
+        == f"no rlhf frontier command makes these arms alone (oracle); `{plain}` extends the study to its arms"
+    )
+
+
 @pytest.mark.parametrize("revision", ["r001", "r002"])
 def test_a_study_without_the_spec_default_still_chooses_and_its_confirmation_names_the_missing_arm(revision):
     """Without the spec-default arm the choice is made among the other arms as before (it is not a

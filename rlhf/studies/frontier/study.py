@@ -256,10 +256,14 @@ def summarise_to(out, dest, say=print) -> dict:
 
 
 def frontier_command(out: Path, identity: dict) -> str:
+    """The `rlhf frontier` command that makes this study; for arms no command's options choose (the
+    SFT-budget rule's oracle study, a library caller's settings), a line that says so instead."""
     cmd = f"rlhf frontier --out {out} --n {identity['n']} --revision {identity['revision']}"
     cmd += f" --sft-budget {identity['sft_budget']}"
+    cmd += "" if identity["profile"] == "embedded" else " --profile PROFILE.toml"
     settings = settings_of(identity)
     grid = tuple(cast(float, a.c) for a in grid_arms(settings.arms))
-    if grid != GRID and settings == Settings(arms=default_arms(grid)):
-        cmd += " --grid " + ",".join(f"{c:g}" for c in grid)
-    return cmd + ("" if identity["profile"] == "embedded" else " --profile PROFILE.toml")
+    if not grid or settings != Settings(arms=default_arms(grid)):
+        names = ", ".join(a.name for a in settings.arms)
+        return f"no rlhf frontier command makes these arms alone ({names}); `{cmd}` extends the study to its arms"
+    return cmd + ("" if grid == GRID else " --grid " + ",".join(f"{c:g}" for c in grid))
