@@ -409,6 +409,11 @@ def test_settings_refuse_two_arms_of_one_name_and_best_of_n_without_best_of_one(
         with pytest.raises(StudyError, match="must rise from 1"):
             Settings(bon_ns=ns)
     assert Settings(bon_ns=(1, 3)).bon_ns == (1, 3)
+    # An arm at the grid's best c needs a grid to take it from.
+    cbest = Arm("iterated-judge-cbest", "iterated-judge", c_from_grid=True)
+    with pytest.raises(StudyError, match="need grid arms"):
+        Settings(arms=(cbest,))
+    assert Settings(arms=(Arm("c1", "judge", c=1.0), cbest)).arms[1] == cbest
 
 
 def test_d_is_the_square_root_of_the_kl_estimate_and_zero_where_it_is_negative():

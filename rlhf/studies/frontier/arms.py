@@ -134,6 +134,9 @@ MORE_ARMS = (
 ARMS = default_arms()
 
 
+NEEDS_GRID = "arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)"
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the measurements use (part of the study's identity)."""
@@ -152,6 +155,8 @@ class Settings:
             raise StudyError(f"every arm needs a name of its own (its folder): {', '.join(twice)} used twice")
         if not self.bon_ns or self.bon_ns[0] != 1 or list(self.bon_ns) != sorted(set(self.bon_ns)):
             raise StudyError(f"best-of-n's n must rise from 1 (its gains are over best-of-1), not {self.bon_ns}")
+        if any(a.c_from_grid for a in self.arms) and not grid_arms(self.arms):
+            raise StudyError(NEEDS_GRID)
 
     def record(self) -> dict:
         return {
@@ -174,7 +179,7 @@ def grid_arms(arms) -> list[Arm]:
 def resolved(arms, choice: dict | None) -> tuple[Arm, ...]:
     """`arms` with the grid's best c written into those that take it."""
     if any(a.c_from_grid for a in arms) and choice is None:
-        raise StudyError("arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)")
+        raise StudyError(NEEDS_GRID)
     return tuple(dataclasses.replace(a, c=cast(dict, choice)["c"]) if a.c_from_grid else a for a in arms)
 
 

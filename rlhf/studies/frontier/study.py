@@ -181,8 +181,6 @@ def run_frontier(
     identity = study_identity(profile_name, revision, n, sft_budget, settings, STUDY_SEED)
     workers = workers_count(workers)
     done = out / "frontier.json"
-    if any(a.c_from_grid for a in settings.arms) and not grid_arms(settings.arms):
-        raise StudyError("arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)")
     extend_study(out, identity, say)
     finished = begin_study(out, identity, done, say)
     if finished is not None:
