@@ -415,6 +415,12 @@ LAUNCHES = {
 }
 
 
+# The lab's batch sizes and held-out counts this model reads (rlhf.flops imports no lab module:
+# tests_unit/test_flops.py checks these against rlhf.evaluate, rlhf.shortcut, rlhf.judge and the corpus).
+HELD_OUT_ROWS, ANSWER_BATCH = 260, 32  # the evaluation's rows and its generation batch
+PAIRS, PAIR_BATCH = 180, 16  # the judge's test pairs (and each shortcut-audit set) and its scoring batch
+
+
 def lab_launch_work(profile) -> dict[str, int]:
     """What `rlhf lab` with its interrupt/resume protocol asks of a GPU, counted from the profile,
     every answer at its token limit (an upper bound: an answer that ends at EOS stops earlier):
@@ -430,8 +436,8 @@ def lab_launch_work(profile) -> dict[str, int]:
     ppo = profile.ppo
     ppo_iterations = ppo.resume_stop_iteration + (ppo.iterations - ppo.resume_stop_iteration) + ppo.iterations
     steps_per_answer = profile.limits.response_tokens - 1
-    eval_batches = -(-260 // 32)
-    pair_batches = -(-180 // 16)
+    eval_batches = -(-HELD_OUT_ROWS // ANSWER_BATCH)
+    pair_batches = -(-PAIRS // PAIR_BATCH)
     epoch_legs = {
         stage: 1 + (cfg.epochs - 1) + cfg.epochs for stage, cfg in (("sft", profile.sft), ("judge", profile.judge))
     }

@@ -116,6 +116,25 @@ def test_the_labs_launch_work_counted_by_hand():
     assert work["updates"] == (21 + 42 + 63) + (105 + 105 + 210) + ppo_iterations * 2 * 2 == 1_346
 
 
+def test_the_launch_models_batch_sizes_and_counts_are_the_labs():
+    """rlhf.flops imports no lab module, so its copies of the lab's batch sizes and held-out counts
+    are checked here against the modules that use them."""
+    import inspect
+
+    from rlhf import evaluate, judge, shortcut
+    from rlhf.corpus import Corpus
+
+    view = Corpus.build("r001").evaluation_view()
+    assert flops.HELD_OUT_ROWS == len(view.prompts("test")) + len(view.prompts("probe")) == 260
+    assert flops.PAIRS == len(view.test_pairs())
+    assert flops.ANSWER_BATCH == evaluate.BATCH_SIZE
+    assert (
+        flops.PAIR_BATCH
+        == shortcut.BATCH_SIZE
+        == inspect.signature(judge.evaluate_pairs).parameters["batch_size"].default
+    )
+
+
 def test_launch_seconds_with_and_without_the_diet():
     work = {"decode_steps": 1000, "forwards": 10, "updates": 20}
     before = flops.launch_seconds(work, host_us=5.0, kernel_us=2.0, diet=False)
