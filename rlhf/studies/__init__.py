@@ -18,9 +18,11 @@ A study's page is written by rlhf.report.study, a run profile's TOML by rlhf.con
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 # What a process reads from its environment when the lab is imported (the CPU pin before torch
 # loads, the crash-injection point of rlhf.io): a server that imported the lab under other values
@@ -34,6 +36,13 @@ IMPORT_TIME_ENVIRONMENT = (
 )
 PRELOAD = ["rlhf.lab", "rlhf.studies.frontier.measure", "rlhf.studies.seeds"]
 _server_environment: dict | None = None  # IMPORT_TIME_ENVIRONMENT as the fork server imported the lab
+
+
+def log_to(path: Path, stack: contextlib.ExitStack) -> None:
+    """A worker's output (stdout and stderr) appended to the run's log file for `stack`'s extent."""
+    f = stack.enter_context(open(path, "a", buffering=1))
+    stack.enter_context(contextlib.redirect_stdout(f))
+    stack.enter_context(contextlib.redirect_stderr(f))
 
 
 def worker_pool(workers: int) -> ProcessPoolExecutor:

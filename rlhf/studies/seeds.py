@@ -31,7 +31,7 @@ from rlhf import lab
 from rlhf.config import load_profile
 from rlhf.io import dumps_json, output_folder, read_json, sha256_text, write_json
 from rlhf.report.study import write_study_report
-from rlhf.studies import StudyError, worker_pool
+from rlhf.studies import StudyError, log_to, worker_pool
 from rlhf.studies.changed_answer import answer_kinds, changed_answer_view, study_answers
 from rlhf.studies.derivation import DERIVATION, FIXED_SEEDS, TRAINING_SEEDS, profile_value, write_study_profiles
 from rlhf.studies.record import begin_study, identity_of_study, workers_count
@@ -140,9 +140,7 @@ def run_seed(folder: str | Path, revision: str, protocol: bool, log: bool = True
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if log:
-            f = stack.enter_context(open(folder / "lab.log", "a", buffering=1))
-            stack.enter_context(contextlib.redirect_stdout(f))
-            stack.enter_context(contextlib.redirect_stderr(f))
+            log_to(folder / "lab.log", stack)
         ctx = lab.open_context(folder, load_profile(str(folder / "profile.toml")), revision=revision)
         lab.run_lab(ctx, protocol=protocol)
         print(f"run finished in {time.perf_counter() - t0:.1f} s", flush=True)

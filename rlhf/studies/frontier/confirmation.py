@@ -26,14 +26,13 @@ from rlhf.events import logdir_line
 from rlhf.identities import code_sha256
 from rlhf.io import output_folder, read_json, write_json
 from rlhf.signals import RULES_FILE
-from rlhf.studies import StudyError
+from rlhf.studies import StudyError, log_to
 from rlhf.studies.derivation import write_study_profiles
 from rlhf.studies.frontier.arms import SPEC_KL, Arm, resolved, settings_of
 from rlhf.studies.frontier.runs import (
     actor_at,
     arm_context,
     final_iteration,
-    log_to,
     measured_iterations,
     roles_for_measuring,
 )

@@ -13,13 +13,12 @@ from pathlib import Path
 from rlhf import events, lab
 from rlhf.config import load_profile
 from rlhf.io import read_json, write_json
-from rlhf.studies import StudyError
+from rlhf.studies import StudyError, log_to
 from rlhf.studies.frontier.arms import SPEC_KL, Arm, Settings
 from rlhf.studies.frontier.runs import (
     actor_at,
     arm_context,
     frozen_role,
-    log_to,
     measured_iterations,
     roles_for_measuring,
 )

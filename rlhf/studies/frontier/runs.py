@@ -3,7 +3,6 @@ them (seed-i/arms/ARM, its own profile), and an arm's actor at a kept checkpoint
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 from rlhf import lab
@@ -15,12 +14,6 @@ from rlhf.roles import load_role
 from rlhf.studies import StudyError
 from rlhf.studies.derivation import write_run_profile
 from rlhf.studies.frontier.arms import Arm
-
-
-def log_to(path: Path, stack: contextlib.ExitStack) -> None:
-    f = stack.enter_context(open(path, "a", buffering=1))
-    stack.enter_context(contextlib.redirect_stdout(f))
-    stack.enter_context(contextlib.redirect_stderr(f))
 
 
 def roles_for_measuring(ctx: lab.Context):
