@@ -11,6 +11,7 @@ rlhf base-study --out DIR                    the embedded base beside its contro
 rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   the lab over N seeds
 rlhf reproduce RESULTS_DIR --seed N [--work DIR]   one seed of a committed seed study, recomputed and compared
 rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the SFT budget with room to help, validation only
+rlhf choose-testbed --out FILE.json --work DIR [--revision r002]   a stable SFT with room to help, validation only
 rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
@@ -516,7 +517,7 @@ def cmd_seeds(args) -> int:
 
 def add_seeds(sub) -> None:
     """`rlhf seeds`: its options, beside the command it runs."""
-    from rlhf.studies.derivation import SFT_BUDGETS
+    from rlhf.studies.derivation import SFT_RECIPES
 
     p = _command(
         sub,
@@ -537,8 +538,9 @@ def add_seeds(sub) -> None:
     p.add_argument(
         "--sft-budget",
         default="full",
-        choices=list(SFT_BUDGETS),
-        help="named SFT budget (rlhf.studies.derivation.SFT_BUDGETS; full: the profile's; sft-eK: K epochs)",
+        choices=SFT_RECIPES,
+        help="named SFT budget or recipe (full: the profile's; sft-eK: K epochs; sft-lrX: peak rate X; sft-demosN: N "
+        "demonstrations; rlhf.studies.derivation)",
     )
     p.add_argument("--study-seed", type=int, default=0, help="the one seed every run's training seeds derive from")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
@@ -632,7 +634,7 @@ def cmd_frontier(args) -> int:
 
 def add_frontier(sub) -> None:
     """`rlhf frontier`: its options, beside the command it runs."""
-    from rlhf.studies.derivation import SFT_BUDGETS
+    from rlhf.studies.derivation import SFT_RECIPES
 
     p = _command(
         sub,
@@ -657,7 +659,7 @@ def add_frontier(sub) -> None:
     p.add_argument(
         "--sft-budget",
         default="sft-e6",
-        choices=list(SFT_BUDGETS),
+        choices=SFT_RECIPES,
         help="named SFT budget (default sft-e6, the budget rlhf choose-sft-budget chose for r002; full: the profile's)",
     )
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
@@ -741,6 +743,40 @@ def add_choose_sft_budget(sub) -> None:
     p.set_defaults(func=cmd_choose_sft_budget)
 
 
+def cmd_choose_testbed(args) -> int:
+    from rlhf.studies.testbed import choose_testbed
+
+    record = choose_testbed(
+        args.out, args.work, revision=args.revision, profile_name=args.profile, workers=args.workers
+    )
+    chosen = record["chosen"] or "none: no candidate qualifies (the record shows each one's SFT spread and oracle gain)"
+    print(f"chosen testbed: {chosen}; written to {args.out}")
+    return 0
+
+
+def add_choose_testbed(sub) -> None:
+    """`rlhf choose-testbed`: its options, beside the command it runs."""
+    p = _command(
+        sub,
+        "choose-testbed",
+        "pick the SFT recipe that is stable across seeds and leaves PPO room, on validation prompts only",
+        "Pick the testbed's SFT on validation prompts only (rlhf.studies.testbed): every candidate\n"
+        "(sft-e6, sft-e7, sft-lr1.5e-3, sft-lr1e-3, sft-demos84, sft-demos42, sft-demos24, sft-demos12,\n"
+        "sft-demos6) trained with 5 seeds; those whose greedy validation success has a mean in\n"
+        "[0.1, 0.7], an SD of at most 0.1 and no seed below 0.5 x the mean get the oracle control (a\n"
+        "frontier study of the oracle arm in WORK/oracle-CANDIDATE); the one whose oracle gains most,\n"
+        "at least 0.1, is chosen. Writes every candidate's table and the choice to a JSON record. A\n"
+        "stopped run continues when rerun (each SFT's row is kept in WORK/sft/).",
+        "rlhf choose-testbed --out runs/testbed-r002.json --work runs/testbed-r002-work --workers 2",
+    )
+    p.add_argument("--out", required=True, help="JSON record of every candidate and the choice")
+    p.add_argument("--work", required=True, help="folder for the corpus, the base model, SFT rows and oracle studies")
+    p.add_argument("--revision", default="r002", choices=["r001", "r002"], help="corpus revision (default r002)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.set_defaults(func=cmd_choose_testbed)
+
+
 def cmd_export_verl(args) -> int:
     from rlhf.export_verl import export_verl
 
@@ -803,6 +839,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_seeds,
         add_frontier,
         add_choose_sft_budget,
+        add_choose_testbed,
         add_reproduce,
         add_export_verl,
     ):

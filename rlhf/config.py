@@ -47,9 +47,13 @@ class ProfileError(ValueError):
     """A profile file that cannot be used: the message names the file, the table and the key."""
 
 
-def doc(text: str, **kwargs):
-    """A dataclass field with its documentation (kept in the field's metadata, tested)."""
-    return field(metadata={"doc": text}, **kwargs)
+def doc(text: str, new_key: bool = False, **kwargs):
+    """A dataclass field with its documentation (kept in the field's metadata, tested).
+
+    `new_key`: an optional key added after profiles were already identified by their hash; left
+    absent (None) it is left out of the profile's data too (`Profile.to_dict`), so every profile
+    that does not set it keeps its identity, and so its committed runs and studies."""
+    return field(metadata={"doc": text, "new_key": new_key}, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,16 @@ class EpochStage:
 @dataclass(frozen=True, kw_only=True)
 class Sft(EpochStage):
     examples_per_update: int = doc("demonstrations per optimizer update")
+    demonstration_stride: int | None = doc(
+        "train on every k-th of the train demonstrations in family order (k = 2: 84 of the 168), so each "
+        "situation keeps its share; absent: every one (a testbed recipe of rlhf.studies.testbed)",
+        default=None,
+        new_key=True,
+    )
+
+    def __post_init__(self):
+        if self.demonstration_stride is not None and self.demonstration_stride < 1:
+            raise ProfileError(f"[sft] demonstration_stride must be at least 1, not {self.demonstration_stride}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,6 +328,11 @@ class Profile:
         """The configuration as plain data (tuples as lists), without `source`."""
         data = dataclasses.asdict(self)
         data.pop("source")
+        for name, table in data.items():
+            if isinstance(table, dict):
+                for f in dataclasses.fields(getattr(self, name)):
+                    if f.metadata.get("new_key") and table[f.name] is None:
+                        del table[f.name]
         return data
 
 
@@ -408,7 +427,9 @@ def override(profile: Profile, changes: Mapping[tuple[str | None, str], object])
     data = profile.to_dict()
     for (table, key), value in changes.items():
         target = data if table is None else data.get(table)
-        if target is None or key not in target:
+        table_keys = () if table is None else _field_types(_field_types(Profile)[table])  # a new key may be absent
+        known = target is not None and (key in target or key in table_keys)
+        if not known:
             raise ProfileError(f"override of profile {profile.name}: no key {key!r} in table [{table}]")
         target[key] = value
     return profile_from_dict(data, profile.source or "<dict>")

@@ -56,12 +56,19 @@ def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
     return total / count
 
 
+def sft_demonstrations(view, cfg) -> list[dict]:
+    """The train demonstrations SFT learns from: every one, or every k-th in family order
+    (`[sft] demonstration_stride`; the corpus lists them situation by situation, so each keeps
+    its share)."""
+    return view.demonstrations("train")[:: cfg.demonstration_stride or 1]
+
+
 def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, leg: Leg = Leg()) -> dict:
     """Run (or continue) the profile's SFT budget on the actor Role over one leg; returns the
     state after the last epoch run (keys: stage, epochs_done, step, actor, optimizer,
     order_generator, rng, history)."""
     cfg, limits = profile.sft, profile.limits
-    train = encode_demonstrations(view.demonstrations("train"), tokenizer, eos_id, limits)
+    train = encode_demonstrations(sft_demonstrations(view, cfg), tokenizer, eos_id, limits)
     valid = encode_demonstrations(view.pairs("validation"), tokenizer, eos_id, limits, "chosen")
     valid = valid[: cfg.max_validation_examples or len(valid)]  # a miniature budget cuts it (rlhf.miniature)
 

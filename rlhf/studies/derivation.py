@@ -19,10 +19,12 @@ bootstrap draws. The embedded base is built from its fixed seed 49 in every run 
 "pre-trained" model is not a training seed of RLHF). ``seed_changes`` is the one function that
 says which profile entries are set.
 
-`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``SFT_BUDGETS``; the
-budget of question (b) is chosen on validation prompts only by `rlhf choose-sft-budget`
-(rlhf.studies.sft_budget). A study seed is refused (`check_study_seed`) where a seed of its runs
-would leave what a profile and torch hold (``SEED_LIMIT``).
+`--sft-budget NAME` replaces the profile's SFT epochs by a named budget of ``SFT_BUDGETS``, or
+its SFT by a named recipe of ``RECIPES`` (a lower rate, fewer demonstrations); the budget is
+chosen on validation prompts only by `rlhf choose-sft-budget` (rlhf.studies.sft_budget), the
+testbed among budgets and recipes by `rlhf choose-testbed` (rlhf.studies.testbed). A
+study seed is refused (`check_study_seed`) where a seed of its runs would leave what a profile
+and torch hold (``SEED_LIMIT``).
 """
 
 from __future__ import annotations
@@ -75,16 +77,42 @@ DERIVATION = (
 SFT_BUDGETS: dict[str, int | None] = {"full": None, **{f"sft-e{k}": k for k in range(1, 11)}}
 EPOCH_BUDGETS = {k: v for k, v in SFT_BUDGETS.items() if v is not None}  # the named budgets, 'full' excluded
 
+# The SFT recipes of the testbed rule (rlhf.studies.testbed), beside the epoch budgets above: a
+# lower peak rate over the profile's whole schedule, or fewer demonstrations (every k-th family,
+# each situation keeping its share) trained for about the profile's number of updates.
+DEMONSTRATIONS = 168  # train demonstrations of every revision (rlhf.corpus: one per train family)
+RECIPES: dict[str, dict[str, float | int]] = {
+    "sft-lr1e-3": {"lr": 1e-3},
+    "sft-lr1.5e-3": {"lr": 1.5e-3},
+    **{f"sft-demos{DEMONSTRATIONS // k}": {"demonstration_stride": k} for k in (2, 4, 7, 14, 28)},
+}
+SFT_RECIPES = [*SFT_BUDGETS, *RECIPES]  # every name --sft-budget takes
+
 
 def budget_changes(profile: Profile, budget: str) -> dict[tuple[str | None, str], object]:
     """{(table, key): value} of the named SFT budget (`full`: nothing changes)."""
+    if budget in RECIPES:
+        return recipe_changes(profile, RECIPES[budget])
     if budget not in SFT_BUDGETS:
-        raise ValueError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_BUDGETS)}")
+        raise ValueError(f"unknown SFT budget {budget!r}; known: {', '.join(SFT_RECIPES)}")
     epochs = SFT_BUDGETS[budget]
     if epochs is None:
         return {}
     per_epoch = profile.sft.expected_updates // profile.sft.epochs
     return {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
+
+
+def recipe_changes(profile: Profile, recipe: dict) -> dict[tuple[str | None, str], object]:
+    """{(table, key): value} of an SFT recipe: its [sft] keys, and, for fewer demonstrations, the
+    epochs that give the profile's number of updates again (the nearest whole number of epochs)."""
+    changes: dict[tuple[str | None, str], object] = {("sft", k): v for k, v in recipe.items()}
+    stride = recipe.get("demonstration_stride")
+    if stride:
+        cfg = profile.sft
+        per_epoch = -(-len(range(0, DEMONSTRATIONS, stride)) // cfg.examples_per_update)
+        epochs = max(1, round(cfg.expected_updates / per_epoch))
+        changes |= {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
+    return changes
 
 
 def derived_seed(profile_seed: int, study_seed: int, index: int) -> int:

@@ -26,7 +26,7 @@ from rlhf.events import logdir_line
 from rlhf.identities import code_sha256, describe_change, git_commit
 from rlhf.io import read_json, write_json
 from rlhf.studies import StudyError
-from rlhf.studies.derivation import MAX_RUNS, SFT_BUDGETS, check_study_seed
+from rlhf.studies.derivation import MAX_RUNS, SFT_RECIPES, check_study_seed
 
 
 def identity_of_study(
@@ -41,8 +41,8 @@ def identity_of_study(
         raise StudyError(f"{kind} runs the embedded lab, not profile {base.name}")
     check_runs(n, "--n", least)
     check_study_seed(base, study_seed)
-    if sft_budget not in SFT_BUDGETS:
-        raise StudyError(f"--sft-budget must be one of {', '.join(SFT_BUDGETS)}, not {sft_budget!r}")
+    if sft_budget not in SFT_RECIPES:
+        raise StudyError(f"--sft-budget must be one of {', '.join(SFT_RECIPES)}, not {sft_budget!r}")
     return {
         "format": fmt,
         "profile": base.name,

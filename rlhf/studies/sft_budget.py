@@ -50,7 +50,7 @@ from rlhf.roles import new_role
 from rlhf.runtime import configure_torch, seed_system_rngs
 from rlhf.sft import train_sft
 from rlhf.studies import StudyError
-from rlhf.studies.derivation import DERIVATION, EPOCH_BUDGETS, SFT_BUDGETS, budget_changes, seed_changes
+from rlhf.studies.derivation import DERIVATION, EPOCH_BUDGETS, RECIPES, SFT_BUDGETS, budget_changes, seed_changes
 from rlhf.studies.frontier.arms import Settings, default_arms
 from rlhf.studies.frontier.study import STUDY_SEED, run_frontier
 from rlhf.studies.record import ran_with, workers_count
@@ -73,6 +73,8 @@ def candidate_budgets() -> list[str]:
 
 
 def budget_record(name: str) -> dict:
+    if name in RECIPES:
+        return {"name": name, "recipe": RECIPES[name], "note": "an SFT recipe of the testbed rule (studies.testbed)"}
     return {
         "name": name,
         "epochs": SFT_BUDGETS[name],

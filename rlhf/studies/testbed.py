@@ -1,0 +1,222 @@
+"""Choosing r002's testbed on validation prompts only: an SFT that is stable across seeds and
+leaves PPO room to help (docs/studies.md).
+
+`rlhf choose-testbed --out FILE.json --work DIR [--revision r002] [--workers W]`
+
+The question "does a learned reward make PPO beat SFT?" needs two things of the SFT it starts
+from: room (a reward that reads the rubric, the oracle control, raises held-out success) and
+stability (one SFT seed more or less must not decide the answer). Cutting SFT's epochs leaves room
+but lands on the steep part of its learning curve, where a seed either has learned the task or
+has not. The rule, declared before measuring:
+
+  1. SFT alone: every candidate of CANDIDATES (epoch cuts; a lower peak rate over the whole
+     schedule; fewer demonstrations trained for the same number of updates:
+     rlhf.studies.derivation) trained with SEEDS training seeds (runs 0 to SEEDS - 1 of the
+     frontier's study seed); each seed's greedy validation rubric success; their mean, sample SD
+     and smallest value.
+  2. Stable, with room: the mean lies in [LOW, HIGH], the SD is at most MAX_SD and no seed lies
+     below MIN_SHARE of the mean.
+  3. The oracle control for every candidate of step 2: the frontier's oracle arm (PPO at the
+     SPEC's raw beta 0.02 paid the rubric's success on its own train prompt) on the same seeds,
+     a frontier study of that arm alone in WORK/oracle-CANDIDATE; its gain is the mean curve's
+     best checkpoint after iteration 0 less the seeds' mean SFT gold.
+  4. The testbed: among the candidates of step 2 whose oracle gain is at least GAIN, the one
+     with the largest gain (the earlier in CANDIDATES on a tie); none qualifying is the finding.
+
+Step 1 runs one task per (candidate, seed) over the workers, each writing its row to
+WORK/sft/CANDIDATE/seed-i.json as it finishes: a stopped study continues when its command is
+rerun, and a finished one recomputes nothing. No test prompt can inform it: the trainers and
+measurers get the corpus's learning view only, and step 3 is the frontier's validation study.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import as_completed
+from pathlib import Path
+
+from rlhf.config import load_profile, override, profile_hash
+from rlhf.identities import code_sha256
+from rlhf.io import output_folder, read_json, write_json
+from rlhf.runtime import configure_torch
+from rlhf.studies import StudyError, worker_pool
+from rlhf.studies.derivation import DERIVATION, budget_changes, seed_changes
+from rlhf.studies.frontier.arms import Settings, default_arms
+from rlhf.studies.frontier.study import STUDY_SEED, run_frontier
+from rlhf.studies.record import ran_with, workers_count
+from rlhf.studies.sft_budget import measure_budget, prepare_work
+from rlhf.studies.statistics import across_seeds
+
+# The candidates, in declared order: today's epoch cut and the next, two lower rates over the
+# profile's 20 epochs, and 84 to 6 demonstrations (every 2nd to every 28th family).
+CANDIDATES = (
+    "sft-e6",
+    "sft-e7",
+    "sft-lr1.5e-3",
+    "sft-lr1e-3",
+    "sft-demos84",
+    "sft-demos42",
+    "sft-demos24",
+    "sft-demos12",
+    "sft-demos6",
+)
+SEEDS = 5  # SFT seeds per candidate, and the oracle's
+LOW, HIGH = 0.1, 0.7  # room: SFT's mean greedy validation success
+MAX_SD = 0.10  # stability: the SD of SFT's validation success across seeds
+MIN_SHARE = 0.5  # stability: no seed below this share of the mean
+GAIN = 0.10  # room shown: the oracle control's validation gain over SFT
+
+RULE = (
+    f"among the SFT candidates {', '.join(CANDIDATES)}, trained with {SEEDS} training seeds each (runs 0 to "
+    f"{SEEDS - 1} of the frontier's study seed): those whose greedy validation rubric success has a mean in "
+    f"[{LOW}, {HIGH}], a sample SD of at most {MAX_SD} and no seed below {MIN_SHARE} x the mean; of those, the "
+    f"one whose oracle control (PPO at the SPEC's raw beta 0.02 paid the rubric's success on its train prompt, "
+    f"same seeds) raises the mean validation gold most at its best checkpoint after iteration 0, if by at least "
+    f"{GAIN}; ties go to the earlier candidate; none qualifying is the finding"
+)
+
+
+def stability(per_seed: list[float]) -> dict:
+    """Step 1's summary of one candidate and step 2's verdicts on it."""
+    stats = across_seeds(per_seed, (0.0, 1.0))
+    mean, sd, low = stats["mean"], stats["sd"], min(per_seed)
+    return {
+        "per_seed": per_seed,
+        "mean": mean,
+        "sd": sd,
+        "min": low,
+        "in_band": LOW <= mean <= HIGH,
+        "sd_ok": sd is not None and sd <= MAX_SD,
+        "min_ok": low >= MIN_SHARE * mean,
+        "stable_with_room": LOW <= mean <= HIGH and sd is not None and sd <= MAX_SD and low >= MIN_SHARE * mean,
+    }
+
+
+def choose(candidates: list[dict]) -> str | None:
+    """Step 4: the qualifying candidate with the largest oracle gain; the earlier on a tie."""
+    best = None
+    for c in candidates:
+        oracle = c.get("oracle")
+        if c["sft"]["stable_with_room"] and oracle and oracle["gain"] >= GAIN:
+            if best is None or oracle["gain"] > best["oracle"]["gain"]:
+                best = c
+    return None if best is None else best["name"]
+
+
+def seed_profile(profile, candidate: str, i: int):
+    """The profile of run i at `candidate` (what the frontier writes into seed-i/profile.toml)."""
+    return override(profile, {**budget_changes(profile, candidate), **seed_changes(profile, STUDY_SEED, i)})
+
+
+def sft_task(work: str, revision: str, profile_name: str, candidate: str, i: int) -> dict:
+    """One (candidate, seed) of step 1, in a worker: SFT trained on the learning view, its greedy
+    validation success, written to WORK/sft/CANDIDATE/seed-i.json (never overwritten)."""
+    work_dir = Path(work)
+    profile = load_profile(profile_name)
+    configure_torch(profile)
+    view, tokenizer, eos_id, pad_id = prepare_work(work_dir, revision, profile)
+    row = {
+        "candidate": candidate,
+        "seed_index": i,
+        "code": code_sha256(),
+        **measure_budget(view, work_dir / "base_model", seed_profile(profile, candidate, i), tokenizer, eos_id, pad_id),
+    }
+    write_json(work_dir / "sft" / candidate / f"seed-{i}.json", row)
+    return row
+
+
+def measure_sft(work: Path, revision: str, profile_name: str, workers: int, say) -> dict[str, list[dict]]:
+    """Step 1 for every candidate and seed, only those without a row yet; rows by candidate."""
+    todo = [(c, i) for c in CANDIDATES for i in range(SEEDS) if not (work / "sft" / c / f"seed-{i}.json").is_file()]
+    if todo:
+        say(f"step 1: {len(todo)} SFT runs of {len(CANDIDATES) * SEEDS} to train, {workers} worker(s)")
+    if workers == 1:
+        for c, i in todo:
+            row = sft_task(str(work), revision, profile_name, c, i)
+            say(f"  {c} seed {i}: validation {row['validation']['rubric_success']:.3f}")
+    elif todo:
+        with worker_pool(workers) as pool:
+            futures = {pool.submit(sft_task, str(work), revision, profile_name, c, i): (c, i) for c, i in todo}
+            for f in as_completed(futures):
+                row = f.result()
+                success = row["validation"]["rubric_success"]
+                say(f"  {row['candidate']} seed {row['seed_index']}: validation {success:.3f}")
+    return {c: [read_json(work / "sft" / c / f"seed-{i}.json") for i in range(SEEDS)] for c in CANDIDATES}
+
+
+def oracle_gain(work: Path, candidate: str, revision: str, profile_name: str, workers: int, say) -> dict:
+    """Step 3 for `candidate`: the oracle arm's frontier study on the SEEDS seeds."""
+    arms = tuple(a for a in default_arms() if a.name == "oracle")
+    folder = work / f"oracle-{candidate}"
+    result = run_frontier(
+        folder, n=SEEDS, revision=revision, sft_budget=candidate, workers=workers, profile_name=profile_name,
+        settings=Settings(arms=arms), say=say,
+    )  # fmt: skip
+    best = result["arms"]["oracle"]["best"]
+    return {
+        "study": str(folder),
+        "sft_gold_per_seed": [s["sft"]["gold"] for s in result["seeds"]],
+        "sft_gold": result["sft_level"]["mean"],
+        "best_iteration": best["iteration"],
+        "best_gold": best["gold"],
+        "gain": best["gain"],
+        "qualifies": best["gain"] >= GAIN,
+    }
+
+
+def choose_testbed(out_json, work, revision: str = "r002", profile_name: str = "embedded", workers=None, say=print):
+    """The rule (module docstring), steps 1 to 4; the record written to `out_json` (never
+    overwritten) and returned. Every argument is checked before anything is written."""
+    out_json = Path(out_json)
+    if out_json.exists():
+        raise FileExistsError(f"{out_json} exists: the testbed was already chosen (use a new --out)")
+    profile = load_profile(profile_name)
+    if profile.model.kind != "embedded":
+        raise StudyError(f"the testbed is chosen on the embedded lab, not profile {profile.name}")
+    workers = workers_count(workers)
+    work = output_folder(work)
+    configure_torch(profile)
+    prepare_work(work, revision, profile)  # the corpus and the base once, before the workers read them
+    t0 = time.perf_counter()
+    rows = measure_sft(work, revision, profile_name, workers, say)
+    candidates = []
+    for name in CANDIDATES:
+        sft = stability([r["validation"]["rubric_success"] for r in rows[name]])
+        say(
+            f"{name}: SFT validation success {sft['mean']:.3f} (SD {sft['sd']:.3f}, lowest {sft['min']:.3f}): "
+            + ("stable, with room" if sft["stable_with_room"] else "not a testbed")
+        )
+        candidates.append(
+            {
+                "name": name,
+                "changes": {f"{t}.{k}": v for (t, k), v in budget_changes(profile, name).items()},
+                "sft": sft,
+                "sft_train_seconds": [r["train_seconds"] for r in rows[name]],
+            }
+        )
+    for c in candidates:
+        if c["sft"]["stable_with_room"]:
+            c["oracle"] = oracle_gain(work, c["name"], revision, profile_name, workers, say)
+            say(f"{c['name']}: the oracle control's gain over SFT {c['oracle']['gain']:+.3f} on validation")
+    chosen = choose(candidates)
+    record = {
+        "revision": revision,
+        "profile": profile.name,
+        "profile_sha256": profile_hash(profile),
+        **ran_with(),
+        "seeds": {"frontier_study_seed": STUDY_SEED, "runs": SEEDS, "derivation": DERIVATION},
+        "rule": RULE,
+        "band": [LOW, HIGH],
+        "max_sd": MAX_SD,
+        "min_share_of_mean": MIN_SHARE,
+        "gain_at_least": GAIN,
+        "reads": "the learning view only (train demonstrations; validation prompts, actions read from their pairs' "
+        "chosen answers) and the frontier's validation study; no test prompt",
+        "candidates": candidates,
+        "chosen": chosen,
+        "command": f"rlhf choose-testbed --out {out_json} --work {work} --revision {revision}",
+        "seconds_this_invocation": time.perf_counter() - t0,
+    }
+    write_json(out_json, record)
+    say(f"testbed: {chosen or 'none qualifies'} ({out_json})")
+    return record
