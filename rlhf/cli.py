@@ -762,10 +762,10 @@ def add_choose_testbed(sub) -> None:
         "pick the SFT recipe that is stable across seeds and leaves PPO room, on validation prompts only",
         "Pick the testbed's SFT on validation prompts only (rlhf.studies.testbed): every candidate\n"
         "(sft-e6, sft-e7, sft-lr1.5e-3, sft-lr1e-3, sft-demos84, sft-demos42, sft-demos24, sft-demos12,\n"
-        "sft-demos6) trained with 5 seeds; those whose greedy validation success has a mean in\n"
-        "[0.1, 0.7], an SD of at most 0.1 and no seed below 0.5 x the mean get the oracle control (a\n"
-        "frontier study of the oracle arm in WORK/oracle-CANDIDATE); the one whose oracle gains most,\n"
-        "at least 0.1, is chosen. Writes every candidate's table and the choice to a JSON record. A\n"
+        "sft-demos6) trained with 10 seeds; those whose greedy validation success has a mean in\n"
+        "[0.1, 0.7], an SD of at most 0.1 and no seed below 0.5 x the mean get the oracle control on\n"
+        "the first 5 seeds (a frontier study of the oracle arm in WORK/oracle-CANDIDATE); the one\n"
+        "whose oracle gains most, at least 0.1, is chosen. Writes every candidate's table and the choice to a JSON record. A\n"
         "stopped run continues when rerun (each SFT's row is kept in WORK/sft/).",
         "rlhf choose-testbed --out runs/testbed-r002.json --work runs/testbed-r002-work --workers 2",
     )

@@ -17,7 +17,8 @@ has not. The rule, declared before measuring:
   2. Stable, with room: the mean lies in [LOW, HIGH], the SD is at most MAX_SD and no seed lies
      below MIN_SHARE of the mean.
   3. The oracle control for every candidate of step 2: the frontier's oracle arm (PPO at the
-     SPEC's raw beta 0.02 paid the rubric's success on its own train prompt) on the same seeds,
+     SPEC's raw beta 0.02 paid the rubric's success on its own train prompt) on the first
+     ORACLE_SEEDS of those seeds,
      a frontier study of that arm alone in WORK/oracle-CANDIDATE; its gain is the mean curve's
      best checkpoint after iteration 0 less the seeds' mean SFT gold.
   4. The testbed: among the candidates of step 2 whose oracle gain is at least GAIN, the one
@@ -60,7 +61,10 @@ CANDIDATES = (
     "sft-demos12",
     "sft-demos6",
 )
-SEEDS = 5  # SFT seeds per candidate, and the oracle's
+# SFT is cheap (10 to 60 s a seed) and a seed that never learns the task is the failure this rule
+# guards against, so SFT's spread is read on twice the seeds the oracle's gain is.
+SEEDS = 10  # SFT seeds per candidate: runs 0..SEEDS-1 of the frontier's study seed
+ORACLE_SEEDS = 5  # the oracle control's seeds: the first ORACLE_SEEDS of those
 LOW, HIGH = 0.1, 0.7  # room: SFT's mean greedy validation success
 MAX_SD = 0.10  # stability: the SD of SFT's validation success across seeds
 MIN_SHARE = 0.5  # stability: no seed below this share of the mean
@@ -71,7 +75,7 @@ RULE = (
     f"{SEEDS - 1} of the frontier's study seed): those whose greedy validation rubric success has a mean in "
     f"[{LOW}, {HIGH}], a sample SD of at most {MAX_SD} and no seed below {MIN_SHARE} x the mean; of those, the "
     f"one whose oracle control (PPO at the SPEC's raw beta 0.02 paid the rubric's success on its train prompt, "
-    f"same seeds) raises the mean validation gold most at its best checkpoint after iteration 0, if by at least "
+    f"on the first {ORACLE_SEEDS} of those seeds) raises the mean validation gold most at its best checkpoint after iteration 0, if by at least "
     f"{GAIN}; ties go to the earlier candidate; none qualifying is the finding"
 )
 
@@ -145,11 +149,11 @@ def measure_sft(work: Path, revision: str, profile_name: str, workers: int, say)
 
 
 def oracle_gain(work: Path, candidate: str, revision: str, profile_name: str, workers: int, say) -> dict:
-    """Step 3 for `candidate`: the oracle arm's frontier study on the SEEDS seeds."""
+    """Step 3 for `candidate`: the oracle arm's frontier study on the first ORACLE_SEEDS seeds."""
     arms = tuple(a for a in default_arms() if a.name == "oracle")
     folder = work / f"oracle-{candidate}"
     result = run_frontier(
-        folder, n=SEEDS, revision=revision, sft_budget=candidate, workers=workers, profile_name=profile_name,
+        folder, n=ORACLE_SEEDS, revision=revision, sft_budget=candidate, workers=workers, profile_name=profile_name,
         settings=Settings(arms=arms), say=say,
     )  # fmt: skip
     best = result["arms"]["oracle"]["best"]
@@ -204,7 +208,12 @@ def choose_testbed(out_json, work, revision: str = "r002", profile_name: str = "
         "profile": profile.name,
         "profile_sha256": profile_hash(profile),
         **ran_with(),
-        "seeds": {"frontier_study_seed": STUDY_SEED, "runs": SEEDS, "derivation": DERIVATION},
+        "seeds": {
+            "frontier_study_seed": STUDY_SEED,
+            "sft_runs": SEEDS,
+            "oracle_runs": ORACLE_SEEDS,
+            "derivation": DERIVATION,
+        },
         "rule": RULE,
         "band": [LOW, HIGH],
         "max_sd": MAX_SD,
