@@ -765,8 +765,9 @@ def add_choose_testbed(sub) -> None:
         "sft-demos6) trained with 10 seeds; those whose greedy validation success has a mean in\n"
         "[0.1, 0.7], an SD of at most 0.1 and no seed below 0.5 x the mean get the oracle control on\n"
         "the first 5 seeds (a frontier study of the oracle arm in WORK/oracle-CANDIDATE); the one\n"
-        "whose oracle gains most, at least 0.1, is chosen. Writes every candidate's table and the choice to a JSON record. A\n"
-        "stopped run continues when rerun (each SFT's row is kept in WORK/sft/).",
+        "whose oracle gains most, at least 0.1, is chosen. Writes every candidate's table and the\n"
+        "choice to a JSON record. A stopped run continues when rerun (each SFT's row is kept in\n"
+        "WORK/sft/).",
         "rlhf choose-testbed --out runs/testbed-r002.json --work runs/testbed-r002-work --workers 2",
     )
     p.add_argument("--out", required=True, help="JSON record of every candidate and the choice")

@@ -75,8 +75,8 @@ RULE = (
     f"{SEEDS - 1} of the frontier's study seed): those whose greedy validation rubric success has a mean in "
     f"[{LOW}, {HIGH}], a sample SD of at most {MAX_SD} and no seed below {MIN_SHARE} x the mean; of those, the "
     f"one whose oracle control (PPO at the SPEC's raw beta 0.02 paid the rubric's success on its train prompt, "
-    f"on the first {ORACLE_SEEDS} of those seeds) raises the mean validation gold most at its best checkpoint after iteration 0, if by at least "
-    f"{GAIN}; ties go to the earlier candidate; none qualifying is the finding"
+    f"on the first {ORACLE_SEEDS} of those seeds) raises the mean validation gold most at its best checkpoint "
+    f"after iteration 0, if by at least {GAIN}; ties go to the earlier candidate; none qualifying is the finding"
 )
 
 
