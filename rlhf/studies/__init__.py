@@ -6,6 +6,8 @@
     changed_answer  the per-token view of a held-out answer that PPO changed
     sft_budget      `rlhf choose-sft-budget`: the SFT budget where PPO has room to help (SFT success
                     in a band, the oracle control's gain), chosen on validation prompts only
+    testbed         `rlhf choose-testbed`: the SFT recipe that is stable across seeds and leaves the
+                    oracle control room, chosen on validation prompts only
     validation      measurements on validation prompts only (what the SFT budget and the frontier read)
     frontier/       `rlhf frontier`: the over-optimisation frontier, one module per concern (its docstring)
     warnings        over-optimisation warning rules chosen on one frontier study, scored on any

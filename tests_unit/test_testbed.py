@@ -1,0 +1,157 @@
+"""The testbed rule (rlhf.studies.testbed) and the SFT recipes it chooses among
+(rlhf.studies.derivation.RECIPES): each verdict recomputed by hand, each recipe's profile and
+demonstrations checked, and a profile key added later leaving every profile without it its
+identity."""
+
+import math
+from collections import Counter
+
+import pytest
+
+from rlhf.config import ProfileError, load_profile, override, profile_hash, profile_text_with
+from rlhf.corpus import build_corpus
+from rlhf.optim import epoch_budget
+from rlhf.sft import sft_demonstrations
+from rlhf.studies import testbed
+from rlhf.studies.derivation import DEMONSTRATIONS, RECIPES, SFT_RECIPES, budget_changes, write_run_profile
+
+pytestmark = pytest.mark.unit
+
+
+def by_hand(values):
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return mean, sd
+
+
+@pytest.mark.parametrize(
+    "values, in_band, sd_ok, min_ok",
+    [
+        ([0.30, 0.32, 0.28, 0.35, 0.25], True, True, True),
+        ([0.489, 0.450, 0.022, 0.000, 0.639], True, False, False),  # r002's confirmation SFTs at 6 epochs
+        ([0.05, 0.06, 0.07, 0.05, 0.06], False, True, True),  # below the band: no room to read
+        ([0.9, 0.95, 0.92, 0.91, 0.93], False, True, True),  # above it: SFT leaves little to gain
+        ([0.40] * 9 + [0.15], True, True, False),  # one seed of 10 below half the mean, SD 0.079
+    ],
+)
+def test_stability_verdicts_recomputed_by_hand(values, in_band, sd_ok, min_ok):
+    got = testbed.stability(values)
+    mean, sd = by_hand(values)
+    assert got["mean"] == pytest.approx(mean) and got["sd"] == pytest.approx(sd) and got["min"] == min(values)
+    assert (got["in_band"], got["sd_ok"], got["min_ok"]) == (in_band, sd_ok, min_ok)
+    assert (mean >= 0.1 and mean <= 0.7) == in_band and (sd <= 0.10) == sd_ok and (min(values) >= mean / 2) == min_ok
+    assert got["stable_with_room"] == (in_band and sd_ok and min_ok)
+
+
+def test_the_sd_bound_is_inclusive_and_read_on_the_sample_sd():
+    # two seeds at 0.3 +- 0.05 * sqrt(2): sample SD exactly 0.1 (a population SD would say 0.0707)
+    d = 0.1 / math.sqrt(2)
+    at = testbed.stability([0.3 - d, 0.3 + d])
+    assert at["sd"] == pytest.approx(0.1) and at["sd_ok"] == (at["sd"] <= 0.1)
+    over = testbed.stability([0.3 - 1.01 * d, 0.3 + 1.01 * d])
+    assert not over["sd_ok"] and not over["stable_with_room"]
+
+
+def candidate(name, values, gain=None):
+    c = {"name": name, "sft": testbed.stability(values)}
+    if gain is not None:
+        c["oracle"] = {"gain": gain}
+    return c
+
+
+STABLE = [0.30, 0.32, 0.28, 0.35, 0.25]
+UNSTABLE = [0.489, 0.450, 0.022, 0.000, 0.639]
+
+
+def test_the_choice_is_the_largest_oracle_gain_among_the_stable_candidates_with_room():
+    cands = [
+        candidate("a", STABLE, 0.12),
+        candidate("b", UNSTABLE, 0.40),  # the largest gain, but SFT's seed decides it: never chosen
+        candidate("c", STABLE, 0.20),
+        candidate("d", STABLE, 0.20),  # a tie: the earlier one
+    ]
+    assert testbed.choose(cands) == "c"
+    assert testbed.choose([candidate("a", STABLE, 0.0999), candidate("b", UNSTABLE, 0.4)]) is None
+    assert testbed.choose([candidate("a", STABLE, 0.10)]) == "a"  # at least GAIN: inclusive
+    assert testbed.choose([candidate("a", STABLE)]) is None  # no oracle measured: no choice
+
+
+def test_every_candidate_is_a_recipe_the_studies_take_and_its_profile_loads():
+    embedded = load_profile("embedded")
+    for name in testbed.CANDIDATES:
+        assert name in SFT_RECIPES
+        p = override(embedded, budget_changes(embedded, name))
+        demos = len(range(0, DEMONSTRATIONS, p.sft.demonstration_stride or 1))
+        assert epoch_budget(demos, p.sft.examples_per_update, p.sft)[1] == p.sft.expected_updates
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if "demos" in n])
+def test_fewer_demonstrations_keep_each_situation_s_share_and_about_the_profile_s_updates(name):
+    embedded = load_profile("embedded")
+    p = override(embedded, budget_changes(embedded, name))
+    corpus = build_corpus("r002")
+    actions = {r["document_id"]: r["action"] for r in corpus["labels"]["warmstart"]["train"]}
+
+    class View:  # what SFT reads of the learning view
+        def demonstrations(self, split):
+            assert split == "train"
+            return corpus["inputs"]["warmstart"]["train"]
+
+    demos = sft_demonstrations(View(), p.sft)
+    assert len(demos) == int(name.removeprefix("sft-demos"))
+    counts = Counter(actions[d["document_id"]] for d in demos)
+    assert sorted(counts) == list(range(6)) and len(set(counts.values())) == 1  # every situation, equally
+    per_epoch = -(-len(demos) // p.sft.examples_per_update)
+    assert p.sft.expected_updates == per_epoch * p.sft.epochs
+    assert abs(p.sft.expected_updates - embedded.sft.expected_updates) <= per_epoch / 2
+    assert sft_demonstrations(View(), embedded.sft) == View().demonstrations("train")  # absent: every one
+
+
+def test_a_profile_key_added_later_leaves_every_profile_without_it_its_identity(tmp_path):
+    embedded = load_profile("embedded")
+    data = embedded.to_dict()
+    assert "demonstration_stride" not in data["sft"]  # absent, so not part of the hash's data
+    assert data["sft"]["max_updates_per_epoch"] is None  # an older optional key stays as it was hashed
+    # the committed identity of the embedded profile, which every committed study and run records
+    assert profile_hash(embedded) == "41ec2214c4e7d5d737b770809120388f5104ba22158e20ed4b354183143df4c2"
+    strided = override(embedded, {("sft", "demonstration_stride"): 2})
+    assert strided.sft.demonstration_stride == 2 and profile_hash(strided) != profile_hash(embedded)
+    assert override(strided, {("sft", "demonstration_stride"): None}) == embedded
+    # its TOML form reads back as the same profile
+    text = profile_text_with(embedded.source.read_text(), "embedded-demos84", budget_changes(embedded, "sft-demos84"))
+    path = tmp_path / "profile.toml"
+    path.write_text(text)
+    assert load_profile(str(path)) == override(
+        embedded, {(None, "name"): "embedded-demos84", **budget_changes(embedded, "sft-demos84")}
+    )
+    run = write_run_profile(
+        tmp_path / "run.toml", embedded.source.read_text(), "x", budget_changes(embedded, "sft-demos42")
+    )
+    assert (run.sft.demonstration_stride, run.sft.epochs, run.sft.expected_updates) == (4, 70, 420)
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_a_stride_below_one_is_refused_naming_the_key(bad):
+    with pytest.raises(ProfileError, match=rf"demonstration_stride must be at least 1, not {bad}"):
+        override(load_profile("embedded"), {("sft", "demonstration_stride"): bad})
+
+
+def test_lower_rate_recipes_change_only_the_rate():
+    embedded = load_profile("embedded")
+    for name in ("sft-lr1e-3", "sft-lr1.5e-3"):
+        changed = override(embedded, budget_changes(embedded, name))
+        assert changed.sft.lr == float(name.removeprefix("sft-lr"))
+        assert override(changed, {("sft", "lr"): embedded.sft.lr}) == embedded
+
+
+def test_the_rule_text_and_the_help_state_the_constants():
+    from rlhf.cli import build_parser
+
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["choose-testbed"].format_help().split())
+    for name in testbed.CANDIDATES:
+        assert name in help_text and name in testbed.RULE
+    for number in (testbed.SEEDS, testbed.ORACLE_SEEDS, testbed.LOW, testbed.HIGH, testbed.MAX_SD, testbed.GAIN):
+        assert f"{number}" in testbed.RULE
+    assert f"trained with {testbed.SEEDS} seeds" in help_text and f"first {testbed.ORACLE_SEEDS} seeds" in help_text
+    assert f"[{testbed.LOW}, {testbed.HIGH}]" in help_text and f"at most {testbed.MAX_SD}" in help_text
+    assert f"{testbed.MIN_SHARE} x the mean" in help_text and f"at least {testbed.GAIN}" in help_text
