@@ -428,8 +428,7 @@ def override(profile: Profile, changes: Mapping[tuple[str | None, str], object])
     for (table, key), value in changes.items():
         target = data if table is None else data.get(table)
         table_keys = () if table is None else _field_types(_field_types(Profile)[table])  # a new key may be absent
-        known = target is not None and (key in target or key in table_keys)
-        if not known:
+        if target is None or not (key in target or key in table_keys):
             raise ProfileError(f"override of profile {profile.name}: no key {key!r} in table [{table}]")
         target[key] = value
     return profile_from_dict(data, profile.source or "<dict>")

@@ -109,7 +109,8 @@ def choose(candidates: list[dict]) -> str | None:
 
 def seed_profile(profile, candidate: str, i: int):
     """The profile of run i at `candidate` (what the frontier writes into seed-i/profile.toml)."""
-    return override(profile, {**budget_changes(profile, candidate), **seed_changes(profile, STUDY_SEED, i)})
+    changes: dict = {**budget_changes(profile, candidate), **seed_changes(profile, STUDY_SEED, i)}
+    return override(profile, changes)
 
 
 def sft_task(work: str, revision: str, profile_name: str, candidate: str, i: int) -> dict:
@@ -183,7 +184,7 @@ def choose_testbed(out_json, work, revision: str = "r002", profile_name: str = "
     prepare_work(work, revision, profile)  # the corpus and the base once, before the workers read them
     t0 = time.perf_counter()
     rows = measure_sft(work, revision, profile_name, workers, say)
-    candidates = []
+    candidates: list[dict] = []
     for name in CANDIDATES:
         sft = stability([r["validation"]["rubric_success"] for r in rows[name]])
         say(
