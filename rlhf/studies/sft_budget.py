@@ -123,20 +123,23 @@ def measure_sft(view: LearningView, work: Path, profile: Profile, tokenizer, eos
     }
 
 
-def oracle_gain(work: Path, budget: str, revision: str, profile_name: str, workers: int, say) -> dict:
+def oracle_gain(
+    work: Path, budget: str, revision: str, profile_name: str, workers: int, say, *, n: int = SEEDS, prefix="frontier"
+) -> dict:
     """Step 2 for `budget`: the frontier study of the oracle arm alone on the frontier's seeds in
     WORK/frontier-BUDGET; its mean curve's best checkpoint after iteration 0 (frontier.json's
     `arms.oracle.best`: the gold, the iteration, the gain over the seeds' mean SFT gold)."""
     arms = tuple(a for a in default_arms() if a.name == "oracle")
-    folder = work / f"frontier-{budget}"
+    folder = work / f"{prefix}-{budget}"
     result = run_frontier(
-        folder, n=SEEDS, revision=revision, sft_budget=budget, workers=workers, profile_name=profile_name,
+        folder, n=n, revision=revision, sft_budget=budget, workers=workers, profile_name=profile_name,
         settings=Settings(arms=arms), say=say,
     )  # fmt: skip
     best = result["arms"]["oracle"]["best"]
     return {
         "study": str(folder),
         "sft_gold": result["sft_level"]["mean"],
+        "sft_gold_per_seed": [s["sft"]["gold"] for s in result["seeds"]],
         "best_iteration": best["iteration"],
         "best_gold": best["gold"],
         "gain": best["gain"],

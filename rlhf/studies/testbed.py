@@ -42,10 +42,9 @@ from rlhf.io import output_folder, read_json, write_json
 from rlhf.runtime import configure_torch
 from rlhf.studies import StudyError, worker_pool
 from rlhf.studies.derivation import DERIVATION, budget_changes, seed_changes
-from rlhf.studies.frontier.arms import Settings, default_arms
-from rlhf.studies.frontier.study import STUDY_SEED, run_frontier
+from rlhf.studies.frontier.study import STUDY_SEED
 from rlhf.studies.record import ran_with, workers_count
-from rlhf.studies.sft_budget import measure_budget, prepare_work
+from rlhf.studies.sft_budget import measure_budget, oracle_gain, prepare_work
 from rlhf.studies.statistics import across_seeds
 
 # The candidates, in declared order: today's epoch cut and the next, two lower rates over the
@@ -149,26 +148,6 @@ def measure_sft(work: Path, revision: str, profile_name: str, workers: int, say)
     return {c: [read_json(work / "sft" / c / f"seed-{i}.json") for i in range(SEEDS)] for c in CANDIDATES}
 
 
-def oracle_gain(work: Path, candidate: str, revision: str, profile_name: str, workers: int, say) -> dict:
-    """Step 3 for `candidate`: the oracle arm's frontier study on the first ORACLE_SEEDS seeds."""
-    arms = tuple(a for a in default_arms() if a.name == "oracle")
-    folder = work / f"oracle-{candidate}"
-    result = run_frontier(
-        folder, n=ORACLE_SEEDS, revision=revision, sft_budget=candidate, workers=workers, profile_name=profile_name,
-        settings=Settings(arms=arms), say=say,
-    )  # fmt: skip
-    best = result["arms"]["oracle"]["best"]
-    return {
-        "study": str(folder),
-        "sft_gold_per_seed": [s["sft"]["gold"] for s in result["seeds"]],
-        "sft_gold": result["sft_level"]["mean"],
-        "best_iteration": best["iteration"],
-        "best_gold": best["gold"],
-        "gain": best["gain"],
-        "qualifies": best["gain"] >= GAIN,
-    }
-
-
 def choose_testbed(out_json, work, revision: str = "r002", profile_name: str = "embedded", workers=None, say=print):
     """The rule (module docstring), steps 1 to 4; the record written to `out_json` (never
     overwritten) and returned. Every argument is checked before anything is written."""
@@ -201,7 +180,9 @@ def choose_testbed(out_json, work, revision: str = "r002", profile_name: str = "
         )
     for c in candidates:
         if c["sft"]["stable_with_room"]:
-            c["oracle"] = oracle_gain(work, c["name"], revision, profile_name, workers, say)
+            c["oracle"] = oracle_gain(
+                work, c["name"], revision, profile_name, workers, say, n=ORACLE_SEEDS, prefix="oracle"
+            )
             say(f"{c['name']}: the oracle control's gain over SFT {c['oracle']['gain']:+.3f} on validation")
     chosen = choose(candidates)
     record = {
