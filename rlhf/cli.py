@@ -11,7 +11,7 @@ rlhf base-study --out DIR                    the embedded base beside its contro
 rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]   the lab over N seeds
 rlhf reproduce RESULTS_DIR --seed N [--work DIR]   one seed of a committed seed study, recomputed and compared
 rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the SFT budget with room to help, validation only
-rlhf choose-testbed --out FILE.json --work DIR [--revision r002]   a stable SFT with room to help, validation only
+rlhf choose-testbed --out FILE.json --work DIR [--round N]        a stable SFT with room to help, validation only
 rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -747,8 +748,9 @@ def cmd_choose_testbed(args) -> int:
     from rlhf.studies.testbed import choose_testbed
 
     record = choose_testbed(
-        args.out, args.work, revision=args.revision, profile_name=args.profile, workers=args.workers
-    )
+        args.out, args.work, revision=args.revision, profile_name=args.profile, workers=args.workers,
+        round_number=args.round,
+    )  # fmt: skip
     chosen = record["chosen"] or "none: no candidate qualifies (the record shows each one's SFT spread and oracle gain)"
     print(f"chosen testbed: {chosen}; written to {args.out}")
     return 0
@@ -756,20 +758,30 @@ def cmd_choose_testbed(args) -> int:
 
 def add_choose_testbed(sub) -> None:
     """`rlhf choose-testbed`: its options, beside the command it runs."""
+    from rlhf.studies.testbed import GAIN, LATEST, MAX_SD, MIN_SHARE, ORACLE_SEEDS, ROUNDS, SEEDS
+
+    r = ROUNDS[LATEST]
     p = _command(
         sub,
         "choose-testbed",
         "pick the SFT recipe that is stable across seeds and leaves PPO room, on validation prompts only",
-        "Pick the testbed's SFT on validation prompts only (rlhf.studies.testbed): every candidate\n"
-        "(sft-e6, sft-e7, sft-lr1.5e-3, sft-lr1e-3, sft-demos84, sft-demos42, sft-demos24, sft-demos12,\n"
-        "sft-demos6) trained with 10 seeds; those whose greedy validation success has a mean in\n"
-        "[0.1, 0.7], an SD of at most 0.1 and no seed below 0.5 x the mean get the oracle control on\n"
-        "the first 5 seeds (a frontier study of the oracle arm in WORK/oracle-CANDIDATE); the one\n"
-        "whose oracle gains most, at least 0.1, is chosen. Writes every candidate's table and the\n"
-        "choice to a JSON record. A stopped run continues when rerun (each SFT's row is kept in\n"
-        "WORK/sft/).",
-        "rlhf choose-testbed --out runs/testbed-r002.json --work runs/testbed-r002-work --workers 2",
+        textwrap.fill(
+            f"Pick the testbed's SFT on validation prompts only (rlhf.studies.testbed), by the rule of a "
+            f"declared round (latest: {LATEST}): every candidate of the round (round {LATEST}: "
+            f"{', '.join(r.candidates)}) trained with {SEEDS} seeds; those whose greedy validation success has a "
+            f"mean in the round's band (round {LATEST}: [{r.low}, {r.high}]), an SD of at most {MAX_SD} and no "
+            f"seed below {MIN_SHARE} x the mean get the oracle control on the first {ORACLE_SEEDS} seeds (a "
+            f"frontier study of the oracle arm in WORK/oracle-CANDIDATE); the one whose oracle gains most, at "
+            f"least {GAIN}, is chosen. Writes every candidate's table and the choice to a JSON record. A stopped "
+            f"run continues when rerun (each SFT's row is kept in WORK/sft/).",
+            width=100,
+        ),
+        "rlhf choose-testbed --out runs/testbed-r002-2.json --work runs/testbed-r002-2-work --workers 2",
     )
+    p.add_argument(
+        "--round", type=int, default=LATEST, choices=sorted(ROUNDS),
+        help=f"the declared round whose candidates and band to use (default {LATEST}, the latest)",
+    )  # fmt: skip
     p.add_argument("--out", required=True, help="JSON record of every candidate and the choice")
     p.add_argument("--work", required=True, help="folder for the corpus, the base model, SFT rows and oracle studies")
     p.add_argument("--revision", default="r002", choices=["r001", "r002"], help="corpus revision (default r002)")

@@ -93,7 +93,9 @@ def update_scalars(record: dict) -> dict[str, float]:
 
 def epoch_scalars(record: dict) -> dict[str, float]:
     """One SFT or judge epoch (history["epochs"][e]) -> its scalars, at the step of its last update."""
-    out = {"train/epoch_loss": record["train_loss"], "eval/loss": record["validation_loss"]}
+    out = {"train/epoch_loss": record["train_loss"]}
+    if "validation_loss" in record:  # a long SFT schedule records it on some epochs only (rlhf.sft.validates)
+        out["eval/loss"] = record["validation_loss"]
     if "validation_accuracy" in record:
         out["train/epoch_accuracy"] = record["train_accuracy"]
         out["eval/accuracy"] = record["validation_accuracy"]

@@ -664,7 +664,8 @@ def _epoch_stage(
 
 
 def _sft_epoch_line(e: dict) -> str:
-    return f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  validation loss {e['validation_loss']:.4f}"
+    line = f"sft epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}"
+    return line + (f"  validation loss {e['validation_loss']:.4f}" if "validation_loss" in e else "")
 
 
 def _judge_epoch_line(e: dict) -> str:

@@ -8,7 +8,11 @@ An update takes 8 demonstrations and minimises
 (one token-weighted mean, not a mean of per-example means). Prompt and padding are masked by
 position. AdamW with weight decay, warm-up then linear decay (rlhf.ppo_math.learning_rate),
 gradient clipping at norm 1 (rlhf.optim). The budget is fixed in the profile; validation loss
-is recorded every epoch and never selects anything.
+is recorded every epoch and never selects anything. A schedule of more than VALIDATION_POINTS
+epochs (a recipe of few demonstrations: hundreds of one-update epochs) records it every
+ceil(epochs / VALIDATION_POINTS)-th epoch and after the last (`validates`): measuring it is a
+forward pass over the validation answers, which would otherwise cost more than the training,
+and it changes no weight (no gradient, no random draw).
 
 r001 has no validation demonstrations, so the validation loss is the same token NLL on the
 (prompt, chosen) answers of the 180 validation pairs: every chosen answer is a rubric success.
@@ -56,6 +60,17 @@ def evaluate_loss(model, examples, pad_id: int, batch_size: int = 16) -> float:
     return total / count
 
 
+VALIDATION_POINTS = 20  # the most epochs whose validation loss a schedule records, the last one besides
+
+
+def validates(epoch: int, epochs: int) -> bool:
+    """Whether SFT records its validation loss after epoch `epoch` (0-based) of `epochs`:
+    every epoch up to VALIDATION_POINTS epochs; beyond, every ceil(epochs / VALIDATION_POINTS)-th
+    and the last."""
+    every = -(-epochs // VALIDATION_POINTS)
+    return (epoch + 1) % every == 0 or epoch + 1 == epochs
+
+
 def sft_demonstrations(view, cfg) -> list[dict]:
     """The train demonstrations SFT learns from: every one, or every k-th in family order
     (`[sft] demonstration_stride`; the corpus lists them situation by situation, so each keeps
@@ -77,9 +92,9 @@ def train_sft(actor, view, tokenizer, eos_id: int, pad_id: int, profile: Profile
         return loss, {"tokens": n}
 
     def epoch_summary(updates):
-        return {
-            "validation_loss": evaluate_loss(actor.model, valid, pad_id),
-            "train_loss": sum(h["loss"] for h in updates) / len(updates),
-        }
+        train_loss = {"train_loss": sum(h["loss"] for h in updates) / len(updates)}
+        if not validates(updates[-1]["epoch"], cfg.epochs):
+            return train_loss
+        return {"validation_loss": evaluate_loss(actor.model, valid, pad_id), **train_loss}
 
     return train_epochs(actor, "sft", train, cfg.examples_per_update, profile, update_loss, epoch_summary, leg)

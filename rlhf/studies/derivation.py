@@ -79,12 +79,16 @@ EPOCH_BUDGETS = {k: v for k, v in SFT_BUDGETS.items() if v is not None}  # the n
 
 # The SFT recipes of the testbed rule (rlhf.studies.testbed), beside the epoch budgets above: a
 # lower peak rate over the profile's whole schedule, or fewer demonstrations (every k-th family,
-# each situation keeping its share) trained for about the profile's number of updates.
+# each situation keeping its share) trained for about the profile's number of updates, or for a
+# declared share of them (`updates`: sft-demos6-u210 trains 6 demonstrations for 210 updates).
 DEMONSTRATIONS = 168  # train demonstrations of every revision (rlhf.corpus: one per train family)
 RECIPES: dict[str, dict[str, float | int]] = {
     "sft-lr1e-3": {"lr": 1e-3},
     "sft-lr1.5e-3": {"lr": 1.5e-3},
     **{f"sft-demos{DEMONSTRATIONS // k}": {"demonstration_stride": k} for k in (2, 4, 7, 14, 28)},
+    "sft-demos12-u210": {"demonstration_stride": 14, "updates": 210},
+    "sft-demos6-u210": {"demonstration_stride": 28, "updates": 210},
+    "sft-demos6-u105": {"demonstration_stride": 28, "updates": 105},
 }
 SFT_RECIPES = [*SFT_BUDGETS, *RECIPES]  # every name --sft-budget takes
 
@@ -104,13 +108,14 @@ def budget_changes(profile: Profile, budget: str) -> dict[tuple[str | None, str]
 
 def recipe_changes(profile: Profile, recipe: dict) -> dict[tuple[str | None, str], object]:
     """{(table, key): value} of an SFT recipe: its [sft] keys, and, for fewer demonstrations, the
-    epochs that give the profile's number of updates again (the nearest whole number of epochs)."""
-    changes: dict[tuple[str | None, str], object] = {("sft", k): v for k, v in recipe.items()}
+    epochs that give the recipe's `updates` (absent: the profile's number of updates) again, the
+    nearest whole number of epochs."""
+    changes: dict[tuple[str | None, str], object] = {("sft", k): v for k, v in recipe.items() if k != "updates"}
     stride = recipe.get("demonstration_stride")
     if stride:
         cfg = profile.sft
         per_epoch = -(-len(range(0, DEMONSTRATIONS, stride)) // cfg.examples_per_update)
-        epochs = max(1, round(cfg.expected_updates / per_epoch))
+        epochs = max(1, round(recipe.get("updates", cfg.expected_updates) / per_epoch))
         changes |= {("sft", "epochs"): epochs, ("sft", "expected_updates"): per_epoch * epochs}
     return changes
 
