@@ -35,7 +35,7 @@ def by_hand(values):
     ],
 )
 def test_stability_verdicts_recomputed_by_hand(values, in_band, sd_ok, min_ok):
-    got = testbed.stability(values)
+    got = testbed.stability(values, testbed.ROUNDS[1])
     mean, sd = by_hand(values)
     assert got["mean"] == pytest.approx(mean) and got["sd"] == pytest.approx(sd) and got["min"] == min(values)
     assert (got["in_band"], got["sd_ok"], got["min_ok"]) == (in_band, sd_ok, min_ok)
@@ -76,9 +76,28 @@ def test_the_choice_is_the_largest_oracle_gain_among_the_stable_candidates_with_
     assert testbed.choose([candidate("a", STABLE)]) is None  # no oracle measured: no choice
 
 
-def test_every_candidate_is_a_recipe_the_studies_take_and_its_profile_loads():
+def test_round_2_s_band_leaves_at_least_the_oracle_s_gain_of_room():
+    r1, r2 = testbed.ROUNDS[1], testbed.ROUNDS[2]
+    assert (r2.low, r2.high) == (r1.low, 1 - testbed.GAIN) == (0.1, 0.9)
+    demos6 = [0.772, 0.689, 0.728, 0.917, 0.983, 0.789, 0.778, 0.822, 0.739, 0.739]  # round 1's sft-demos6
+    assert not testbed.stability(demos6, r1)["stable_with_room"] and testbed.stability(demos6, r2)["stable_with_room"]
+    assert not testbed.stability([0.95, 0.93, 0.91, 0.96, 0.94], r2)["in_band"]  # less than GAIN left to gain
+    assert testbed.stability([0.9] * 3, r2)["in_band"]  # inclusive
+    assert testbed.LATEST == 2 and testbed.stability(demos6) == testbed.stability(demos6, r2)
+
+
+def test_each_round_is_stated_in_its_rule_and_says_when_it_was_declared():
+    for n, r in testbed.ROUNDS.items():
+        text = testbed.rule(r)
+        assert r.number == n and text.startswith(f"round {n}:") and f"[{r.low}, {r.high}]" in text
+        assert all(c in text for c in r.candidates) and r.declared
+    assert "round 1" in testbed.ROUNDS[2].declared
+
+
+@pytest.mark.parametrize("n", sorted(testbed.ROUNDS))
+def test_every_candidate_is_a_recipe_the_studies_take_and_its_profile_loads(n):
     embedded = load_profile("embedded")
-    for name in testbed.CANDIDATES:
+    for name in testbed.ROUNDS[n].candidates:
         assert name in SFT_RECIPES
         p = override(embedded, budget_changes(embedded, name))
         demos = len(range(0, DEMONSTRATIONS, p.sft.demonstration_stride or 1))
@@ -86,7 +105,7 @@ def test_every_candidate_is_a_recipe_the_studies_take_and_its_profile_loads():
 
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if "demos" in n])
-def test_fewer_demonstrations_keep_each_situation_s_share_and_about_the_profile_s_updates(name):
+def test_fewer_demonstrations_keep_each_situation_s_share_and_about_the_declared_updates(name):
     embedded = load_profile("embedded")
     p = override(embedded, budget_changes(embedded, name))
     corpus = build_corpus("r002")
@@ -98,12 +117,14 @@ def test_fewer_demonstrations_keep_each_situation_s_share_and_about_the_profile_
             return corpus["inputs"]["warmstart"]["train"]
 
     demos = sft_demonstrations(View(), p.sft)
-    assert len(demos) == int(name.removeprefix("sft-demos"))
+    count, _, updates = name.removeprefix("sft-demos").partition("-u")
+    assert len(demos) == int(count)
     counts = Counter(actions[d["document_id"]] for d in demos)
     assert sorted(counts) == list(range(6)) and len(set(counts.values())) == 1  # every situation, equally
     per_epoch = -(-len(demos) // p.sft.examples_per_update)
     assert p.sft.expected_updates == per_epoch * p.sft.epochs
-    assert abs(p.sft.expected_updates - embedded.sft.expected_updates) <= per_epoch / 2
+    declared = int(updates) if updates else embedded.sft.expected_updates
+    assert abs(p.sft.expected_updates - declared) <= per_epoch / 2
     assert sft_demonstrations(View(), embedded.sft) == View().demonstrations("train")  # absent: every one
 
 
@@ -148,10 +169,12 @@ def test_the_rule_text_and_the_help_state_the_constants():
     from rlhf.cli import build_parser
 
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["choose-testbed"].format_help().split())
-    for name in testbed.CANDIDATES:
-        assert name in help_text and name in testbed.RULE
-    for number in (testbed.SEEDS, testbed.ORACLE_SEEDS, testbed.LOW, testbed.HIGH, testbed.MAX_SD, testbed.GAIN):
-        assert f"{number}" in testbed.RULE
+    latest = testbed.ROUNDS[testbed.LATEST]
+    for name in latest.candidates:
+        assert name in help_text and name in testbed.rule(latest)
+    for number in (testbed.SEEDS, testbed.ORACLE_SEEDS, latest.low, latest.high, testbed.MAX_SD, testbed.GAIN):
+        assert f"{number}" in testbed.rule(latest)
     assert f"trained with {testbed.SEEDS} seeds" in help_text and f"first {testbed.ORACLE_SEEDS} seeds" in help_text
-    assert f"[{testbed.LOW}, {testbed.HIGH}]" in help_text and f"at most {testbed.MAX_SD}" in help_text
+    assert f"[{latest.low}, {latest.high}]" in help_text and f"at most {testbed.MAX_SD}" in help_text
+    assert f"--round {{{','.join(map(str, sorted(testbed.ROUNDS)))}}}" in help_text
     assert f"{testbed.MIN_SHARE} x the mean" in help_text and f"at least {testbed.GAIN}" in help_text

@@ -327,3 +327,51 @@ def test_the_optimizer_is_torchs_fused_adamw_by_its_bytes():
     inexact = int(arithmetic.probes()["sqrt.vector_math_not_correctly_rounded"].split()[0])
     if inexact:  # MKL's square root is not correctly rounded here: the other paths show it
         assert not same(lab, single) and not same(lab, foreach), "fused and MKL-sqrt paths gave one result"
+
+
+@pytest.mark.parametrize(
+    "epochs, points",
+    [(1, [0]), (20, list(range(20))), (21, [*range(1, 21, 2), 20]), (420, list(range(20, 420, 21)))],
+)
+def test_a_long_sft_schedule_records_its_validation_loss_on_at_most_20_epochs_and_the_last(epochs, points):
+    from rlhf.sft import VALIDATION_POINTS, validates
+
+    got = [e for e in range(epochs) if validates(e, epochs)]
+    assert got == points and got[-1] == epochs - 1 and len(got) <= VALIDATION_POINTS + 1
+
+
+def test_skipping_the_validation_loss_changes_no_weight_and_is_recorded_by_absence(
+    embedded_profile, embedded_dir, embedded_base, monkeypatch
+):
+    """A 25-epoch schedule of one update an epoch, trained twice: measuring the validation loss on
+    every epoch or on the epochs `validates` names gives the same adapters bit for bit."""
+    from rlhf import sft
+    from rlhf.config import override
+    from rlhf.corpus import Corpus
+
+    view = Corpus.build().learning_view()
+    profile = override(
+        embedded_profile,
+        {("sft", "epochs"): 25, ("sft", "expected_updates"): 25, ("sft", "demonstration_stride"): 84,
+         ("sft", "max_validation_examples"): 4},
+    )  # fmt: skip
+    b = embedded_base
+
+    def trained():
+        torch.manual_seed(0)
+        actor = new_role("actor", profile, embedded_dir)
+        state = sft.train_sft(actor, view, b.tokenizer, b.eos_id, b.pad_id, profile)
+        return state["actor"], state["history"]["epochs"]
+
+    sparse_weights, sparse = trained()
+    monkeypatch.setattr(sft, "validates", lambda epoch, epochs: True)
+    dense_weights, dense = trained()
+    assert [e["epoch"] for e in sparse if "validation_loss" in e] == [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 24]
+    assert all("validation_loss" in e for e in dense) and len(dense) == len(sparse) == 25
+    for s, d in zip(sparse, dense):
+        assert (
+            s["train_loss"] == d["train_loss"]
+            and s.get("validation_loss", d["validation_loss"]) == d["validation_loss"]
+        )
+    assert sparse_weights.keys() == dense_weights.keys()
+    assert all(torch.equal(sparse_weights[k], dense_weights[k]) for k in sparse_weights)
