@@ -80,6 +80,53 @@ def sign_test_p(positive: int, negative: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
+def sign_flip_p(values: list[float], scale: int = 180) -> float:
+    """Exact two-sided sign-flip permutation p of paired differences `values` (one per seed).
+
+    Under "no difference" each seed's difference is as likely +|d| as -|d|, so the 2^n sign
+    patterns are equally likely; p is the share whose |sum| reaches the observed |sum|:
+
+        p = #{eps in {-1, +1}^n : |sum_i eps_i |d_i|| >= |sum_i d_i|} / 2^n
+
+    counted exactly by dynamic programming over the integer lattice d * scale (a difference of
+    two success rates over 180 prompts is a multiple of 1/180), so 40 seeds cost 40 passes over
+    at most 2 * 40 * scale + 1 sums where an enumeration would cost 2^40 patterns. A value off
+    the lattice is refused: rounding it would change the test. Zero differences count as
+    patterns of both signs, as in the enumeration.
+    """
+    if not values:
+        raise StudyError("a sign-flip test needs at least one difference")
+    steps = []
+    for v in values:
+        k = round(v * scale)
+        if not math.isfinite(v) or abs(v * scale - k) > 1e-6:
+            raise StudyError(f"sign-flip test: {v!r} is not a multiple of 1/{scale}")
+        steps.append(abs(k))
+    observed = abs(sum(round(v * scale) for v in values))
+    counts = {0: 1}  # sum -> number of sign patterns reaching it
+    for a in steps:
+        nxt: dict[int, int] = {}
+        for total, c in counts.items():
+            nxt[total + a] = nxt.get(total + a, 0) + c
+            nxt[total - a] = nxt.get(total - a, 0) + c
+        counts = nxt
+    extreme = sum(c for total, c in counts.items() if abs(total) >= observed)
+    return extreme / 2 ** len(values)
+
+
+def seeds_needed(sd: float, half_width: float = 0.10, cap: int = 40) -> dict:
+    """The power rule: the smallest n >= 2 whose expected 95% half-width t(0.975, n-1) * sd / sqrt(n)
+    is at most `half_width`, for a spread `sd` measured before the read; at most `cap` seeds, and
+    then the half-width expected at the cap is what the study can promise."""
+    if not (math.isfinite(sd) and sd >= 0 and half_width > 0 and cap >= 2):
+        raise StudyError(f"power rule needs sd >= 0, half_width > 0 and cap >= 2, not {sd}, {half_width}, {cap}")
+    for n in range(2, cap + 1):
+        expected = t975(n - 1) * sd / math.sqrt(n)
+        if expected <= half_width:
+            return {"n": n, "expected_half_width": expected, "capped": False}
+    return {"n": cap, "expected_half_width": t975(cap - 1) * sd / math.sqrt(cap), "capped": True}
+
+
 def across_seeds(values: list[float], bounds: tuple[float, float] | None = None) -> dict:
     """Mean, sample SD, 95% t-interval over seeds, sign counts and sign-test p of per-seed values.
 
