@@ -12,6 +12,7 @@ rlhf seeds --out DIR [--n 5] [--revision r001] [--workers W] [--sft-budget NAME]
 rlhf reproduce RESULTS_DIR --seed N [--work DIR]   one seed of a committed seed study, recomputed and compared
 rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the SFT budget with room to help, validation only
 rlhf choose-testbed --out FILE.json --work DIR [--round N]        a stable SFT with room to help, validation only
+rlhf confirm-oracle --testbed FILE.json --out DIR   the testbed's room on test, on fresh seeds
 rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
@@ -744,6 +745,39 @@ def add_choose_sft_budget(sub) -> None:
     p.set_defaults(func=cmd_choose_sft_budget)
 
 
+def cmd_confirm_oracle(args) -> int:
+    from rlhf.studies.room import confirm_oracle
+
+    record = confirm_oracle(args.testbed, args.out, workers=args.workers)
+    print(f"room shown on test: {'yes' if record['room_shown'] else 'no'}; written to {Path(args.out) / 'room.json'}")
+    return 0
+
+
+def add_confirm_oracle(sub) -> None:
+    """`rlhf confirm-oracle`: its options, beside the command it runs."""
+    from rlhf.studies.room import CAP, HALF_WIDTH, ROOM_STUDY_SEED
+
+    p = _command(
+        sub,
+        "confirm-oracle",
+        "the testbed's room on test: the oracle control against SFT on fresh seeds",
+        textwrap.fill(
+            f"Show the chosen testbed's room on test (rlhf.studies.room): first DIR/study.json declares, from "
+            f"the testbed record alone, the oracle's checkpoint and the seed count of the power rule (95% "
+            f"half-width at most {HALF_WIDTH} from the oracle's per-seed validation gains, at most {CAP} seeds); "
+            f"then that many fresh seeds (study seed {ROOM_STUDY_SEED}) train SFT, the judge and the oracle arm, "
+            f"and each seed's SFT and oracle are evaluated on test. DIR/room.json: per seed oracle - SFT, the "
+            f"mean, the Student-t interval, the exact sign-flip p. A stopped study continues when rerun.",
+            width=100,
+        ),
+        "rlhf confirm-oracle --testbed results/testbed-r002-2/testbed-r002-2.json --out runs/room-r002 --workers 2",
+    )
+    p.add_argument("--testbed", required=True, help="the testbed record (rlhf choose-testbed) whose choice to confirm")
+    p.add_argument("--out", required=True, help="study folder (study.json, the declaration, first; room.json last)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.set_defaults(func=cmd_confirm_oracle)
+
+
 def cmd_choose_testbed(args) -> int:
     from rlhf.studies.testbed import choose_testbed
 
@@ -853,6 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_frontier,
         add_choose_sft_budget,
         add_choose_testbed,
+        add_confirm_oracle,
         add_reproduce,
         add_export_verl,
     ):

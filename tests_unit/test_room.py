@@ -1,0 +1,99 @@
+"""The oracle's room on test (rlhf.studies.room): the declaration made from the testbed record
+alone (checkpoint, per-seed validation gains, the power rule's seed count), its refusal without
+a chosen testbed, and the numbers of step 3 recomputed by hand from per-seed test files."""
+
+import math
+
+import pytest
+
+from rlhf.io import write_json
+from rlhf.studies import StudyError, room
+from rlhf.studies.frontier import confirmation
+from rlhf.studies.frontier.arms import default_arms
+from rlhf.studies.statistics import t975
+
+pytestmark = pytest.mark.unit
+
+ORACLE = next(a for a in default_arms() if a.name == "oracle")
+
+
+def make_testbed(tmp_path, gains_at_40, chosen="sft-demos6"):
+    """A testbed record choosing `chosen`, its oracle study's frontier.json committed beside it:
+    per seed, the oracle's validation gain at iterations 20 and 40 (the declared best)."""
+    seeds = [
+        {"arms": {"oracle": {"points": [{"iteration": 0, "gain": 0.0}, {"iteration": 20, "gain": g / 2},
+                                         {"iteration": 40, "gain": g}]}}}
+        for g in gains_at_40
+    ]  # fmt: skip
+    write_json(tmp_path / f"oracle-{chosen}" / "frontier.json", {"seeds": seeds})
+    record = {
+        "chosen": chosen,
+        "commit": "abc123",
+        "revision": "r002",
+        "profile": "embedded",
+        "candidates": [
+            {"name": "sft-demos12", "oracle": {"study": "elsewhere", "best_iteration": 20}},
+            {"name": chosen, "oracle": {"study": "runs/gone", "best_iteration": 40}},
+        ],
+    }
+    path = tmp_path / "testbed.json"
+    write_json(path, record)
+    return record, str(path)
+
+
+def test_the_declaration_reads_the_chosen_oracle_s_per_seed_gains_and_applies_the_power_rule(tmp_path):
+    gains = [0.20, 0.05, 0.35, 0.10, 0.15]
+    record, path = make_testbed(tmp_path, gains)
+    got = room.declaration(record, path)
+    mean = sum(gains) / 5
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gains) / 4)  # 0.1173
+    n = next(n for n in range(2, 41) if t975(n - 1) * sd / math.sqrt(n) <= 0.10)
+    assert got["validation_gain_per_seed"] == gains and got["validation_gain_sd"] == pytest.approx(sd)
+    assert got["oracle_iteration"] == 40 and got["sft_recipe"] == "sft-demos6" and got["seeds"] == n == 8
+    assert got["study_seed"] == room.ROOM_STUDY_SEED == 3 and not got["capped"]
+    assert got["testbed_commit"] == "abc123" and got["expected_half_width"] <= 0.10
+
+
+def test_a_wide_spread_is_capped_and_says_the_half_width_it_can_promise(tmp_path):
+    record, path = make_testbed(tmp_path, [0.9, -0.5, 0.8, -0.6, 0.7])
+    got = room.declaration(record, path)
+    assert got["seeds"] == room.CAP == 40 and got["capped"] and got["expected_half_width"] > 0.10
+
+
+def test_no_chosen_testbed_or_no_oracle_study_is_refused_naming_what_is_missing(tmp_path):
+    record, path = make_testbed(tmp_path, [0.1, 0.2, 0.3])
+    with pytest.raises(StudyError, match="chose no testbed"):
+        room.declaration({**record, "chosen": None}, path)
+    (tmp_path / "oracle-sft-demos6" / "frontier.json").unlink()
+    with pytest.raises(StudyError, match="oracle-sft-demos6/frontier.json"):
+        room.declaration(record, path)
+
+
+def seed_files(root, sft, oracle):
+    """Per seed the test file confirm_seed writes: SFT's and the oracle's test success (of 180)."""
+    folders = []
+    for i, (s, o) in enumerate(zip(sft, oracle)):
+        f = root / f"seed-{i}"
+        metrics = {k: {"test": {"rubric_success": v / 180}} for k, v in (("sft", s), ("ppo", o))}
+        write_json(confirmation.test_file(f, ORACLE, 40), {"iteration": 40, "metrics": metrics})
+        folders.append(f)
+    return folders
+
+
+def test_step_3_is_oracle_minus_sft_on_test_per_seed_with_interval_and_sign_flip_p(tmp_path):
+    sft = [90, 100, 80, 120]  # test successes of 180
+    oracle = [120, 118, 80, 150]
+    folders = seed_files(tmp_path, sft, oracle)
+    got = room.summarise(folders, ORACLE, 40)
+    diffs = [(o - s) / 180 for s, o in zip(sft, oracle)]  # 30, 18, 0, 30 of 180
+    mean = sum(diffs) / 4
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3)
+    d = got["oracle_minus_sft"]
+    assert [r["oracle_minus_sft"] for r in got["per_seed"]] == pytest.approx(diffs)
+    assert d["mean"] == pytest.approx(mean) and d["t95"][0] == pytest.approx(mean - t975(3) * sd / 2)
+    # sign patterns of (30, 18, 0, 30) with |sum| >= 78: all four nonzero the same way, the zero either way
+    assert d["sign_flip_p"] == 4 / 16 and d["seeds_up"] == 3
+    assert d["t95"][0] < 0 and got["room_shown"] is False  # three of four up, yet not shown: the interval holds 0
+    shown = room.summarise(seed_files(tmp_path / "b", sft, [120, 118, 100, 150]), ORACLE, 40)
+    assert shown["oracle_minus_sft"]["t95"][0] > 0 and shown["room_shown"] is True
+    assert shown["sft"]["mean"] == pytest.approx(sum(sft) / 4 / 180)
