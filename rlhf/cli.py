@@ -13,6 +13,7 @@ rlhf reproduce RESULTS_DIR --seed N [--work DIR]   one seed of a committed seed 
 rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the SFT budget with room to help, validation only
 rlhf choose-testbed --out FILE.json --work DIR [--round N]        a stable SFT with room to help, validation only
 rlhf confirm-oracle --testbed FILE.json --out DIR   the testbed's room on test, on fresh seeds
+rlhf choose-design --testbed FILE.json --out DIR    a design chosen on some seeds, estimated on fresh ones
 rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
@@ -778,6 +779,41 @@ def add_confirm_oracle(sub) -> None:
     p.set_defaults(func=cmd_confirm_oracle)
 
 
+def cmd_choose_design(args) -> int:
+    from rlhf.studies.choice import choose_design
+
+    record = choose_design(args.testbed, args.out, workers=args.workers)
+    c = record["chosen"]
+    print(f"chosen: {c['arm']} at iteration {c['iteration']}; written to {Path(args.out) / 'choice.json'}")
+    return 0
+
+
+def add_choose_design(sub) -> None:
+    """`rlhf choose-design`: its options, beside the command it runs."""
+    from rlhf.studies.choice import CANDIDATES, CHECKPOINTS, ESTIMATION_SEEDS, ESTIMATION_STUDY_SEED, SELECTION_SEEDS
+
+    p = _command(
+        sub,
+        "choose-design",
+        "choose a design on some validation seeds and estimate it on fresh ones (no winner's curse)",
+        textwrap.fill(
+            f"Choose the operating point on the chosen testbed (rlhf.studies.choice), on validation prompts "
+            f"only: among the declared candidates ({', '.join(CANDIDATES)}) at the declared checkpoints "
+            f"({', '.join(map(str, CHECKPOINTS))}), the point with the best mean validation gold over "
+            f"{SELECTION_SEEDS} selection seeds (DIR/selection); then its gain over SFT and over the SPEC's "
+            f"default estimated on {ESTIMATION_SEEDS} fresh seeds (study seed {ESTIMATION_STUDY_SEED}, "
+            f"DIR/estimation). DIR/choice.json: the choice, the naive and the honest estimates, the prompt sets "
+            f"and commit of each step. A stopped study continues when rerun.",
+            width=100,
+        ),
+        "rlhf choose-design --testbed results/testbed-r002-2/testbed-r002-2.json --out runs/choice-r002 --workers 2",
+    )
+    p.add_argument("--testbed", required=True, help="the testbed record (rlhf choose-testbed) whose SFT recipe to use")
+    p.add_argument("--out", required=True, help="study folder (study.json, the declaration, first; choice.json last)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.set_defaults(func=cmd_choose_design)
+
+
 def cmd_choose_testbed(args) -> int:
     from rlhf.studies.testbed import choose_testbed
 
@@ -888,6 +924,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_choose_sft_budget,
         add_choose_testbed,
         add_confirm_oracle,
+        add_choose_design,
         add_reproduce,
         add_export_verl,
     ):

@@ -174,18 +174,21 @@ def run_frontier(
     profile_name: str = "embedded",
     settings: Settings = Settings(),
     say=print,
+    study_seed: int = STUDY_SEED,
 ) -> dict:
-    """The whole validation study (rlhf.studies.frontier); returns frontier.json's content."""
+    """The whole validation study (rlhf.studies.frontier); returns frontier.json's content.
+    `study_seed`: the frontier's own (STUDY_SEED), or another for a study of fresh seeds on
+    validation (rlhf.studies.choice estimates a chosen point there)."""
     t0 = time.perf_counter()
     out = output_folder(out)
-    identity = study_identity(profile_name, revision, n, sft_budget, settings, STUDY_SEED)
+    identity = study_identity(profile_name, revision, n, sft_budget, settings, study_seed)
     workers = workers_count(workers)
     done = out / "frontier.json"
     extend_study(out, identity, say)
     finished = begin_study(out, identity, done, say)
     if finished is not None:
         return finished
-    folders = write_study_profiles(out, profile_name, n, STUDY_SEED, sft_budget)
+    folders = write_study_profiles(out, profile_name, n, study_seed, sft_budget)
     say(
         f"frontier {out}: {n} seed(s) of the embedded lab on {revision}, SFT budget {sft_budget}, "
         f"{len(settings.arms)} arms, {workers} worker(s)"
@@ -257,6 +260,8 @@ def frontier_command(out: Path, identity: dict) -> str:
     """The `rlhf frontier` command that makes this study; for arms no command's options choose (the
     SFT-budget rule's oracle study, a library caller's settings), a line that says so instead."""
     cmd = f"rlhf frontier --out {out} --n {identity['n']} --revision {identity['revision']}"
+    if identity["study_seed"] != STUDY_SEED:
+        return f"no rlhf frontier command runs study seed {identity['study_seed']} (rlhf.studies.choice does)"
     cmd += f" --sft-budget {identity['sft_budget']}"
     cmd += "" if identity["profile"] == "embedded" else " --profile PROFILE.toml"
     settings = settings_of(identity)
