@@ -756,7 +756,8 @@ def cmd_confirm_oracle(args) -> int:
 
 def add_confirm_oracle(sub) -> None:
     """`rlhf confirm-oracle`: its options, beside the command it runs."""
-    from rlhf.studies.room import CAP, HALF_WIDTH, ROOM_STUDY_SEED
+    from rlhf.studies.heldout import CAP, HALF_WIDTH
+    from rlhf.studies.room import ROOM_STUDY_SEED
 
     p = _command(
         sub,

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rlhf.io import write_json
-from rlhf.studies import StudyError, room
+from rlhf.studies import StudyError, heldout, room
 from rlhf.studies.frontier import confirmation
 from rlhf.studies.frontier.arms import default_arms
 from rlhf.studies.statistics import t975
@@ -50,14 +50,16 @@ def test_the_declaration_reads_the_chosen_oracle_s_per_seed_gains_and_applies_th
     n = next(n for n in range(2, 41) if t975(n - 1) * sd / math.sqrt(n) <= 0.10)
     assert got["validation_gain_per_seed"] == gains and got["validation_gain_sd"] == pytest.approx(sd)
     assert got["oracle_iteration"] == 40 and got["sft_recipe"] == "sft-demos6" and got["seeds"] == n == 8
-    assert got["study_seed"] == room.ROOM_STUDY_SEED == 3 and not got["capped"]
-    assert got["testbed_commit"] == "abc123" and got["expected_half_width"] <= 0.10
+    assert got["study_seed"] == room.ROOM_STUDY_SEED == 3 and not got["power"]["capped"]
+    one = got["power"]["per_comparison"]["oracle_minus_sft"]
+    assert got["testbed_commit"] == "abc123" and one["expected_half_width"] <= 0.10 and one["asks"] == 8
 
 
 def test_a_wide_spread_is_capped_and_says_the_half_width_it_can_promise(tmp_path):
     record, path = make_testbed(tmp_path, [0.9, -0.5, 0.8, -0.6, 0.7])
     got = room.declaration(record, path)
-    assert got["seeds"] == room.CAP == 40 and got["capped"] and got["expected_half_width"] > 0.10
+    one = got["power"]["per_comparison"]["oracle_minus_sft"]
+    assert got["seeds"] == heldout.CAP == 40 and got["power"]["capped"] and one["expected_half_width"] > 0.10
 
 
 def test_no_chosen_testbed_or_no_oracle_study_is_refused_naming_what_is_missing(tmp_path):
@@ -84,7 +86,7 @@ def test_step_3_is_oracle_minus_sft_on_test_per_seed_with_interval_and_sign_flip
     sft = [90, 100, 80, 120]  # test successes of 180
     oracle = [120, 118, 80, 150]
     folders = seed_files(tmp_path, sft, oracle)
-    got = room.summarise(folders, ORACLE, 40)
+    got = room.summarise(folders, 40)
     diffs = [(o - s) / 180 for s, o in zip(sft, oracle)]  # 30, 18, 0, 30 of 180
     mean = sum(diffs) / 4
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3)
@@ -94,6 +96,6 @@ def test_step_3_is_oracle_minus_sft_on_test_per_seed_with_interval_and_sign_flip
     # sign patterns of (30, 18, 0, 30) with |sum| >= 78: all four nonzero the same way, the zero either way
     assert d["sign_flip_p"] == 4 / 16 and d["seeds_up"] == 3
     assert d["t95"][0] < 0 and got["room_shown"] is False  # three of four up, yet not shown: the interval holds 0
-    shown = room.summarise(seed_files(tmp_path / "b", sft, [120, 118, 100, 150]), ORACLE, 40)
+    shown = room.summarise(seed_files(tmp_path / "b", sft, [120, 118, 100, 150]), 40)
     assert shown["oracle_minus_sft"]["t95"][0] > 0 and shown["room_shown"] is True
     assert shown["sft"]["mean"] == pytest.approx(sum(sft) / 4 / 180)

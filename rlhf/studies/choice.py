@@ -33,7 +33,7 @@ from pathlib import Path
 from rlhf.io import output_folder, read_json, write_json
 from rlhf.studies import StudyError
 from rlhf.studies.record import open_record, ran_with, workers_count
-from rlhf.studies.statistics import across_seeds, sign_flip_p
+from rlhf.studies.statistics import across_seeds, paired
 
 CANDIDATES = ("spec-default", "standardised-judge", "eos-less-replaced", "iterated-judge")
 CHECKPOINTS = (30, 60, 100)
@@ -94,12 +94,6 @@ def choose_point(result: dict, candidates=CANDIDATES, checkpoints=CHECKPOINTS) -
     }
 
 
-def compare(values: list[float]) -> dict:
-    """A paired comparison over seeds: across_seeds with the exact sign-flip p and the seeds up."""
-    stats = across_seeds(values, (-1.0, 1.0))
-    return {**stats, "per_seed": values, "sign_flip_p": sign_flip_p(values), "seeds_up": stats["positive"]}
-
-
 def estimate(result: dict, arm: str, iteration: int) -> dict:
     """Step 3 on the estimation study's frontier.json: the chosen point against SFT and against
     the SPEC's default at its last iteration, paired by seed."""
@@ -107,9 +101,9 @@ def estimate(result: dict, arm: str, iteration: int) -> dict:
     chosen = per_seed_gold(result, arm, iteration)
     default = per_seed_gold(result, DEFAULT, default_iteration)
     return {
-        "chosen_minus_sft": compare(per_seed_gains(result, arm, iteration)),
-        "chosen_minus_default": compare([c - d for c, d in zip(chosen, default)]),
-        "default_minus_sft": compare(per_seed_gains(result, DEFAULT, default_iteration)),
+        "chosen_minus_sft": paired(per_seed_gains(result, arm, iteration)),
+        "chosen_minus_default": paired([c - d for c, d in zip(chosen, default)]),
+        "default_minus_sft": paired(per_seed_gains(result, DEFAULT, default_iteration)),
     }
 
 

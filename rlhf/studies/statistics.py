@@ -167,6 +167,13 @@ def across_seeds(values: list[float], bounds: tuple[float, float] | None = None)
     }
 
 
+def paired(values: list[float]) -> dict:
+    """One paired comparison over seeds (a per-seed difference of two success rates): across_seeds
+    bounded to [-1, 1], the exact sign-flip p and the seeds up."""
+    stats = across_seeds(values, (-1.0, 1.0))
+    return {**stats, "per_seed": values, "sign_flip_p": sign_flip_p(values), "seeds_up": stats["positive"]}
+
+
 def across_table(rows: list[dict], bounds=lambda key: None) -> dict:
     """{metric: across_seeds(its per-seed values, bounds(metric))} over every metric the rows share."""
     keys = sorted(set.intersection(*(set(r["metrics"]) for r in rows)))
