@@ -14,6 +14,7 @@ rlhf choose-sft-budget --out FILE.json --work DIR [--revision r002]   the SFT bu
 rlhf choose-testbed --out FILE.json --work DIR [--round N]        a stable SFT with room to help, validation only
 rlhf confirm-oracle --testbed FILE.json --out DIR   the testbed's room on test, on fresh seeds
 rlhf choose-design --testbed FILE.json --out DIR    a design chosen on some seeds, estimated on fresh ones
+rlhf confirm-design --choice FILE.json --out DIR    the answer on test, on a declared number of fresh seeds
 rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
@@ -815,6 +816,42 @@ def add_choose_design(sub) -> None:
     p.set_defaults(func=cmd_choose_design)
 
 
+def cmd_confirm_design(args) -> int:
+    from rlhf.studies.verdict import confirm_design
+
+    confirm_design(args.choice, args.out, workers=args.workers)
+    print(f"written to {Path(args.out) / 'verdict.json'}")
+    return 0
+
+
+def add_confirm_design(sub) -> None:
+    """`rlhf confirm-design`: its options, beside the command it runs."""
+    from rlhf.studies.heldout import CAP, HALF_WIDTH
+    from rlhf.studies.verdict import VERDICT_STUDY_SEED
+
+    p = _command(
+        sub,
+        "confirm-design",
+        "the answer on test: the chosen design, the SPEC default and the oracle on declared fresh seeds",
+        textwrap.fill(
+            f"Read the declared comparisons on test (rlhf.studies.verdict): first DIR/study.json declares, from "
+            f"the choice record alone, the points (the chosen design at its checkpoint, the SPEC's default at "
+            f"its last iteration, the oracle at the testbed's checkpoint), the comparisons (chosen - SFT, chosen "
+            f"- default paired by seed, oracle - SFT) and the seed count of the power rule (95% half-width at "
+            f"most {HALF_WIDTH} from each comparison's validation spread, at most {CAP} seeds); then that many "
+            f"fresh seeds (study seed {VERDICT_STUDY_SEED}) are trained and evaluated on test. DIR/verdict.json: "
+            f"each comparison's mean, Student-t interval, exact sign-flip p and seeds up. A stopped study "
+            f"continues when rerun.",
+            width=100,
+        ),
+        "rlhf confirm-design --choice runs/choice-r002/choice.json --out runs/verdict-r002 --workers 2",
+    )
+    p.add_argument("--choice", required=True, help="the choice record (rlhf choose-design) whose point to confirm")
+    p.add_argument("--out", required=True, help="study folder (study.json, the declaration, first; verdict.json last)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.set_defaults(func=cmd_confirm_design)
+
+
 def cmd_choose_testbed(args) -> int:
     from rlhf.studies.testbed import choose_testbed
 
@@ -926,6 +963,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_choose_testbed,
         add_confirm_oracle,
         add_choose_design,
+        add_confirm_design,
         add_reproduce,
         add_export_verl,
     ):

@@ -100,3 +100,33 @@ def test_the_declared_candidates_are_arms_of_the_frontier_and_its_checkpoints_ar
     names = {a.name for a in default_arms()}
     assert set(choice.CANDIDATES) <= names and choice.DEFAULT in choice.CANDIDATES
     assert set(choice.CHECKPOINTS) <= set(measured_iterations(load_profile("embedded")))
+
+
+def test_the_verdict_is_declared_from_the_choice_the_testbed_and_the_selection_seeds_alone(tmp_path):
+    from rlhf.io import write_json
+    from rlhf.studies import verdict
+
+    testbed = {"chosen": "sft-demos6", "candidates": [{"name": "sft-demos6", "oracle": {"best_iteration": 70}}]}
+    write_json(tmp_path / "testbed.json", testbed)
+    oracle_golds = {70: [0.9, 0.8, 1.0], 30: [0.5, 0.5, 0.5]}
+    write_json(tmp_path / "selection" / "frontier.json", frontier({"oracle": oracle_golds}, SFT))
+    record = {
+        "declared": {"testbed": str(tmp_path / "testbed.json"), "sft_recipe": "sft-demos6", "revision": "r002",
+                     "profile": "embedded"},
+        "chosen": {"arm": "iterated-judge", "iteration": 60},
+        "estimate": {"chosen_minus_sft": {"sd": 0.2}, "chosen_minus_default": {"sd": 0.05}},
+        "steps": [{"study": str(tmp_path / "selection"), "commit": "c1"}, {"commit": "c2"}],
+    }  # fmt: skip
+    got = verdict.declaration(record, "choice.json")
+    assert got["points"] == {
+        "chosen": {"arm": "iterated-judge", "iteration": 60},
+        "default": {"arm": "spec-default", "iteration": 100},
+        "oracle": {"arm": "oracle", "iteration": 70},
+    }
+    oracle_sd = math.sqrt(((0.4 - 0.3) ** 2 + (0.2 - 0.3) ** 2 + (0.3 - 0.3) ** 2) / 2)  # gains 0.4, 0.2, 0.3
+    per = got["power"]["per_comparison"]
+    assert per["oracle_minus_sft"]["validation_sd"] == pytest.approx(0.1) == pytest.approx(oracle_sd)
+    assert per["chosen_minus_sft"]["asks"] == 18 == got["power"]["seeds"] and got["study_seed"] == 5
+    assert got["choice_commit"] == "c2" and verdict.declared_points(got)["oracle"].key == "oracle@70"
+    with pytest.raises(StudyError, match="the SPEC's default itself"):
+        verdict.declaration({**record, "chosen": {"arm": "spec-default", "iteration": 100}}, "choice.json")

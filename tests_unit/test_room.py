@@ -99,3 +99,25 @@ def test_step_3_is_oracle_minus_sft_on_test_per_seed_with_interval_and_sign_flip
     shown = room.summarise(seed_files(tmp_path / "b", sft, [120, 118, 100, 150]), 40)
     assert shown["oracle_minus_sft"]["t95"][0] > 0 and shown["room_shown"] is True
     assert shown["sft"]["mean"] == pytest.approx(sum(sft) / 4 / 180)
+
+
+def test_the_study_runs_the_largest_seed_count_any_declared_comparison_asks_for():
+    got = heldout.power({"chosen_minus_sft": 0.2, "chosen_minus_default": 0.05, "oracle_minus_sft": 0.1})
+    asks = {k: v["asks"] for k, v in got["per_comparison"].items()}
+    assert got["seeds"] == 18 == max(asks.values()) and asks["chosen_minus_default"] < asks["oracle_minus_sft"] < 18
+    for name, sd in (("chosen_minus_default", 0.05), ("chosen_minus_sft", 0.2)):
+        assert got["per_comparison"][name]["expected_half_width"] == pytest.approx(t975(17) * sd / math.sqrt(18))
+    with pytest.raises(StudyError, match="at least one comparison"):
+        heldout.power({})
+
+
+def test_a_point_against_another_is_paired_by_seed(tmp_path):
+    folders = seed_files(tmp_path, [90, 100, 80], [120, 118, 80])  # the oracle at 40
+    other = heldout.Point("spec-default", 100)
+    arm = next(a for a in default_arms() if a.name == "spec-default")
+    for f, s, o in zip(folders, [90, 100, 80], [100, 100, 90]):
+        metrics = {k: {"test": {"rubric_success": v / 180}} for k, v in (("sft", s), ("ppo", o))}
+        write_json(confirmation.test_file(f, arm, 100), {"iteration": 100, "metrics": metrics})
+    got = heldout.comparisons(folders, {"o_minus_d": (heldout.Point("oracle", 40), other)})["o_minus_d"]
+    assert got["per_seed"] == pytest.approx([20 / 180, 18 / 180, -10 / 180])
+    assert (got["a"], got["b"]) == ("oracle@40", "spec-default@100") and got["seeds_up"] == 2
