@@ -144,6 +144,21 @@ class Seeds:
         "update batches)",
         default=449,
     )
+    ppo_offset: int | None = doc(
+        "added to every seed PPO draws from (the system RNGs at its start, its prompt order, its token sampling, "
+        "the judge refresh): PPO run again from the same SFT and judge with other draws (a nested study's PPO "
+        "seed); absent: 0",
+        default=None,
+        new_key=True,
+    )
+
+    def __post_init__(self):
+        if self.ppo_offset is not None and self.ppo_offset < 0:
+            raise ProfileError(f"[seeds] ppo_offset must be at least 0, not {self.ppo_offset}")
+
+    def ppo(self, name: str) -> int:
+        """The seed `name` as PPO draws from it: the profile's value plus ppo_offset."""
+        return getattr(self, name) + (self.ppo_offset or 0)
 
 
 @dataclass(frozen=True)

@@ -827,7 +827,7 @@ def _ppo_leg(ctx: Context, leg: Leg, *, progress, use_cache: bool):
     roles = ppo_roles(ctx)
     assert_role_isolation(roles)
     before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
-    seed_system_rngs(ctx.profile.seeds.torch)
+    seed_system_rngs(ctx.profile.seeds.ppo("torch"))
     watch = warning_watch(ctx.profile.ppo)
     out, tm = train_ppo(
         roles,

@@ -481,9 +481,9 @@ def _restore(roles: PpoRoles, profile: Profile, n_prompts: int, state: dict | No
         "actor": adamw([p for p in actor.learned_parameters() if p.requires_grad], cfg.actor_lr, decay),
         "critic": adamw([p for p in critic.learned_parameters() if p.requires_grad], cfg.critic_lr, decay),
     }
-    sampler = PromptSampler(n_prompts, seeds.data_order)
+    sampler = PromptSampler(n_prompts, seeds.ppo("data_order"))
     device = next(actor.model.parameters()).device
-    sample_gen = torch.Generator(device=device).manual_seed(seeds.ppo_sampling)
+    sample_gen = torch.Generator(device=device).manual_seed(seeds.ppo("ppo_sampling"))
     iterated = cfg.reward_design == "iterated-judge"
     if state is None:
         history: dict = {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None}

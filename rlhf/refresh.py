@@ -86,8 +86,8 @@ class RefreshData:
 
 
 def start(profile: Profile, device, state: dict | None = None) -> RefreshData:
-    """Fresh from seeds.judge_refresh, or restored from a PPO state's "refresh"."""
-    generator = torch.Generator(device=device).manual_seed(profile.seeds.judge_refresh)
+    """Fresh from seeds.judge_refresh (plus ppo_offset), or restored from a PPO state's "refresh"."""
+    generator = torch.Generator(device=device).manual_seed(profile.seeds.ppo("judge_refresh"))
     if state is None:
         return RefreshData(generator, [])
     generator.set_state(state["generator"])

@@ -539,3 +539,54 @@ def test_each_iterations_oracle_pays_the_rubric_success_on_its_own_prompts_famil
     assert all(len({a for a, _ in rows[4 * i : 4 * i + 4]}) > 1 for i in range(2)), rows
     paid = [p for it in iterations for p in it["paid_scores"]]
     assert paid == [1.0 if right else 0.0 for _, right in rows]
+
+
+@pytest.mark.parametrize("offset", [None, 7])
+def test_ppo_draws_its_prompt_order_and_token_sampling_from_the_seeds_plus_ppo_offset(
+    embedded_profile, embedded_dir, embedded_base, monkeypatch, offset
+):
+    """A nested study reruns PPO from one SFT and judge with other draws ([seeds] ppo_offset):
+    the prompt sampler and the sampling generator start from their seeds plus the offset (absent:
+    the seeds themselves, as every run before the key existed)."""
+    profile = override(
+        embedded_profile,
+        {("ppo", "reward_design"): "oracle", ("ppo", "iterations"): 1, ("seeds", "ppo_offset"): offset},
+    )
+    tokenizer, eos_id = embedded_base.tokenizer, embedded_base.eos_id
+    seen: dict[str, list[int]] = {"order": [], "sampling": []}
+    real_sampler = ppo.PromptSampler
+
+    def sampler(n, seed):
+        seen["order"].append(seed)
+        return real_sampler(n, seed)
+
+    def sample(model, prompts, *, eos_id, pad_id, profile, generator, use_cache=True):
+        seen["sampling"].append(generator.initial_seed())
+        return scripted_sampling(lambda p: hedged_answer(0, tokenizer, eos_id, profile))(
+            model, prompts, eos_id=eos_id, pad_id=pad_id, profile=profile, generator=generator
+        )
+
+    monkeypatch.setattr(ppo, "PromptSampler", sampler)
+    monkeypatch.setattr(ppo, "sample_like_ppo", sample)
+    roles = PpoRoles(
+        **{kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
+    )
+    ppo.train_ppo(roles, Corpus.build("r001").learning_view(), tokenizer, eos_id, embedded_base.pad_id, profile)
+    seeds = embedded_profile.seeds
+    assert seen == {"order": [seeds.data_order + (offset or 0)], "sampling": [seeds.ppo_sampling + (offset or 0)]}
+    assert profile.seeds.ppo("torch") == seeds.torch + (offset or 0) and profile.seeds.ppo("judge_refresh") == (
+        seeds.judge_refresh + (offset or 0)
+    )
+
+
+def test_ppo_offset_is_absent_from_the_identity_until_set_and_never_negative(embedded_profile):
+    from rlhf.config import ProfileError, profile_hash
+
+    assert "ppo_offset" not in embedded_profile.to_dict()["seeds"]
+    assert profile_hash(embedded_profile) == "41ec2214c4e7d5d737b770809120388f5104ba22158e20ed4b354183143df4c2"
+    nested = override(embedded_profile, {("seeds", "ppo_offset"): 3})
+    assert profile_hash(nested) != profile_hash(embedded_profile) and nested.seeds.ppo("data_order") == (
+        embedded_profile.seeds.data_order + 3
+    )
+    with pytest.raises(ProfileError, match="ppo_offset must be at least 0, not -1"):
+        override(embedded_profile, {("seeds", "ppo_offset"): -1})
