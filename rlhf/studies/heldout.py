@@ -61,13 +61,16 @@ def power(spreads: dict[str, float]) -> dict:
     }
 
 
-def run_points(folders: list[Path], points: tuple[Point, ...], revision: str, workers: int, say) -> None:
-    """Train each seed's SFT, judge and the points' arms, then evaluate every point and SFT on test."""
+def run_points(
+    folders: list[Path], points: tuple[Point, ...], revision: str, workers: int, say, arms: tuple = ()
+) -> None:
+    """Train each seed's SFT, judge and the points' arms (by name: `arms`, else the frontier's
+    default arms), then evaluate every point and SFT on test."""
     from rlhf.studies.frontier.arms import Settings, default_arms
     from rlhf.studies.frontier.confirmation import confirm_seed
     from rlhf.studies.frontier.study import run_tasks
 
-    by_name = {a.name: a for a in default_arms()}
+    by_name = {a.name: a for a in (arms or default_arms())}
     arms = tuple(by_name[name] for name in dict.fromkeys(p.arm for p in points))
     t0 = time.perf_counter()
     run_tasks(folders, arms, revision, Settings(arms=arms), workers, say, confirm=True)
@@ -78,11 +81,9 @@ def run_points(folders: list[Path], points: tuple[Point, ...], revision: str, wo
 
 def test_success(folder: Path, point: Point) -> tuple[float, float]:
     """(SFT's, the point's) test rubric success on one seed, from its confirmation file."""
-    from rlhf.studies.frontier.arms import default_arms
     from rlhf.studies.frontier.confirmation import test_file
 
-    arm = next(a for a in default_arms() if a.name == point.arm)
-    m = read_json(test_file(folder, arm, point.iteration))["metrics"]
+    m = read_json(test_file(folder, point.arm, point.iteration))["metrics"]
     return m["sft"]["test"]["rubric_success"], m["ppo"]["test"]["rubric_success"]
 
 

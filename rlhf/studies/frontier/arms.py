@@ -39,6 +39,7 @@ class Arm:
     actor_lr: float | None = None  # the actor's peak learning rate, when not the profile's
     ppo: tuple[tuple[str, object], ...] = ()  # other [ppo] keys of the design (refresh_every, ensemble_size, ...)
     c_from_grid: bool = False  # c is the grid's best (grid_choice), known once the grid's arms are measured
+    ppo_offset: int | None = None  # [seeds] ppo_offset: PPO's draws for a nested study's PPO seed (None: none)
 
     def kl_coef(self, sigma: float) -> float:
         if self.raw is not None:
@@ -62,6 +63,8 @@ class Arm:
         if self.actor_lr is not None:
             out[("ppo", "actor_lr")] = self.actor_lr
         out.update({("ppo", key): value for key, value in self.ppo})
+        if self.ppo_offset is not None:
+            out[("seeds", "ppo_offset")] = self.ppo_offset
         return out
 
     def describe(self) -> str:
@@ -69,7 +72,8 @@ class Arm:
         if self.c_from_grid:
             beta = "beta = c sigma at the grid's best c" + ("" if self.c is None else f" ({self.c})")
         lr = "" if self.actor_lr is None else f", actor learning rate {self.actor_lr:g}"
-        return f"{self.design}, {beta}{lr}" + "".join(f", {key} {value}" for key, value in self.ppo)
+        offset = "" if self.ppo_offset is None else f", PPO seeds + {self.ppo_offset}"
+        return f"{self.design}, {beta}{lr}" + "".join(f", {key} {value}" for key, value in self.ppo) + offset
 
 
 def grid_name(c: float) -> str:
@@ -160,7 +164,14 @@ class Settings:
 
     def record(self) -> dict:
         return {
-            "arms": [{**dataclasses.asdict(a), "ppo": [list(kv) for kv in a.ppo]} for a in self.arms],
+            # ppo_offset only where set: the studies recorded before it existed keep their identity
+            "arms": [
+                {
+                    **{k: v for k, v in dataclasses.asdict(a).items() if k != "ppo_offset" or v is not None},
+                    "ppo": [list(kv) for kv in a.ppo],
+                }
+                for a in self.arms
+            ],
             "bon_ns": list(self.bon_ns),
             "kl_samples_per_prompt": self.kl_samples,
             "bon_ensembles": list(self.bon_ensembles),

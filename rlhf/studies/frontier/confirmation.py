@@ -62,11 +62,11 @@ def test_rows(actor_model, reference_model, judge, ctx) -> list[dict]:
     return rubric_rows(score_rows(rows, ctx, actor_model, reference_model, judge), ctx)
 
 
-def test_file(seed_dir: Path, arm: Arm, it: int | None) -> Path:
-    """Where a confirmation seed keeps one point's test rows: at a fixed iteration, or (None)
-    wherever the arm's PPO ended (a warning may have stopped it)."""
+def test_file(seed_dir: Path, arm: Arm | str, it: int | None) -> Path:
+    """Where a confirmation seed keeps one point's test rows (`arm`: the arm or its name): at a
+    fixed iteration, or (None) wherever the arm's PPO ended (a warning may have stopped it)."""
     name = "test-final.json" if it is None else f"test-iter-{it:04d}.json"
-    return seed_dir / "arms" / arm.name / name
+    return seed_dir / "arms" / (arm if isinstance(arm, str) else arm.name) / name
 
 
 def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int | None], ...], revision: str, log: bool = True) -> str:
