@@ -15,6 +15,7 @@ rlhf choose-testbed --out FILE.json --work DIR [--round N]        a stable SFT w
 rlhf confirm-oracle --testbed FILE.json --out DIR   the testbed's room on test, on fresh seeds
 rlhf choose-design --testbed FILE.json --out DIR    a design chosen on some seeds, estimated on fresh ones
 rlhf confirm-design --choice FILE.json --out DIR    the answer on test, on a declared number of fresh seeds
+rlhf nested --choice FILE.json --out DIR            variance split: PPO seeds nested in pipeline seeds
 rlhf frontier --out DIR [--revision r002] [--n 3] [--confirm 5]   the over-optimisation frontier
 rlhf export-verl --run DIR --out DIR [--nnodes M --gpus-per-node N --seeds K]   hand a finished run to verl
 rlhf arithmetic [--out FILE] [--compare FILE]   this CPU's arithmetic fingerprint: do the golden numbers apply?
@@ -852,6 +853,39 @@ def add_confirm_design(sub) -> None:
     p.set_defaults(func=cmd_confirm_design)
 
 
+def cmd_nested(args) -> int:
+    from rlhf.studies.nested import run_nested
+
+    run_nested(args.choice, args.out, workers=args.workers)
+    print(f"written to {Path(args.out) / 'nested.json'}")
+    return 0
+
+
+def add_nested(sub) -> None:
+    """`rlhf nested`: its options, beside the command it runs."""
+    from rlhf.studies.nested import NESTED_STUDY_SEED, PIPELINES, PPO_SEEDS
+
+    p = _command(
+        sub,
+        "nested",
+        "variance split by source: PPO seeds nested in pipeline seeds, read on test",
+        textwrap.fill(
+            f"Split the variance of each declared comparison with SFT by its source (rlhf.studies.nested): "
+            f"{PIPELINES} pipeline seeds (study seed {NESTED_STUDY_SEED}: data order, SFT, judge) each run PPO "
+            f"with {PPO_SEEDS} PPO seeds for the SPEC's default, the chosen design and the oracle at the "
+            f"verdict's points, read on test against the pipeline's SFT. DIR/nested.json: the variance from "
+            f"PPO seeds, from pipeline seeds and from the test prompts, and the intervals 'from one SFT and "
+            f"judge' and 'over the whole pipeline'. A stopped study continues when rerun.",
+            width=100,
+        ),
+        "rlhf nested --choice runs/choice-r002/choice.json --out runs/nested-r002 --workers 2",
+    )
+    p.add_argument("--choice", required=True, help="the choice record (rlhf choose-design) naming the points")
+    p.add_argument("--out", required=True, help="study folder (study.json, the declaration, first; nested.json last)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.set_defaults(func=cmd_nested)
+
+
 def cmd_choose_testbed(args) -> int:
     from rlhf.studies.testbed import choose_testbed
 
@@ -964,6 +998,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_confirm_oracle,
         add_choose_design,
         add_confirm_design,
+        add_nested,
         add_reproduce,
         add_export_verl,
     ):
