@@ -2,12 +2,18 @@
 
     seeds           `rlhf seeds`: running a multi-seed study; its rows, invariants and seeds.json
     derivation      what a study run changes in its profile: the training seeds of run i
-    statistics      the across-seed statistics (mean, SD, Student-t interval, sign test)
+    statistics      the across-seed statistics (mean, SD, Student-t interval, sign test, exact
+                    sign-flip p, the power rule's seed count)
     changed_answer  the per-token view of a held-out answer that PPO changed
     sft_budget      `rlhf choose-sft-budget`: the SFT budget where PPO has room to help (SFT success
                     in a band, the oracle control's gain), chosen on validation prompts only
     testbed         `rlhf choose-testbed`: the SFT recipe that is stable across seeds and leaves the
                     oracle control room, chosen on validation prompts only
+    room            `rlhf confirm-oracle`: the testbed's room on test (the oracle against SFT)
+    choice          `rlhf choose-design`: a design chosen on some validation seeds, estimated on others
+    heldout         declared comparisons read on test on fresh seeds (what room, verdict, nested use)
+    verdict         `rlhf confirm-design`: the answer on test, comparisons and seeds declared first
+    nested          `rlhf nested`: PPO seeds nested in pipeline seeds, variance split by source
     validation      measurements on validation prompts only (what the SFT budget and the frontier read)
     frontier/       `rlhf frontier`: the over-optimisation frontier, one module per concern (its docstring)
     warnings        over-optimisation warning rules chosen on one frontier study, scored on any
