@@ -95,7 +95,7 @@ def confirm_design(choice_json, out, workers=None, say=print) -> dict:
     t0 = time.perf_counter()
     heldout.run_points(folders, tuple(points.values()), declared["revision"], workers, say)
     pairs = {name: (points[a], None if b == "sft" else points[b]) for name, (a, b) in declared["comparisons"].items()}
-    record = {
+    record: dict = {
         "declared": declared,
         "interval": INTERVAL,
         "comparisons": heldout.comparisons(folders, pairs),
