@@ -60,7 +60,16 @@ DTYPE_HELP = (
     "the dtype the base model computes in (default: its stored dtype, except BF16 weights on a CPU "
     "without native BF16 instructions, which compute in float32; run.json records the choice and why)"
 )
-REVISION_HELP = "corpus revision: r001 (OfficeHelpPrefs-v1, the default) or r002 (the corrected v2)"
+
+
+def add_revision(p: argparse.ArgumentParser, default: str) -> None:
+    """--revision, its default stated in its help from the one value argparse uses."""
+    p.add_argument(
+        "--revision", default=default, choices=["r001", "r002"],
+        help=f"corpus revision: r001 (OfficeHelpPrefs-v1) or r002 (the corrected v2); default {default}",
+    )  # fmt: skip
+
+
 MODEL_DIR_HELP = (
     "the downloaded model folder (rlhf fetch-model) for the qwen2.5-0.5b profile; "
     "the embedded profile builds its own base and needs none"
@@ -71,7 +80,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     """The options every command that runs the lab in a run folder shares."""
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--model-dir", default=None, help=MODEL_DIR_HELP)
-    p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    add_revision(p, "r001")
     p.add_argument("--pin", action="store_true", help=PIN_HELP)
 
 
@@ -95,7 +104,7 @@ def add_prepare(sub) -> None:
         "rlhf prepare --out runs/corpus --revision r001",
     )
     p.add_argument("--out", required=True, help="new corpus folder (refused if it exists and is not empty)")
-    p.add_argument("--revision", default="r001", help=REVISION_HELP)
+    add_revision(p, "r001")
     p.set_defaults(func=cmd_prepare)
 
 
@@ -538,7 +547,7 @@ def add_seeds(sub) -> None:
         "--out", required=True, help="study folder: one run folder per seed (seed-i/), seeds.json, report.html"
     )
     p.add_argument("--n", type=int, default=5, help="number of training seeds (runs), default 5")
-    p.add_argument("--revision", default="r001", choices=["r001", "r002"], help=REVISION_HELP)
+    add_revision(p, "r001")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
     p.add_argument(
         "--sft-budget",
@@ -660,7 +669,7 @@ def add_frontier(sub) -> None:
         "--out", required=True, help="study folder: seed-i/ (its arms in seed-i/arms/), frontier.json, report.html"
     )
     p.add_argument("--n", type=int, default=3, help="number of training seeds, default 3")
-    p.add_argument("--revision", default="r002", choices=["r001", "r002"], help=REVISION_HELP)
+    add_revision(p, "r002")
     p.add_argument(
         "--sft-budget",
         default="sft-e6",
@@ -733,7 +742,7 @@ def add_choose_sft_budget(sub) -> None:
     p.add_argument(
         "--work", required=True, help="folder for the corpus, the base model and the oracle control's studies"
     )
-    p.add_argument("--revision", default="r002", choices=["r001", "r002"], help="corpus revision (default r002)")
+    add_revision(p, "r002")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--budgets", default=None, help="comma-separated budget names to measure (default: all)")
     p.add_argument(
@@ -926,7 +935,7 @@ def add_choose_testbed(sub) -> None:
     )  # fmt: skip
     p.add_argument("--out", required=True, help="JSON record of every candidate and the choice")
     p.add_argument("--work", required=True, help="folder for the corpus, the base model, SFT rows and oracle studies")
-    p.add_argument("--revision", default="r002", choices=["r001", "r002"], help="corpus revision (default r002)")
+    add_revision(p, "r002")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     p.set_defaults(func=cmd_choose_testbed)
@@ -973,6 +982,14 @@ def add_export_verl(sub) -> None:
     p.set_defaults(func=cmd_export_verl)
 
 
+# The commands, in the order `rlhf --help` lists them: the lab and its stages, then the studies.
+ADDERS = (
+    add_prepare, add_build_embedded, add_fetch_model, add_stage, add_evaluate, add_report, add_lab, add_arithmetic,
+    add_base_study, add_seeds, add_frontier, add_choose_sft_budget, add_choose_testbed, add_confirm_oracle,
+    add_choose_design, add_confirm_design, add_nested, add_reproduce, add_export_verl,
+)  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlhf",
@@ -981,27 +998,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (
-        add_prepare,
-        add_build_embedded,
-        add_fetch_model,
-        add_stage,
-        add_evaluate,
-        add_report,
-        add_lab,
-        add_arithmetic,
-        add_base_study,
-        add_seeds,
-        add_frontier,
-        add_choose_sft_budget,
-        add_choose_testbed,
-        add_confirm_oracle,
-        add_choose_design,
-        add_confirm_design,
-        add_nested,
-        add_reproduce,
-        add_export_verl,
-    ):
+    for add in ADDERS:
         add(sub)
     return parser
 

@@ -106,3 +106,16 @@ def test_help_imports_no_torch(argv):
     *help_text, last = probe.stdout.splitlines()
     assert any(line.startswith("usage: rlhf") for line in help_text), probe.stdout
     assert json.loads(last) == {"exit": 0, "loaded": []}, f"rlhf {' '.join(argv)} imported {last}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_default_a_help_states_is_the_one_argparse_uses(name):
+    """Where an option's help says "default X" (or "(default X)"), X is the option's real default."""
+    import re
+
+    for action in subcommands()[name]._actions:
+        for said in re.findall(r"default:? ([\w.-]+)", action.help or ""):
+            if action.default not in (None, argparse.SUPPRESS) and not isinstance(action.default, bool):
+                assert said == str(action.default), (
+                    f"rlhf {name} {action.option_strings}: help says {said}, is {action.default}"
+                )
