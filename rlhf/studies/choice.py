@@ -73,9 +73,11 @@ def per_seed_gold(result: dict, arm: str, iteration: int) -> list[float]:
     return [next(p["gold"] for p in s["arms"][arm]["points"] if p["iteration"] == iteration) for s in result["seeds"]]
 
 
-def choose_point(result: dict, candidates=CANDIDATES, checkpoints=CHECKPOINTS) -> dict:
+def choose_point(result: dict, candidates=None, checkpoints=None) -> dict:
     """Step 2's rule on a selection study's frontier.json: the chosen (arm, iteration), its mean
-    gold and its naive gain (mean over the selection seeds of gold less SFT's)."""
+    gold and its naive gain (mean over the selection seeds of gold less SFT's). The candidates and
+    checkpoints are the declared ones unless given."""
+    candidates, checkpoints = candidates or CANDIDATES, checkpoints or CHECKPOINTS
     points = []
     for k, name in enumerate(candidates):
         for row in result["arms"][name]["curve"]:
