@@ -47,6 +47,39 @@ class ProfileError(ValueError):
     """A profile file that cannot be used: the message names the file, the table and the key."""
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a profile number may take: finite, and between `lo` and `hi` (None: no bound),
+    each bound closed or open."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def holds(self, v: float) -> bool:
+        if not math.isfinite(v):
+            return False
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+
+    def __str__(self) -> str:
+        if self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is None:
+            return "a finite number"
+        return f"{'greater than' if self.lo_open else 'at least'} {self.lo:g}"
+
+
+FINITE = Range()
+AT_LEAST_0 = Range(0)
+AT_LEAST_1 = Range(1)
+POSITIVE = Range(0, lo_open=True)
+UNIT = Range(0, 1)  # a share or a discount: 0 to 1, both included
+OPEN_UNIT = Range(0, 1, lo_open=True, hi_open=True)
+
+
 def doc(text: str, new_key: bool = False, **kwargs):
     """A dataclass field with its documentation (kept in the field's metadata, tested).
 
@@ -56,8 +89,70 @@ def doc(text: str, new_key: bool = False, **kwargs):
     return field(metadata={"doc": text, "new_key": new_key}, **kwargs)
 
 
+# The range of every number a profile holds, by (table, key): checked when a table is made (at
+# load and at every override), before anything is written; a test checks every int and float key
+# has one. An optional key is checked when set.
+RANGES: dict[tuple[str, str], Range] = {
+    ("runtime", "torch_threads"): AT_LEAST_0,  # 0: torch's default
+    **{("model", k): AT_LEAST_1 for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                          "num_key_value_heads", "intermediate_size", "vocab_size")},
+    ("model", "eos_token_id"): AT_LEAST_0,
+    ("model", "pad_token_id"): AT_LEAST_0,
+    **{("limits", k): AT_LEAST_1 for k in ("prompt_tokens", "response_tokens", "context_tokens")},
+    **{("lora", k): AT_LEAST_1 for k in ("rank", "alpha", "expected_adapters", "expected_parameters")},
+    **{("seeds", k): AT_LEAST_0 for k in ("torch", "lora", "judge_lora", "judge_head", "data_order",
+                                          "ppo_sampling", "evaluation", "judge_refresh", "ppo_offset")},
+    ("optim", "weight_decay"): AT_LEAST_0,
+    ("optim", "warmup_ratio"): UNIT,
+    ("optim", "min_lr_ratio"): UNIT,
+    ("optim", "grad_clip_norm"): POSITIVE,
+    **{(t, k): AT_LEAST_1 for t in ("sft", "judge")
+       for k in ("epochs", "expected_updates", "max_updates_per_epoch", "max_validation_examples")},
+    ("sft", "lr"): POSITIVE,
+    ("judge", "lr"): POSITIVE,
+    ("sft", "examples_per_update"): AT_LEAST_1,
+    ("sft", "demonstration_stride"): AT_LEAST_1,
+    ("judge", "pairs_per_update"): AT_LEAST_1,
+    ("judge", "head_init_std"): AT_LEAST_0,
+    **{("ppo", k): AT_LEAST_1 for k in ("iterations", "prompts_per_iteration", "updates_per_iteration",
+                                        "resume_stop_iteration", "checkpoint_every", "max_new_tokens",
+                                        "refresh_every", "refresh_prompts", "refresh_updates")},
+    ("ppo", "actor_lr"): POSITIVE,
+    ("ppo", "critic_lr"): POSITIVE,
+    ("ppo", "kl_coef"): AT_LEAST_0,
+    ("ppo", "truncation_penalty"): FINITE,
+    ("ppo", "gamma"): UNIT,
+    ("ppo", "lam"): UNIT,
+    ("ppo", "clip"): OPEN_UNIT,
+    ("ppo", "value_coef"): POSITIVE,
+    ("ppo", "temperature"): POSITIVE,
+    ("ppo", "score_mean"): FINITE,
+    ("ppo", "score_sd"): POSITIVE,
+    ("ppo", "refresh_lr_ratio"): POSITIVE,
+    ("ppo", "ensemble_size"): Range(2),  # an ensemble of one is the judge
+    ("ppo", "ensemble_lambda"): AT_LEAST_0,
+    ("evaluation", "max_new_tokens"): AT_LEAST_1,
+    ("evaluation", "max_units"): AT_LEAST_1,
+}  # fmt: skip
+
+
+class Table:
+    """A profile table: its numbers checked against RANGES when it is made."""
+
+    TABLE = ""  # the table's name in the TOML file
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value, valid = getattr(self, f.name), RANGES.get((self.TABLE, f.name))
+            if valid is not None and value is not None and not valid.holds(value):
+                finite = "" if math.isfinite(value) or valid == FINITE else "a finite number "
+                raise ProfileError(f"[{self.TABLE}] {f.name} must be {finite}{valid}, not {value}")
+
+
 @dataclass(frozen=True)
-class Runtime:
+class Runtime(Table):
+    TABLE = "runtime"
+
     torch_threads: int = doc("torch CPU threads; 0 leaves torch's default (all cores)")
     last_logits_only: bool = doc(
         "generation projects only the last column of a full forward onto the vocabulary "
@@ -71,6 +166,7 @@ class Runtime:
     )
 
     def __post_init__(self):
+        super().__post_init__()
         if self.compute_dtype not in ("auto", "float32", "bfloat16"):
             raise ProfileError(
                 f"[runtime] compute_dtype must be 'auto', 'float32' or 'bfloat16', not {self.compute_dtype!r}"
@@ -78,7 +174,9 @@ class Runtime:
 
 
 @dataclass(frozen=True)
-class Model:
+class Model(Table):
+    TABLE = "model"
+
     kind: str = doc("'embedded' (built by `rlhf build-embedded`) or 'qwen2.5-0.5b' (downloaded weights)")
     architecture: str = doc("transformers class of the base model, e.g. Qwen2ForCausalLM")
     hidden_size: int = doc("width of the residual stream")
@@ -115,14 +213,18 @@ class Model:
 
 
 @dataclass(frozen=True)
-class Limits:
+class Limits(Table):
+    TABLE = "limits"
+
     prompt_tokens: int = doc("longest prompt, in the model's tokens; longer prompts are an error")
     response_tokens: int = doc("longest response; a response without EOS by then is truncated")
     context_tokens: int = doc("prompt + response window (prompt_tokens + response_tokens)")
 
 
 @dataclass(frozen=True)
-class Lora:
+class Lora(Table):
+    TABLE = "lora"
+
     rank: int = doc("r of every adapter")
     alpha: int = doc("scale numerator: the branch is scaled by alpha / rank")
     targets: tuple[str, ...] = doc("projection names that get an adapter in every layer")
@@ -131,7 +233,9 @@ class Lora:
 
 
 @dataclass(frozen=True)
-class Seeds:
+class Seeds(Table):
+    TABLE = "seeds"
+
     torch: int = doc("global torch seed and the system RNGs before each stage")
     lora: int = doc("generator of the actor's (and so reference's and critic's) LoRA A matrices")
     judge_lora: int = doc("generator of the judge's LoRA A matrices")
@@ -152,17 +256,15 @@ class Seeds:
         new_key=True,
     )
 
-    def __post_init__(self):
-        if self.ppo_offset is not None and self.ppo_offset < 0:
-            raise ProfileError(f"[seeds] ppo_offset must be at least 0, not {self.ppo_offset}")
-
     def ppo(self, name: str) -> int:
         """The seed `name` as PPO draws from it: the profile's value plus ppo_offset."""
         return getattr(self, name) + (self.ppo_offset or 0)
 
 
 @dataclass(frozen=True)
-class Optim:
+class Optim(Table):
+    TABLE = "optim"
+
     weight_decay: float = doc("AdamW decoupled weight decay (every optimizer)")
     warmup_ratio: float = doc("linear warm-up over max(1, int(warmup_ratio * total)) updates")
     min_lr_ratio: float = doc("the linear decay ends at min_lr_ratio * peak on the last update")
@@ -170,7 +272,7 @@ class Optim:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EpochStage:
+class EpochStage(Table):
     """What the [sft] and [judge] tables share: a fixed budget of epochs over a train set."""
 
     epochs: int = doc("passes over the train set (SFT: the 168 demonstrations; judge: the 840 preference pairs)")
@@ -186,6 +288,8 @@ class EpochStage:
 
 @dataclass(frozen=True, kw_only=True)
 class Sft(EpochStage):
+    TABLE = "sft"
+
     examples_per_update: int = doc("demonstrations per optimizer update")
     demonstration_stride: int | None = doc(
         "train on every k-th of the train demonstrations in family order (k = 2: 84 of the 168), so each "
@@ -194,19 +298,19 @@ class Sft(EpochStage):
         new_key=True,
     )
 
-    def __post_init__(self):
-        if self.demonstration_stride is not None and self.demonstration_stride < 1:
-            raise ProfileError(f"[sft] demonstration_stride must be at least 1, not {self.demonstration_stride}")
-
 
 @dataclass(frozen=True, kw_only=True)
 class Judge(EpochStage):
+    TABLE = "judge"
+
     pairs_per_update: int = doc("preference pairs per optimizer update")
     head_init_std: float = doc("standard deviation of the judge head's initial weight (bias 0)")
 
 
 @dataclass(frozen=True)
-class Ppo:
+class Ppo(Table):
+    TABLE = "ppo"
+
     iterations: int = doc("rollout-then-update iterations")
     prompts_per_iteration: int = doc("prompts sampled (one response each) per iteration")
     updates_per_iteration: int = doc("actor and critic updates over each iteration's rollouts")
@@ -268,6 +372,7 @@ class Ppo:
     )
 
     def __post_init__(self):
+        super().__post_init__()
         if self.reward_design not in REWARD_DESIGNS:
             raise ProfileError(
                 f"[ppo] reward_design must be one of {', '.join(REWARD_DESIGNS)}, not {self.reward_design!r}"
@@ -278,19 +383,6 @@ class Ppo:
                 f"[ppo] score_mean and score_sd apply to reward_design 'standardised-judge' only, "
                 f"not {self.reward_design!r}: a score is never rescaled silently"
             )
-        if not self.score_sd > 0 or not math.isfinite(self.score_sd) or not math.isfinite(self.score_mean):
-            raise ProfileError(f"[ppo] score_sd must be a finite number > 0 and score_mean finite, not {self.score_sd}")
-        for key in ("refresh_every", "refresh_prompts", "refresh_updates"):
-            if getattr(self, key) < 1:
-                raise ProfileError(f"[ppo] {key} must be at least 1, not {getattr(self, key)}")
-        if not (math.isfinite(self.refresh_lr_ratio) and self.refresh_lr_ratio > 0):
-            raise ProfileError(f"[ppo] refresh_lr_ratio must be a finite number > 0, not {self.refresh_lr_ratio}")
-        if self.ensemble_size < 2:
-            raise ProfileError(
-                f"[ppo] ensemble_size must be at least 2 (an ensemble of one is the judge), not {self.ensemble_size}"
-            )
-        if not (math.isfinite(self.ensemble_lambda) and self.ensemble_lambda >= 0):
-            raise ProfileError(f"[ppo] ensemble_lambda must be a finite number >= 0, not {self.ensemble_lambda}")
         if self.stop_signals and not self.stop_on_warning:
             raise ProfileError("[ppo] stop_signals name the rules that stop PPO: set stop_on_warning = true with them")
         unknown = [s for s in self.stop_signals if s not in SIGNALS]
@@ -302,7 +394,9 @@ class Ppo:
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class Evaluation(Table):
+    TABLE = "evaluation"
+
     max_new_tokens: int | None = doc(
         "cut held-out answers to N new tokens (miniature budgets); absent in a real profile: limits.response_tokens",
         default=None,
@@ -391,8 +485,8 @@ def _read_table(cls, data: dict, where: str):
         values[f.name] = _check_value(data[f.name], types[f.name], f"{where}: key {f.name!r}")
     try:
         return cls(**values)
-    except ProfileError as err:  # a check across keys (__post_init__): name the file too
-        raise ProfileError(f"{where}: {err}") from None
+    except ProfileError as err:  # a range or a check across keys (__post_init__): name the file too
+        raise ProfileError(f"{where}: {str(err).removeprefix(f'[{cls.TABLE}] ')}") from None
 
 
 def profile_from_dict(data: dict, source: str | Path = "<dict>") -> Profile:

@@ -158,7 +158,7 @@ def test_a_profile_never_rescales_a_score_silently():
         override(p, {("ppo", "score_sd"): 15.0})
     with pytest.raises(ProfileError, match="reward_design must be one of"):
         override(p, {("ppo", "reward_design"): "whitened"})
-    with pytest.raises(ProfileError, match="score_sd must be a finite number > 0"):
+    with pytest.raises(ProfileError, match="score_sd must be greater than 0, not 0.0"):
         override(p, {("ppo", "reward_design"): "standardised-judge", ("ppo", "score_sd"): 0.0})
     q = override(p, {("ppo", "reward_design"): "standardised-judge", ("ppo", "score_sd"): 15.5})
     assert q.ppo.score_sd == 15.5
