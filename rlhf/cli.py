@@ -997,6 +997,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Each command explains its options and shows an example: rlhf COMMAND --help",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from rlhf import __version__
+
+    parser.add_argument("--version", action="version", version=f"rlhf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in ADDERS:
         add(sub)
@@ -1044,7 +1047,11 @@ def _unpin_bf16_on_cpu(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _unpin_bf16_on_cpu(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # bare `rlhf`: the commands, not an error
+        build_parser().print_help()
+        return 0
+    _unpin_bf16_on_cpu(argv)
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGINT, _on_sigint)
     from rlhf.checkpoint import Interrupted

@@ -3,8 +3,9 @@
 One dataclass per TOML table; each field's `doc` says what the number is, and the TOML comments
 say why a value was chosen. An unknown, missing or wrongly typed key, or a number outside its
 declared range (`RANGES`: finite, and e.g. at least 1, greater than 0, in [0, 1]), is a
-`ProfileError` that names the file, the table and the key (and the range and the value). Every seed has one source, the `[seeds]` table; every
-function gets its numbers from the profile (no default argument repeats a profile value).
+`ProfileError` that names the file, the table and the key (and the range and the value). Every
+seed has one source, the `[seeds]` table; every function gets its numbers from the profile (no
+default argument repeats a profile value).
 
     profile = load_profile("embedded")          # or a path to a TOML file
     profile.ppo.kl_coef                         # 0.02

@@ -119,3 +119,17 @@ def test_every_default_a_help_states_is_the_one_argparse_uses(name):
                 assert said == str(action.default), (
                     f"rlhf {name} {action.option_strings}: help says {said}, is {action.default}"
                 )
+
+
+def test_bare_rlhf_prints_the_commands_and_version_prints_the_package_version(capsys):
+    from importlib.metadata import version
+
+    from rlhf import __version__, cli
+
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rlhf") and all(name in out for name in NAMES)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"rlhf {__version__}"
+    assert __version__ == version("rlhf")
