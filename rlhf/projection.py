@@ -157,10 +157,13 @@ def leg_plan(profile: Profile, stage: str, protocol: bool) -> list[dict]:
         total, boundary = profile.ppo.iterations, profile.ppo.resume_stop_iteration
         parts = [boundary, total - boundary, total] if protocol else [total]
         return [{"units": n, "validations": 0} for n in parts]
+    from rlhf.sft import validates  # SFT's validation epochs (a long schedule validates on some)
+
     cfg = getattr(profile, stage)
     per_epoch = cfg.expected_updates // cfg.epochs
-    epochs = [EPOCH_BOUNDARY, cfg.epochs - EPOCH_BOUNDARY, cfg.epochs] if protocol else [cfg.epochs]
-    return [{"units": e * per_epoch, "validations": e} for e in epochs]
+    spans = [(0, EPOCH_BOUNDARY), (EPOCH_BOUNDARY, cfg.epochs), (0, cfg.epochs)] if protocol else [(0, cfg.epochs)]
+    counted = (lambda e: validates(e, cfg.epochs)) if stage == "sft" else (lambda e: True)
+    return [{"units": (b - a) * per_epoch, "validations": sum(map(counted, range(a, b)))} for a, b in spans]
 
 
 def project_training(fit: dict, profile: Profile, stage: str, protocol: bool, extra_per_unit: float = 0.0) -> dict:

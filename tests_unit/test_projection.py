@@ -56,6 +56,11 @@ def test_the_legs_of_rlhf_lab_follow_the_spec_protocol():
     ]
     assert [leg["units"] for leg in projection.leg_plan(embedded, "sft", True)] == [21, 399, 420]
     assert projection.leg_plan(embedded, "ppo", False) == [{"units": 100, "validations": 0}]
+    # a long SFT schedule (6 demonstrations, 420 one-update epochs) validates on 20 epochs, not 420
+    from rlhf.config import override
+
+    long = override(embedded, {("sft", "epochs"): 420, ("sft", "demonstration_stride"): 28})
+    assert [leg["validations"] for leg in projection.leg_plan(long, "sft", True)] == [0, 20, 20]
 
 
 def test_a_training_stage_is_stage_fixed_plus_each_legs_fixed_units_and_validations():
@@ -136,3 +141,28 @@ def test_the_lab_is_the_sum_of_its_stages():
     assert lab["lab_s"] == pytest.approx(sum(s["projected_s"] for s in stages.values()))
     assert set(stages) == {"sft", "judge", "ppo", "evaluate", "shortcut_audit", "report", "setup"}
     assert stages["report"]["projected_s"] == 0.7 and stages["setup"]["projected_s"] == 4.0
+
+
+def test_the_decode_step_is_the_difference_of_two_lengths_over_their_difference_in_tokens(monkeypatch):
+    """A generation of n new tokens costs, on a made-up clock, a call's fixed 5 s, a prefill of 2 s
+    and 0.1 s a step: the step is (7 + 2.4 - (7 + 0.8)) / (24 - 8) = 0.1, where a whole
+    generation over its tokens would say (7 + 2.4) / 24 = 0.39."""
+    import torch
+
+    from rlhf import generate
+
+    now = [0.0]
+    calls = []
+
+    def fake_generate(model, prompts, *, max_new_tokens, eos_id, **kwargs):
+        assert eos_id == -1  # no EOS: every step runs
+        calls.append(max_new_tokens)
+        now[0] += 5.0 + 2.0 + 0.1 * max_new_tokens
+
+    monkeypatch.setattr(generate, "generate", fake_generate)
+    monkeypatch.setattr(projection.time, "perf_counter", lambda: now[0])
+    step = projection.decode_step_seconds(
+        torch.nn.Linear(2, 2), [[1, 2, 3]], pad_id=0, greedy=True, last_logits_only=False, repeats=2
+    )
+    assert step == pytest.approx(0.1)
+    assert calls == [8, 8, 24, 24, 8, 8]  # a warm-up of the short length, then each length twice
