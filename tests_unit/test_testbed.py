@@ -178,3 +178,27 @@ def test_the_rule_text_and_the_help_state_the_constants():
     assert f"[{latest.low}, {latest.high}]" in help_text and f"at most {testbed.MAX_SD}" in help_text
     assert f"--round {{{','.join(map(str, sorted(testbed.ROUNDS)))}}}" in help_text
     assert f"{testbed.MIN_SHARE} x the mean" in help_text and f"at least {testbed.GAIN}" in help_text
+
+
+@pytest.mark.parametrize(
+    "sft, best_gold, qualifies", [(0.50, 0.55, False), (0.25, 0.375, True), (0.0, 0.10, True), (0.30, 0.39, False)]
+)
+def test_the_oracle_qualifies_on_its_gain_over_sft_never_on_its_own_gold(
+    monkeypatch, tmp_path, sft, best_gold, qualifies
+):
+    """rlhf.studies.sft_budget.oracle_gain on a stand-in frontier study: gold 0.55 over SFT 0.50 is
+    a gain of +0.05 (below +0.10, though the gold itself is far above 0.10); +0.10 qualifies."""
+    from rlhf.studies import sft_budget
+
+    seen = {}
+
+    def frontier(folder, *, n, settings, **kwargs):
+        seen.update(folder=folder, n=n, arms=[a.name for a in settings.arms])
+        best = {"iteration": 40, "gold": best_gold, "gain": best_gold - sft}
+        return {"sft_level": {"mean": sft}, "seeds": [{"sft": {"gold": sft}}] * n, "arms": {"oracle": {"best": best}}}
+
+    monkeypatch.setattr(sft_budget, "run_frontier", frontier)
+    got = sft_budget.oracle_gain(tmp_path, "sft-demos6", "r002", "embedded", 1, print, n=5, prefix="oracle")
+    assert got["gain"] == pytest.approx(best_gold - sft) and got["qualifies"] is qualifies
+    assert (got["best_gold"], got["sft_gold"], got["best_iteration"]) == (best_gold, sft, 40)
+    assert seen == {"folder": tmp_path / "oracle-sft-demos6", "n": 5, "arms": ["oracle"]}
