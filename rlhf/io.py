@@ -198,9 +198,25 @@ def write_json(path, obj, *, overwrite: bool = False, keep_existing: bool = Fals
     return write_text(path, dumps_json(obj), overwrite=overwrite, keep_existing=keep_existing)
 
 
+class DamagedFile(ValueError):
+    """A file the lab wrote that no longer reads as what it wrote: the message names the file."""
+
+
+def _load_json(path):
+    with open(path, "rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
 def read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """A JSON file's content; a file that is not JSON (cut short, damaged, not UTF-8) is refused
+    naming the file (DamagedFile, a ValueError)."""
+    try:
+        return _load_json(path)
+    except ValueError as err:  # json's decoding errors, and bytes that are not UTF-8
+        raise DamagedFile(
+            f"{path} is not valid JSON ({err}): the file is damaged or was cut short; restore it, or remove "
+            f"the folder it belongs to and rerun the command that makes it"
+        ) from None
 
 
 def read_json_of_kind(path, kind: str, required: Mapping[str, type | tuple[type, ...]], parts: str, made_by: str):
@@ -208,7 +224,7 @@ def read_json_of_kind(path, kind: str, required: Mapping[str, type | tuple[type,
     a ValueError naming the file and what is wrong: it cannot be read, is not JSON, or lacks one of
     the `required` {key: type} (`parts` names them, `made_by` says what writes such a file)."""
     try:
-        data = read_json(path)
+        data = _load_json(path)
     except OSError as err:
         raise ValueError(f"cannot read {kind} {path}: {err.strerror or err}") from None
     except ValueError as err:  # json's decoding errors, and bytes that are not UTF-8

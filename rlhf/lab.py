@@ -158,6 +158,8 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     profile_device(profile)  # refused before anything is prepared
     stop_rules_identity(profile)  # a stop signal without a frozen rule: refused before SFT, not at PPO
     refuse_old_layout(run)
+    if (run / RUN_FILE).is_file():
+        read_json(run / RUN_FILE)  # a damaged run.json is refused, naming it, before anything is written
     events.check_writable(run)  # refused before anything is written
     _sweep_run_folder(run)
     corpus_dir = run / "corpus"

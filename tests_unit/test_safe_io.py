@@ -359,3 +359,19 @@ def test_replaced_weights_change_the_base_identity(model_copy, embedded_profile,
     assert {k: v for k, v in before["files"].items() if k != "model.safetensors"} == {
         k: v for k, v in after["files"].items() if k != "model.safetensors"
     }
+
+
+@pytest.mark.parametrize("content", [b'{"stages": {"sft": ', b"", b"\xff\xfe not utf-8"])
+def test_a_json_file_cut_short_or_damaged_is_refused_naming_the_file_and_what_to_do(tmp_path, capsys, content):
+    from rlhf import cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_bytes(content)
+    with pytest.raises(rio.DamagedFile, match=rf"{run / 'run.json'} is not valid JSON .*rerun the command"):
+        read_json(run / "run.json")
+    before = sorted(p.name for p in run.iterdir())
+    assert cli.main(["sft", "--run", str(run)]) != 0
+    err = capsys.readouterr().err
+    assert f"{run / 'run.json'} is not valid JSON" in err and "damaged or was cut short" in err
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing written beside it
