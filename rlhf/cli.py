@@ -236,6 +236,8 @@ def cmd_stage(args) -> int:
     from rlhf import lab
 
     lab.check_stop_after(load_profile(args.profile), args.command, args.stop_after)  # before the run folder
+    if args.resume:
+        lab.resumable_states(args.run, args.command)  # refused before the run folder is written
     ctx = _context(args)
     if args.stop_after is None and not args.resume and lab.stage_complete(ctx, args.command):
         print(f"{args.command}: already complete in {ctx.run} (run.json); nothing to do")

@@ -455,6 +455,19 @@ def _resume_check(folder: Path, stage: str, boundary: int, legs: dict[str, LegRu
     return read_json(folder / "resume_check.json")
 
 
+def resumable_states(run, stage: str) -> list[Path]:
+    """The states a stage command's --resume may continue from (saved by --stop-after), oldest
+    first; none is refused naming the command that makes one (a stage command checks this before
+    anything is written)."""
+    stops = sorted((Path(run) / stage).glob("state-stop*.pt.gz"))
+    if not stops:
+        raise StateError(
+            f"nothing to resume in {Path(run) / stage}: no state saved by --stop-after; make one with "
+            f"rlhf {stage} --run {run} --stop-after N, then continue it with --resume"
+        )
+    return stops
+
+
 def _stage_command_leg(ctx: Context, stage: str, run_fn, identity: dict, stop_after: int | None) -> ProtocolResult:
     """A stage command's single leg: --stop-after N (from scratch to N, saved as state-stopNNN)
     or --resume (from the last state-stopNNN to the end, saved as state-resumed)."""
@@ -464,9 +477,7 @@ def _stage_command_leg(ctx: Context, stage: str, run_fn, identity: dict, stop_af
         state, tm = _logged(ctx, stage, None, run_fn, Leg(stop=stop_after))
         save_state(folder / f"state-stop{stop_after:03d}.pt.gz", state, identity)
         return ProtocolResult(state, tm, time.perf_counter() - t, sha256_final=None, check=None)
-    stops = sorted(folder.glob("state-stop*.pt.gz"))
-    if not stops:
-        raise StateError(f"nothing to resume in {folder}: no state-stopNNN.pt.gz")
+    stops = resumable_states(ctx.run, stage)
     start = load_state(stops[-1], identity)
     state, tm = _logged(ctx, stage, start, run_fn, Leg(state=start))
     manifest = save_state(folder / "state-resumed.pt.gz", state, identity)

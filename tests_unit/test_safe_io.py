@@ -375,3 +375,16 @@ def test_a_json_file_cut_short_or_damaged_is_refused_naming_the_file_and_what_to
     err = capsys.readouterr().err
     assert f"{run / 'run.json'} is not valid JSON" in err and "damaged or was cut short" in err
     assert sorted(p.name for p in run.iterdir()) == before  # nothing written beside it
+
+
+@pytest.mark.parametrize("stage", ["sft", "judge", "ppo"])
+def test_resume_with_nothing_to_resume_is_refused_before_anything_is_written_naming_the_command(
+    tmp_path, capsys, stage
+):
+    from rlhf import cli
+
+    run = tmp_path / "new"
+    assert cli.main([stage, "--run", str(run), "--resume"]) != 0
+    err = capsys.readouterr().err
+    assert f"nothing to resume in {run / stage}" in err and f"rlhf {stage} --run {run} --stop-after N" in err
+    assert not run.exists()
