@@ -464,17 +464,18 @@ def test_missing_evaluation_is_reported_as_not_run(tmp_path):
     assert "evaluation: not run" in report.print_summary(res)
 
 
-def test_never_overwrites(tmp_path):
+def test_never_overwrites_and_a_rerun_on_the_same_files_rebuilds_them_to_the_byte(tmp_path):
     run = make_synthetic_run(tmp_path / "run")
     report.write_reports(run)
     before = {n: (run / n).read_bytes() for n in report.REPORT_FILES}
-    with pytest.raises(FileExistsError):
-        report.write_reports(run)
+    mtimes = {n: (run / n).stat().st_mtime_ns for n in report.REPORT_FILES}
+    report.write_reports(run)  # the same bytes again: nothing to write, nothing refused
     assert {n: (run / n).read_bytes() for n in report.REPORT_FILES} == before
-    # one leftover file is enough to refuse, and nothing else is written
+    assert {n: (run / n).stat().st_mtime_ns for n in report.REPORT_FILES} == mtimes
+    # one file that differs is enough to refuse, saying how to rebuild, and nothing else is written
     run2 = make_synthetic_run(tmp_path / "run2")
     (run2 / "report.md").write_text("old")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError, match=r"report.md differ from what this code writes; to rebuild them, move"):
         report.write_reports(run2)
     assert not (run2 / "results.json").exists() and not (run2 / "report.html").exists()
     assert (run2 / "report.md").read_text() == "old"

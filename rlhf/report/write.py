@@ -48,26 +48,29 @@ def _wording_check(res: dict) -> dict:
 def write_reports(run_dir, *, keep_existing: bool = False) -> dict:
     """Write results.json, report.md and report.html into `run_dir`; return their paths.
 
-    Raises FileExistsError (before writing anything) if any of the three exists, and
+    A file already there with the bytes this code writes is kept (a rerun rebuilds nothing); one
+    that differs is a FileExistsError (before writing anything) that says how to rebuild it.
     ReportWordingError if the report's own text names the learned score forbiddenly.
     `keep_existing` (the lab's rerun after a crash between the three writes): files already
     there are kept, the missing ones are written.
     """
     run = Path(run_dir)
     paths = {name: run / name for name in REPORT_FILES}
-    existing = [str(p) for p in paths.values() if p.exists()]
-    if existing and not keep_existing:
-        raise FileExistsError(f"refusing to overwrite existing report files: {', '.join(existing)}")
     res = collect_results(run)
     res["reports"] = {k.replace(".", "_"): str(p.resolve()) for k, p in paths.items()}
     res["wording_check"] = _wording_check(res)
-
-    images = make_plots(res)
-    md = render_markdown(res)
-    page = render_html(res, images)
-    write_text(paths["results.json"], dumps_json(res), keep_existing=keep_existing)
-    write_text(paths["report.md"], md, keep_existing=keep_existing)
-    write_text(paths["report.html"], page, keep_existing=keep_existing)
+    texts = {"results.json": dumps_json(res), "report.md": render_markdown(res)}
+    texts["report.html"] = render_html(res, make_plots(res))
+    existing = [name for name, p in paths.items() if p.exists()]
+    differ = [name for name in existing if paths[name].read_text(encoding="utf-8") != texts[name]]
+    if differ and not keep_existing:
+        raise FileExistsError(
+            f"refusing to overwrite report files of {run}: {', '.join(differ)} differ from what this code writes; "
+            f"to rebuild them, move {', '.join(existing)} out of {run} and run rlhf report --run {run} again"
+        )
+    for name, text in texts.items():  # a file already there with these bytes is kept as it is
+        if name not in existing:
+            write_text(paths[name], text)
     return {k: p for k, p in paths.items()}
 
 
