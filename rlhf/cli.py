@@ -784,6 +784,7 @@ def add_confirm_oracle(sub) -> None:
             f"and each seed's SFT and oracle are evaluated on test. DIR/room.json: per seed oracle - SFT, the "
             f"mean, the Student-t interval, the exact sign-flip p. A stopped study continues when rerun.",
             width=100,
+            break_on_hyphens=False,
         ),
         "rlhf confirm-oracle --testbed results/testbed-r002-2/testbed-r002-2.json --out runs/room-r002 --workers 2",
     )
@@ -819,6 +820,7 @@ def add_choose_design(sub) -> None:
             f"DIR/estimation). DIR/choice.json: the choice, the naive and the honest estimates, the prompt sets "
             f"and commit of each step. A stopped study continues when rerun.",
             width=100,
+            break_on_hyphens=False,
         ),
         "rlhf choose-design --testbed results/testbed-r002-2/testbed-r002-2.json --out runs/choice-r002 --workers 2",
     )
@@ -855,6 +857,7 @@ def add_confirm_design(sub) -> None:
             f"each comparison's mean, Student-t interval, exact sign-flip p and seeds up. A stopped study "
             f"continues when rerun.",
             width=100,
+            break_on_hyphens=False,
         ),
         "rlhf confirm-design --choice runs/choice-r002/choice.json --out runs/verdict-r002 --workers 2",
     )
@@ -888,6 +891,7 @@ def add_nested(sub) -> None:
             f"PPO seeds, from pipeline seeds and from the test prompts, and the intervals 'from one SFT and "
             f"judge' and 'over the whole pipeline'. A stopped study continues when rerun.",
             width=100,
+            break_on_hyphens=False,
         ),
         "rlhf nested --choice runs/choice-r002/choice.json --out runs/nested-r002 --workers 2",
     )
@@ -928,6 +932,7 @@ def add_choose_testbed(sub) -> None:
             f"least {GAIN}, is chosen. Writes every candidate's table and the choice to a JSON record. A stopped "
             f"run continues when rerun (each SFT's row is kept in WORK/sft/).",
             width=100,
+            break_on_hyphens=False,
         ),
         "rlhf choose-testbed --out runs/testbed-r002-2.json --work runs/testbed-r002-2-work --workers 2",
     )

@@ -83,7 +83,8 @@ def test_round_2_s_band_leaves_at_least_the_oracle_s_gain_of_room():
     assert not testbed.stability(demos6, r1)["stable_with_room"] and testbed.stability(demos6, r2)["stable_with_room"]
     assert not testbed.stability([0.95, 0.93, 0.91, 0.96, 0.94], r2)["in_band"]  # less than GAIN left to gain
     assert testbed.stability([0.9] * 3, r2)["in_band"]  # inclusive
-    assert testbed.LATEST == 2 and testbed.stability(demos6) == testbed.stability(demos6, r2)
+    assert testbed.LATEST == max(testbed.ROUNDS) and testbed.stability(demos6) == testbed.stability(demos6, r2)
+    assert (testbed.ROUNDS[3].low, testbed.ROUNDS[3].high) == (r2.low, r2.high)  # round 3 keeps the band
 
 
 def test_each_round_is_stated_in_its_rule_and_says_when_it_was_declared():
@@ -91,7 +92,7 @@ def test_each_round_is_stated_in_its_rule_and_says_when_it_was_declared():
         text = testbed.rule(r)
         assert r.number == n and text.startswith(f"round {n}:") and f"[{r.low}, {r.high}]" in text
         assert all(c in text for c in r.candidates) and r.declared
-    assert "round 1" in testbed.ROUNDS[2].declared
+    assert "round 1" in testbed.ROUNDS[2].declared and "round 2" in testbed.ROUNDS[3].declared
 
 
 @pytest.mark.parametrize("n", sorted(testbed.ROUNDS))
@@ -117,7 +118,7 @@ def test_fewer_demonstrations_keep_each_situation_s_share_and_about_the_declared
             return corpus["inputs"]["warmstart"]["train"]
 
     demos = sft_demonstrations(View(), p.sft)
-    count, _, updates = name.removeprefix("sft-demos").partition("-u")
+    count, _, updates = name.removeprefix("sft-demos").partition("-ppo")[0].partition("-u")
     assert len(demos) == int(count)
     counts = Counter(actions[d["document_id"]] for d in demos)
     assert sorted(counts) == list(range(6)) and len(set(counts.values())) == 1  # every situation, equally
@@ -163,6 +164,17 @@ def test_lower_rate_recipes_change_only_the_rate():
         changed = override(embedded, budget_changes(embedded, name))
         assert changed.sft.lr == float(name.removeprefix("sft-lr"))
         assert override(changed, {("sft", "lr"): embedded.sft.lr}) == embedded
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if "-ppo-lr" in n])
+def test_a_ppo_rate_recipe_is_its_sft_recipe_with_only_ppo_s_actor_rate_changed(name):
+    embedded = load_profile("embedded")
+    sft_recipe, _, rate = name.partition("-ppo-lr")
+    changed = override(embedded, budget_changes(embedded, name))
+    assert changed.ppo.actor_lr == float(rate) < embedded.ppo.actor_lr
+    assert override(changed, {("ppo", "actor_lr"): embedded.ppo.actor_lr}) == override(
+        embedded, budget_changes(embedded, sft_recipe)
+    )
 
 
 def test_the_rule_text_and_the_help_state_the_constants():

@@ -81,6 +81,9 @@ EPOCH_BUDGETS = {k: v for k, v in SFT_BUDGETS.items() if v is not None}  # the n
 # lower peak rate over the profile's whole schedule, or fewer demonstrations (every k-th family,
 # each situation keeping its share) trained for about the profile's number of updates, or for a
 # declared share of them (`updates`: sft-demos6-u210 trains 6 demonstrations for 210 updates).
+# A recipe may also set PPO's actor rate (`ppo_actor_lr`): the testbed is the SFT and the PPO
+# that starts from it, and the SPEC lets the embedded profile change learning rates, not PPO's
+# 4 prompts per iteration or 100 iterations.
 DEMONSTRATIONS = 168  # train demonstrations of every revision (rlhf.corpus: one per train family)
 RECIPES: dict[str, dict[str, float | int]] = {
     "sft-lr1e-3": {"lr": 1e-3},
@@ -89,7 +92,12 @@ RECIPES: dict[str, dict[str, float | int]] = {
     "sft-demos12-u210": {"demonstration_stride": 14, "updates": 210},
     "sft-demos6-u210": {"demonstration_stride": 28, "updates": 210},
     "sft-demos6-u105": {"demonstration_stride": 28, "updates": 105},
+    "sft-demos6-ppo-lr5e-5": {"demonstration_stride": 28, "ppo_actor_lr": 5e-5},
+    "sft-demos6-ppo-lr2.5e-5": {"demonstration_stride": 28, "ppo_actor_lr": 2.5e-5},
+    "sft-demos12-ppo-lr5e-5": {"demonstration_stride": 14, "ppo_actor_lr": 5e-5},
 }
+# Recipe keys that are not [sft] keys: how many updates, and PPO's actor rate.
+NOT_SFT_KEYS = ("updates", "ppo_actor_lr")
 SFT_RECIPES = [*SFT_BUDGETS, *RECIPES]  # every name --sft-budget takes
 
 
@@ -107,10 +115,12 @@ def budget_changes(profile: Profile, budget: str) -> dict[tuple[str | None, str]
 
 
 def recipe_changes(profile: Profile, recipe: dict) -> dict[tuple[str | None, str], object]:
-    """{(table, key): value} of an SFT recipe: its [sft] keys, and, for fewer demonstrations, the
-    epochs that give the recipe's `updates` (absent: the profile's number of updates) again, the
-    nearest whole number of epochs."""
-    changes: dict[tuple[str | None, str], object] = {("sft", k): v for k, v in recipe.items() if k != "updates"}
+    """{(table, key): value} of an SFT recipe: its [sft] keys, PPO's actor rate where it sets one, and,
+    for fewer demonstrations, the epochs that give the recipe's `updates` (absent: the profile's
+    number of updates) again, the nearest whole number of epochs."""
+    changes: dict[tuple[str | None, str], object] = {("sft", k): v for k, v in recipe.items() if k not in NOT_SFT_KEYS}
+    if "ppo_actor_lr" in recipe:
+        changes[("ppo", "actor_lr")] = recipe["ppo_actor_lr"]
     stride = recipe.get("demonstration_stride")
     if stride:
         cfg = profile.sft

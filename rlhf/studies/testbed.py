@@ -11,9 +11,9 @@ has not. The rule, declared before measuring:
 
   1. SFT alone: every candidate of the round (ROUNDS: epoch cuts; a lower peak rate over the
      whole schedule; fewer demonstrations trained for the same number of updates or a share of
-     them: rlhf.studies.derivation) trained with SEEDS training seeds (runs 0 to SEEDS - 1 of the
-     frontier's study seed); each seed's greedy validation rubric success; their mean, sample SD
-     and smallest value.
+     them; any of these with a lower PPO actor rate: rlhf.studies.derivation) trained with SEEDS
+     training seeds (runs 0 to SEEDS - 1 of the frontier's study seed); each seed's greedy
+     validation rubric success; their mean, sample SD and smallest value.
   2. Stable, with room: the mean lies in the round's band, the SD is at most MAX_SD and no seed lies
      below MIN_SHARE of the mean.
   3. The oracle control for every candidate of step 2: the frontier's oracle arm (PPO at the
@@ -99,6 +99,19 @@ ROUNDS = {
         "was a proxy for room; the oracle's gain of at least GAIN is the test of room itself, so the band's "
         "upper edge is now 1 - GAIN (SFT leaves at least that to gain); the two few-demonstration recipes "
         "again, and the same with half or a quarter of the updates",
+    ),
+    3: Round(
+        3,
+        ("sft-demos6-ppo-lr5e-5", "sft-demos6-ppo-lr2.5e-5", "sft-demos12-ppo-lr5e-5"),
+        0.1,
+        round(1 - GAIN, 2),
+        "after round 2 (results/testbed-r002-2/), where no candidate qualified: sft-demos6 and sft-demos12 "
+        "were stable (SD 0.09 and 0.10, lowest seeds 0.69 and 0.65) but the oracle gained +0.092 and +0.038; "
+        "its per-seed curves rose by up to +0.21 within 20 to 50 iterations and fell back by iteration 60 "
+        "(KL 2 to 6 nats), the mark of a step too large for 4 prompts an iteration, and the recipes with more "
+        "room were unstable; the same two SFTs with PPO's actor rate at a half and a quarter of the "
+        "profile's 1e-4 (the SPEC lets the embedded profile change learning rates, not PPO's batch or "
+        "iterations)",
     ),
 }
 LATEST = max(ROUNDS)
