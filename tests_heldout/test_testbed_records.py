@@ -1,0 +1,94 @@
+"""The committed testbed rounds (results/testbed-r002*/), read back and recomputed: each record
+states the rule its round still declares, every verdict follows from its per-seed rows, every
+oracle gain from its committed frontier study's per-seed curves, and the choice from both.
+
+A round is declared before it measures and never changed after; these tests fail when the code's
+round no longer says what its committed record says, or when a verdict or gain in a record (or in
+docs/studies.md) is not what its rows give.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhf.studies import testbed
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = {
+    1: ROOT / "results" / "testbed-r002" / "testbed-r002.json",
+    2: ROOT / "results" / "testbed-r002-2" / "testbed-r002-2.json",
+}
+
+
+def load(n: int) -> dict:
+    return json.loads(RECORDS[n].read_text())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n", sorted(RECORDS))
+def test_each_committed_round_states_the_rule_its_round_still_declares(n):
+    record = load(n)
+    r = testbed.ROUNDS[n]
+    if "round" in record:
+        assert record["round"] == n and record["rule"] == testbed.rule(r) and record["declared"] == r.declared
+    else:  # round 1 ran before rounds were numbered: the same rule, without its "round 1: " label
+        assert n == 1 and record["rule"] == testbed.rule(r).removeprefix("round 1: ")
+    assert [c["name"] for c in record["candidates"]] == list(r.candidates)
+    assert record["band"] == [r.low, r.high] and record["gain_at_least"] == testbed.GAIN
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n", sorted(RECORDS))
+def test_every_verdict_follows_from_the_per_seed_rows(n):
+    record = load(n)
+    for c in record["candidates"]:
+        assert len(c["sft"]["per_seed"]) == testbed.SEEDS
+        assert testbed.stability(c["sft"]["per_seed"], testbed.ROUNDS[n]) == c["sft"], c["name"]
+        # the oracle runs exactly where the rule says: on the stable candidates with room
+        assert ("oracle" in c) == c["sft"]["stable_with_room"], c["name"]
+    assert testbed.choose(record["candidates"]) == record["chosen"]
+
+
+def oracle_gain_from_curves(frontier: dict) -> tuple[float, int, float]:
+    """The mean curve's best checkpoint after iteration 0 over the study's seeds, and its gain over
+    the seeds' mean SFT gold, recomputed from each seed's points."""
+    curves = [{p["iteration"]: p["gold"] for p in s["arms"]["oracle"]["points"]} for s in frontier["seeds"]]
+    iterations = sorted(set(curves[0]) - {0})
+    mean = {i: sum(c[i] for c in curves) / len(curves) for i in iterations}
+    best = max(iterations, key=lambda i: (mean[i], -i))  # the earlier checkpoint on a tie
+    sft = sum(s["sft"]["gold"] for s in frontier["seeds"]) / len(frontier["seeds"])
+    return mean[best], best, mean[best] - sft
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n", [n for n in sorted(RECORDS) if any("oracle" in c for c in load(n)["candidates"])])
+def test_every_oracle_gain_is_its_committed_study_s_mean_curve(n):
+    record = load(n)
+    for c in record["candidates"]:
+        if "oracle" not in c:
+            continue
+        frontier = json.loads((RECORDS[n].parent / f"oracle-{c['name']}" / "frontier.json").read_text())
+        assert len(frontier["seeds"]) == testbed.ORACLE_SEEDS
+        gold, iteration, gain = oracle_gain_from_curves(frontier)
+        o = c["oracle"]
+        assert (o["best_gold"], o["best_iteration"]) == (pytest.approx(gold, abs=1e-12), iteration), c["name"]
+        assert o["gain"] == pytest.approx(gain, abs=1e-12) and o["qualifies"] == (gain >= testbed.GAIN)
+        # the oracle study's SFT is the rule's SFT: its first ORACLE_SEEDS seeds, retrained, give the same success
+        assert o["sft_gold_per_seed"] == pytest.approx(c["sft"]["per_seed"][: testbed.ORACLE_SEEDS], abs=1e-12)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n", sorted(RECORDS))
+def test_the_docs_table_states_each_committed_candidate(n):
+    docs = (ROOT / "docs" / "studies.md").read_text()
+    for c in load(n)["candidates"]:
+        s = c["sft"]
+        row = f"| {c['name']} | "
+        cell = f"| {s['mean']:.3f} ({s['sd']:.3f}, {s['min']:.3f}) |"
+        assert any(line.startswith(row) and cell in line for line in docs.splitlines()), (n, c["name"])
+        if "oracle" in c:
+            o = c["oracle"]
+            assert f"{o['sft_gold']:.3f} → {o['best_gold']:.3f} at {o['best_iteration']}: {o['gain']:+.3f}" in docs
