@@ -247,10 +247,14 @@ def choose_rule(signal: str, runs: list[dict], patiences=PATIENCES, max_false_al
 
 
 def frozen_rules(path: Path | None = None) -> tuple[list[Rule], int]:
-    """(the rules of a frozen rules file that are defined, its window); ([], WINDOW) without a file."""
+    """(the rules of a frozen rules file that are defined, its window). A missing file is refused:
+    the committed one ships with the package, and a lab without it would warn of nothing, silently."""
     path = RULES_FILE if path is None else Path(path)
     if not path.is_file():
-        return [], WINDOW
+        raise FileNotFoundError(
+            f"no warning-rules file {path}: the frozen rules ship inside the rlhf package "
+            f"(rlhf/warning_rules.json); reinstall it (pip install .) or restore the file"
+        )
     data = json.loads(path.read_text())
     if data.get("format") != RULES_FORMAT:
         raise ValueError(f"{path} is not a warning-rules file of format {RULES_FORMAT}")

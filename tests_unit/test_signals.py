@@ -113,3 +113,14 @@ def test_a_rule_is_chosen_on_its_runs_only_within_the_false_alarm_bound():
     s = score_rule(rule, fell + held)
     assert (s["early"], s["misses"], s["false_alarms"]) == (2, 1, 0)
     assert choose_rule("x", [run("n", [None] * 5, [(10, 0.7)])]) is None
+
+
+def test_a_missing_rules_file_is_refused_naming_it_never_read_as_no_rules(tmp_path, monkeypatch):
+    from rlhf import signals
+
+    gone = tmp_path / "warning_rules.json"
+    with pytest.raises(FileNotFoundError, match="warning-rules file .*warning_rules.json.*reinstall"):
+        signals.frozen_rules(gone)
+    monkeypatch.setattr(signals, "RULES_FILE", gone)  # a package installed without its data file
+    with pytest.raises(FileNotFoundError, match="ship inside the rlhf package"):
+        signals.frozen_rules()
