@@ -158,6 +158,7 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     profile_device(profile)  # refused before anything is prepared
     stop_rules_identity(profile)  # a stop signal without a frozen rule: refused before SFT, not at PPO
     refuse_old_layout(run)
+    refuse_foreign_folder(run)
     if (run / RUN_FILE).is_file():
         read_json(run / RUN_FILE)  # a damaged run.json is refused, naming it, before anything is written
     events.check_writable(run)  # refused before anything is written
@@ -222,6 +223,26 @@ def refuse_old_layout(run: Path) -> None:
             f"is now judge/) and was written by an older rlhf: it cannot be continued. "
             f"Its results stay readable as files; start afresh in a new folder: "
             f"rlhf lab --out NEW_FOLDER"
+        )
+
+
+# What a run folder may hold before its corpus: a study's run profile (rlhf.studies.derivation
+# writes seed-i/profile.toml first) and what a crash left while preparing (swept below).
+BEFORE_CORPUS = ("profile.toml",)
+
+
+def refuse_foreign_folder(run: Path) -> None:
+    """Refuse a non-empty folder that is not a run: the lab writes its corpus first, so a folder
+    with neither run.json nor corpus/ holding anything but BEFORE_CORPUS and hidden leftovers of
+    an interrupted write belongs to something else, and the run's files would be mixed into it."""
+    if not run.is_dir() or (run / RUN_FILE).is_file() or (run / "corpus").is_dir():
+        return
+    foreign = sorted(p.name for p in run.iterdir() if p.name not in BEFORE_CORPUS and not p.name.startswith("."))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ValueError(
+            f"folder {run} is not empty and is not a run (no {RUN_FILE}, no corpus/; it holds {shown}): "
+            f"a run is written into a folder of its own; give a new or empty folder"
         )
 
 

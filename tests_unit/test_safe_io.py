@@ -388,3 +388,35 @@ def test_resume_with_nothing_to_resume_is_refused_before_anything_is_written_nam
     err = capsys.readouterr().err
     assert f"nothing to resume in {run / stage}" in err and f"rlhf {stage} --run {run} --stop-after N" in err
     assert not run.exists()
+
+
+def test_a_non_empty_folder_that_is_not_a_run_is_refused_with_nothing_written(tmp_path, capsys):
+    from rlhf import cli
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("mine")
+    (folder / "figures").mkdir()
+    assert cli.main(["sft", "--run", str(folder)]) != 0
+    err = capsys.readouterr().err
+    assert f"folder {folder} is not empty and is not a run" in err and "figures, thesis.tex" in err
+    assert "give a new or empty folder" in err
+    assert sorted(p.name for p in folder.iterdir()) == ["figures", "thesis.tex"]  # nothing written beside them
+
+
+def test_what_a_run_folder_holds_before_its_corpus_is_not_foreign(tmp_path):
+    from rlhf.lab import refuse_foreign_folder
+
+    refuse_foreign_folder(tmp_path / "absent")  # a new folder
+    for held in (
+        [],  # empty
+        ["profile.toml"],  # a study's run profile, written before the lab runs in it
+        ["profile.toml", ".corpus.tmp123"],  # what a crash while preparing the corpus left
+        ["corpus"],  # a run whose corpus is written, its run.json not yet
+        ["run.json", "sft", "anything"],  # a run
+    ):
+        folder = tmp_path / "-".join(held or ["empty"])
+        folder.mkdir()
+        for name in held:
+            (folder / name).mkdir() if name in ("corpus", "sft") else (folder / name).write_text("x")
+        refuse_foreign_folder(folder)
