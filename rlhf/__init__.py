@@ -1,4 +1,4 @@
-"""rlhf: RLHF with PPO from first principles (see ../shared/SPEC.md and README.md).
+"""rlhf: RLHF with PPO from first principles (see docs/contract.md, the lab's contract, and README.md).
 
 Importing the package pins the CPU arithmetic before torch is imported (rlhf.runtime): every
 entry point (the `rlhf` command, `python -m rlhf`, conftest.py, the tests' subprocesses) goes
