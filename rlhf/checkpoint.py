@@ -57,6 +57,9 @@ class Leg:
                     may save make_state() (rlhf.lab's crash-safe legs)
         watch       PPO only: watch(history) after each iteration (and once on a resumed
                     history); True stops PPO there (`ppo.stop_on_warning`)
+        quiet       the leg only checks the run (the continuous leg the resumed one is compared
+                    with): it prints no epoch, iteration or warning line, which the legs that
+                    make the run have printed
 
     `Leg()` runs the whole stage from scratch, reporting nothing."""
 
@@ -65,6 +68,7 @@ class Leg:
     progress: Callable | None = None
     checkpoint: Callable | None = None
     watch: Callable | None = None
+    quiet: bool = False
 
 
 def request_stop() -> None:

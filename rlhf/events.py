@@ -26,6 +26,7 @@ touches no tensor, generator or file the states depend on, so trained bytes are 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -44,9 +45,20 @@ def folder_of(run, stage: str) -> Path:
     return Path(run) / FOLDER / stage
 
 
+def tensorboard_command() -> str:
+    """The TensorBoard command of this installation, runnable as printed without activating its
+    environment: the `tensorboard` script beside this Python (relative to the current folder when
+    inside it), else this Python running TensorBoard's module."""
+    script = Path(sys.executable).parent / "tensorboard"
+    if not script.is_file():
+        return f"{sys.executable} -m tensorboard.main"
+    here = Path.cwd()
+    return str(script.relative_to(here)) if script.is_relative_to(here) else str(script)
+
+
 def logdir_line(folder) -> str:
     """What `rlhf lab`, `rlhf seeds` and `rlhf frontier` print at start: the command that shows the curves."""
-    return f"curves, live while it runs: tensorboard --logdir {folder}"
+    return f"curves, live while it runs: {tensorboard_command()} --logdir {folder}"
 
 
 def check_writable(run) -> None:

@@ -622,7 +622,7 @@ def _run_leg(
             log.sync(step, total, history, timings)
 
     try:
-        state, timings = run_fn(Leg(state=state, stop=stop, checkpoint=checkpoint, progress=progress))
+        state, timings = run_fn(Leg(state=state, stop=stop, checkpoint=checkpoint, progress=progress, quiet=compared))
         writer.wait()
     finally:
         if log is not None:
@@ -660,19 +660,27 @@ def _epoch_stage(
     # SPEC §10: the identity includes the initial fingerprints (learned and frozen) of the role.
     identity = ctx.identity(stage=stage, initial=initial_fingerprints({kind: ctx.role(kind)}))
     bar, tick = _progress(stage, 1)
+    said: set[int] = set()  # epochs whose line is printed: each once, as it ends
 
-    def progress(step, total, history, _timings):
-        bar.total = total
-        tick(step, total, history["updates"][-1]["loss"])
+    def say_epochs(epochs: list[dict]) -> None:
+        for e in epochs:
+            if e["epoch"] not in said:
+                said.add(e["epoch"])
+                bar.write(epoch_line(e)) if sys.stderr.isatty() else _say(epoch_line(e))
 
     def run_fn(leg: Leg):
+        def progress(step, total, history, _timings):
+            bar.total = total
+            tick(step, total, history["updates"][-1]["loss"])
+            if not leg.quiet:
+                say_epochs(history["epochs"])
+
         return train_role(ctx, kind, train_fn, _also_progress(leg, progress)), {}
 
     result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol)
     bar.close()
     history = result.state["history"]
-    for e in history["epochs"]:
-        _say(epoch_line(e))
+    say_epochs(history["epochs"])  # those of legs loaded from disk, not run by this command
     if stop_after is None:
         role = ctx.role(kind)
         role.load_learned_state(result.state[kind])
@@ -832,7 +840,8 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     identity = ppo_identity(ctx, initial)
     cfg = ctx.profile.ppo
     bar, tick = _progress("PPO", cfg.iterations)
-    run_fn = partial(_ppo_leg, ctx, progress=_ppo_progress(bar, tick), use_cache=use_cache)
+    announced: set[str] = set()  # warnings printed: each once per command, whichever leg fired it first
+    run_fn = partial(_ppo_leg, ctx, bar=bar, tick=tick, announced=announced, use_cache=use_cache)
     result = run_protocol(
         ctx,
         "ppo",
@@ -855,14 +864,16 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     return result
 
 
-def _ppo_leg(ctx: Context, leg: Leg, *, progress, use_cache: bool):
-    """One leg of PPO (run_protocol's run_fn): fresh roles, the leg trained, the roles checked."""
+def _ppo_leg(ctx: Context, leg: Leg, *, bar, tick, announced: set[str], use_cache: bool):
+    """One leg of PPO (run_protocol's run_fn): fresh roles, the leg trained, the roles checked.
+    A quiet leg (the continuous one that checks the run) ticks the bar and prints nothing."""
     judge_learns = ctx.profile.ppo.reward_design == "iterated-judge"  # refreshed during PPO (rlhf.refresh)
     roles = ppo_roles(ctx)
     assert_role_isolation(roles)
     before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
     seed_system_rngs(ctx.profile.seeds.ppo("torch"))
-    watch = warning_watch(ctx.profile.ppo)
+    watch = warning_watch(ctx.profile.ppo, announced, say=None if leg.quiet else _say)
+    progress = _ppo_progress(bar, tick, quiet=leg.quiet)
     out, tm = train_ppo(
         roles,
         ctx.corpus.learning_view(),
@@ -880,40 +891,46 @@ def _ppo_leg(ctx: Context, leg: Leg, *, progress, use_cache: bool):
     return out, tm
 
 
-def _ppo_progress(bar, tick):
-    """The progress callback of PPO's legs: the bar, and a line every 10th iteration."""
+PRINT_EVERY = 10  # PPO prints every 10th iteration (and the last), on a terminal or to a file
+
+
+def _ppo_progress(bar, tick, *, quiet: bool = False):
+    """The progress callback of a PPO leg: the bar, and a line every PRINT_EVERY-th iteration
+    (none in a quiet leg)."""
 
     def progress(it, total, history, _timings):
         rec = history["iterations"][-1]
         tick(it, total, rec["policy_loss"][-1])
+        if quiet or not (it % PRINT_EVERY == 0 or it == total):
+            return
         line = (
             f"ppo iteration {it}: judge score {rec['mean_score']:+.3f}  sampled log-ratio "
             f"{rec['mean_sampled_log_ratio']:+.4f}  value loss {rec['value_loss'][-1]:.4f}  "
             f"clip fraction {rec['clip_fraction'][-1]:.3f}  length {rec['response_length']:.1f}  "
             f"truncations {rec['truncations']}"
         )
-        if sys.stderr.isatty():
-            bar.write(line)
-        elif it % 10 == 0 or it == total:
-            _say(line)
+        bar.write(line) if sys.stderr.isatty() else _say(line)
 
     return progress
 
 
-def warning_watch(cfg):
-    """watch(history) for a PPO leg: prints each frozen warning rule the first time it fires
-    (rlhf.signals); True stops PPO when `cfg.stop_on_warning` names that signal (or any)."""
+def warning_watch(cfg, announced: set[str] | None = None, say=_say):
+    """watch(history) for a PPO leg: says each frozen warning rule the first time it fires
+    (rlhf.signals), in the order of the iterations where they fired, and never a signal already
+    in `announced` (shared by a command's legs; `say` None: silent); True stops PPO when
+    `cfg.stop_on_warning` names that signal (or any), whether or not it is said."""
     rules, window = signals.frozen_rules()
-    announced: set[str] = set()
+    announced = set() if announced is None else announced
 
     def watch(history: dict) -> bool:
         fired = signals.firings(history, rules, window)
         stopping = [s for s in fired if s in cfg.stop_signals or not cfg.stop_signals] if cfg.stop_on_warning else []
-        for rule in rules:
-            if rule.signal in fired and rule.signal not in announced:
+        new = sorted((fired[r.signal], k, r) for k, r in enumerate(rules) if r.signal in fired)
+        for iteration, _, rule in new:
+            if say is not None and rule.signal not in announced:
                 announced.add(rule.signal)
-                _say(
-                    f"warning: over-optimisation signal {rule.signal} fired at iteration {fired[rule.signal]} "
+                say(
+                    f"warning: over-optimisation signal {rule.signal} fired at iteration {iteration} "
                     f"({rule.describe()})" + ("; PPO stops here (stop_on_warning)" if rule.signal in stopping else "")
                 )
         return bool(stopping)

@@ -40,11 +40,11 @@ def rules_file(tmp_path, monkeypatch, request):
     return path
 
 
-def ppo_run(folder, small_profile_file, stop: bool):
+def ppo_run(folder, small_profile_file, stop: bool, training_protocol: bool = False):
     profile = override(load_profile(str(small_profile_file)), {("ppo", "stop_on_warning"): stop})
     ctx = lab.open_context(folder, profile)
     for stage in (lab.stage_sft, lab.stage_judge):
-        stage(ctx, protocol=False)
+        stage(ctx, protocol=training_protocol)
     lab.stage_ppo(ctx)
     return ctx
 
@@ -66,11 +66,21 @@ def test_a_warning_stops_ppo_there_and_the_resumed_leg_equals_the_continuous(
 
 
 def test_without_the_option_a_warning_is_printed_and_changes_nothing(rules_file, small_profile_file, tmp_path, capsys):
-    ctx = ppo_run(tmp_path / "run", small_profile_file, stop=False)
+    ctx = ppo_run(tmp_path / "run", small_profile_file, stop=False, training_protocol=True)
     state = load_state(ctx.run / "ppo" / "state-continuous.pt.gz")
     assert state["iterations_done"] == ctx.profile.ppo.iterations == 4
     patience = json.loads(rules_file.read_text())["rules"][0]["patience"]
-    assert f"fired at iteration {patience - 1}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # Each thing said once over the protocol's three legs: the warning where it fired (the resumed
+    # leg re-reads the boundary's history, the continuous leg repeats the run), the last PPO
+    # iteration, each epoch of SFT and the judge; the leg that checks the run says one line.
+    assert out.count("warning: over-optimisation signal") == 1, out
+    assert f"truncation_rate fired at iteration {patience - 1}" in out
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("ppo iteration")] == ["ppo iteration 4"]
+    for stage in ("sft", "judge"):
+        said = [line.split(":")[0] for line in out.splitlines() if line.startswith(f"{stage} epoch")]
+        assert said == [f"{stage} epoch 1", f"{stage} epoch 2"], out
+    assert out.count("ppo: continuous run from scratch (compared with the resumed one)") == 1
     assert "warning_rules" not in read_json(ctx.run / "ppo" / "state-continuous.pt.gz.json")["identity"]
 
 

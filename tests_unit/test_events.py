@@ -345,3 +345,21 @@ def test_signals_computed_from_an_iteration_on_equal_the_whole_series_there():
         for name, values in whole.items():
             assert part[name][since:] == values[since:], (name, since)
             assert all(v is None for v in part[name][:since]), (name, since)
+
+
+def test_the_printed_tensorboard_command_runs_as_printed(tmp_path, monkeypatch):
+    """The first line `rlhf lab` prints names a TensorBoard that runs without activating any
+    environment: from a folder outside this one, the command as printed answers --version_tb."""
+    import shlex
+    import subprocess
+
+    from rlhf.events import logdir_line
+
+    monkeypatch.chdir(tmp_path)
+    line = logdir_line(tmp_path / "tb")
+    command = line.removeprefix("curves, live while it runs: ")
+    assert command.endswith(f"--logdir {tmp_path / 'tb'}")
+    argv = shlex.split(command.removesuffix(f" --logdir {tmp_path / 'tb'}"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv on PATH
+    done = subprocess.run([*argv, "--version_tb"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
