@@ -916,7 +916,8 @@ def _ppo_progress(bar, tick, *, quiet: bool = False):
 
 def warning_watch(cfg, announced: set[str] | None = None, say=_say):
     """watch(history) for a PPO leg: says each frozen warning rule the first time it fires
-    (rlhf.signals), in the order of the iterations where they fired, and never a signal already
+    (rlhf.signals), in the order of the iterations where they fired (numbered from 1, as the
+    console's iteration lines and ppo/warnings.json count), and never a signal already
     in `announced` (shared by a command's legs; `say` None: silent); True stops PPO when
     `cfg.stop_on_warning` names that signal (or any), whether or not it is said."""
     rules, window = signals.frozen_rules()
@@ -926,16 +927,43 @@ def warning_watch(cfg, announced: set[str] | None = None, say=_say):
         fired = signals.firings(history, rules, window)
         stopping = [s for s in fired if s in cfg.stop_signals or not cfg.stop_signals] if cfg.stop_on_warning else []
         new = sorted((fired[r.signal], k, r) for k, r in enumerate(rules) if r.signal in fired)
-        for iteration, _, rule in new:
+        for index, _, rule in new:
             if say is not None and rule.signal not in announced:
                 announced.add(rule.signal)
                 say(
-                    f"warning: over-optimisation signal {rule.signal} fired at iteration {iteration} "
+                    f"warning: over-optimisation signal {rule.signal} fired at iteration {index + 1} "
                     f"({rule.describe()})" + ("; PPO stops here (stop_on_warning)" if rule.signal in stopping else "")
                 )
         return bool(stopping)
 
     return watch
+
+
+def fired_warnings(history: dict, cfg) -> dict:
+    """ppo/warnings.json: every frozen warning rule that fired over the run's PPO history, in the
+    order of the iterations where they fired (numbered from 1: the iteration after which it fired,
+    as the console counts), and whether PPO stopped there; with the rules file's hash and window."""
+    rules, window = signals.frozen_rules()
+    fired = signals.firings(history, rules, window)
+    done = len(history["iterations"])
+    stopped_early = cfg.stop_on_warning and done < cfg.iterations
+    rows = sorted((fired[r.signal], k, r) for k, r in enumerate(rules) if r.signal in fired)
+    return {
+        "rules_file": signals.RULES_FILE.name,
+        "rules_sha256": sha256_file(signals.RULES_FILE),
+        "window": window,
+        "fired": [
+            {
+                "signal": rule.signal,
+                "iteration": index + 1,
+                "rule": rule.describe(),
+                "stopped_ppo": bool(
+                    stopped_early and index + 1 == done and (not cfg.stop_signals or rule.signal in cfg.stop_signals)
+                ),
+            }
+            for index, _, rule in rows
+        ],
+    }
 
 
 def _write_ppo(ctx: Context, result: ProtocolResult, initial: dict, identity: dict, timings: dict) -> None:
@@ -953,6 +981,7 @@ def _write_ppo(ctx: Context, result: ProtocolResult, initial: dict, identity: di
         if not (folder / f"{role.kind}.safetensors.json").is_file():
             save_role(role, folder / f"{role.kind}.safetensors", identity)
     write_json(folder / "history.json", result.state["history"], keep_existing=True)
+    write_json(folder / "warnings.json", fired_warnings(result.state["history"], ctx.profile.ppo), keep_existing=True)
     record = {"seconds": result.seconds, **result.timings, **(result.check or {}), **timings}
     write_json(folder / "timings.json", record, keep_existing=True)
     write_json(folder / "fingerprints.json", fingerprints, keep_existing=True)

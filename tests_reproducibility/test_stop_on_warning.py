@@ -57,10 +57,15 @@ def test_a_warning_stops_ppo_there_and_the_resumed_leg_equals_the_continuous(
     assert check["identical"] is True and check["boundary"] == 2
     patience = json.loads(rules_file.read_text())["rules"][0]["patience"]
     state = load_state(ctx.run / "ppo" / "state-continuous.pt.gz")
-    # Stopped after the iteration where it fired (iteration patience - 1).
+    # Stopped after the iteration where it fired: iteration `patience`, counted from 1 as the console counts.
     assert state["iterations_done"] == patience and len(state["history"]["iterations"]) == patience
-    fired = f"warning: over-optimisation signal truncation_rate fired at iteration {patience - 1}"
+    fired = f"warning: over-optimisation signal truncation_rate fired at iteration {patience} "
     assert fired in capsys.readouterr().out
+    kept = read_json(ctx.run / "ppo" / "warnings.json")
+    assert kept["rules_sha256"] == sha256_file(rules_file)
+    assert kept["fired"] == [
+        {"signal": "truncation_rate", "iteration": patience, "rule": kept["fired"][0]["rule"], "stopped_ppo": True}
+    ]
     identity = read_json(ctx.run / "ppo" / "state-continuous.pt.gz.json")["identity"]
     assert identity["warning_rules"] == sha256_file(rules_file)
 
@@ -75,7 +80,9 @@ def test_without_the_option_a_warning_is_printed_and_changes_nothing(rules_file,
     # leg re-reads the boundary's history, the continuous leg repeats the run), the last PPO
     # iteration, each epoch of SFT and the judge; the leg that checks the run says one line.
     assert out.count("warning: over-optimisation signal") == 1, out
-    assert f"truncation_rate fired at iteration {patience - 1}" in out
+    assert f"truncation_rate fired at iteration {patience} " in out
+    kept = read_json(ctx.run / "ppo" / "warnings.json")["fired"]
+    assert [(w["signal"], w["iteration"], w["stopped_ppo"]) for w in kept] == [("truncation_rate", patience, False)]
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("ppo iteration")] == ["ppo iteration 4"]
     for stage in ("sft", "judge"):
         said = [line.split(":")[0] for line in out.splitlines() if line.startswith(f"{stage} epoch")]
@@ -98,7 +105,7 @@ def test_only_the_named_signals_rules_stop_ppo(small_profile_file, tmp_path, mon
     state = load_state(ctx.run / "ppo" / "state-continuous.pt.gz")
     assert state["iterations_done"] == ctx.profile.ppo.iterations == 4  # truncation_rate fired, did not stop
     out = capsys.readouterr().out
-    assert "signal truncation_rate fired at iteration 1 (" in out and "PPO stops here" not in out
+    assert "signal truncation_rate fired at iteration 2 (" in out and "PPO stops here" not in out
     assert read_json(ctx.run / "ppo" / "state-continuous.pt.gz.json")["identity"]["warning_rules"] == sha256_file(path)
 
 

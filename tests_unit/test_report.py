@@ -429,7 +429,7 @@ def test_report_html_is_self_contained_with_plots_and_tables(tmp_path):
     assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
     assert "<link" not in page and "<script" not in page and "@import" not in page and "url(" not in page
     imgs = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(imgs) == 4  # sft, judge, ppo, timings
+    assert len(imgs) == 5  # the verdict, sft, judge, ppo, timings
     for b64 in imgs:
         assert base64.b64decode(b64)[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(re.findall(r"<img\b", page)) == len(imgs)  # every image is an embedded PNG
@@ -551,3 +551,62 @@ def test_report_phases_are_the_ppo_loop_phases_in_its_order():
 
     assert PPO_PHASES == PHASES
     assert set(PHASE_LABELS) == set(PHASES)
+
+
+WARNINGS = {
+    "rules_file": "warning_rules.json",
+    "rules_sha256": "ab" * 32,
+    "window": 5,
+    "fired": [
+        {"signal": "kl_growth", "iteration": 9, "rule": "kl_growth >= 0.5 for 2 iteration(s)", "stopped_ppo": False},
+        {"signal": "truncation_rate", "iteration": 12, "rule": "truncation_rate >= 0.25 for 3 iteration(s)",
+         "stopped_ppo": True},
+    ],
+}  # fmt: skip
+
+
+def test_the_report_opens_with_a_verdict_and_one_picture_and_keeps_every_warning(tmp_path):
+    """What PPO did to held-out test success and to the learned reward, and which warnings fired
+    (in the order they fired, from ppo/warnings.json), is the report's first line, then the picture;
+    results.json and the printed summary keep the same warnings."""
+    run = make_synthetic_run(tmp_path / "run")
+    write_json(run / "ppo/warnings.json", WARNINGS)
+    paths = report.write_reports(run)
+    res = json.loads(paths["results.json"].read_text())
+    assert res["warnings"] == WARNINGS
+    sft, ppo = (res["evaluation"]["policies"][p]["metrics"]["test"]["rubric_success"] for p in ("sft", "ppo"))
+    md = paths["report.md"].read_text()
+    first = md.split("## At a glance\n\n", 1)[1].splitlines()[0]
+    moved = "raised" if ppo > sft else "lowered" if ppo < sft else "left"
+    assert first.startswith(f"Verdict: PPO {moved} held-out test rubric success from {sft:.3f} (SFT) to {ppo:.3f}")
+    said = "kl_growth at iteration 9, truncation_rate at iteration 12 (PPO stopped there)"
+    assert first.endswith(f"over-optimisation warnings: {said}.")
+    html = paths["report.html"].read_text()
+    glance = html.split('id="glance"', 1)[1]
+    assert glance.index("Verdict: PPO") < glance.index("<img") < glance.index("<table")  # line, picture, tables
+    assert f"over-optimisation warnings: {said}" in report.print_summary(res)
+
+
+@pytest.mark.parametrize(("fired", "said"), [([], "none fired"), (None, "not recorded for this run")])
+def test_the_verdict_says_when_no_warning_fired_and_when_none_was_recorded(tmp_path, fired, said):
+    run = make_synthetic_run(tmp_path / "run")
+    if fired is not None:
+        write_json(run / "ppo/warnings.json", {**WARNINGS, "fired": fired})
+    res = json.loads(report.write_reports(run)["results.json"].read_text())
+    assert f"over-optimisation warnings: {said}." in (run / "report.md").read_text()
+    assert f"over-optimisation warnings: {said}" in report.print_summary(res)
+
+
+def test_the_stage_summaries_and_memory_are_shown_in_words_not_keys(tmp_path):
+    from rlhf.report.labels import SUMMARY_LABELS
+
+    run = make_synthetic_run(tmp_path / "run")
+    paths = report.write_reports(run)
+    res = json.loads(paths["results.json"].read_text())
+    keys = [k for s in ("sft", "judge", "ppo") for k in res[s]["summary"]] + list(res["timings"].get("memory") or {})
+    assert keys and all(k in SUMMARY_LABELS for k in keys), [k for k in keys if k not in SUMMARY_LABELS]
+    md = paths["report.md"].read_text()
+    raw = [k for k in keys if "_" in k]  # a key that is not already a plain word
+    shown = [k for k in raw if re.search(rf"\| {re.escape(k)} \||{re.escape(k)} \d", md)]
+    assert raw and shown == [], shown  # no summary or memory key reaches the report raw
+    assert "| mean learned reward, first 10 iterations |" in md

@@ -65,3 +65,40 @@ PHASE_LABELS = {
 PPO_PHASES = tuple(PHASE_LABELS)
 STAGES = ("sft", "judge", "ppo")
 STAGE_LABELS = {"sft": "SFT", "judge": "judge (reward model)", "ppo": "PPO"}
+
+# The stage summaries of results.json (rlhf.report.results) in words: the report shows these, the
+# JSON keeps its keys. A key without an entry would reach the report raw (tests_unit/test_report.py).
+SUMMARY_LABELS = {
+    "updates": "updates run",
+    "total_updates": "updates planned",
+    "epochs": "epochs",
+    "first_update_loss": "loss of the first update",
+    "last_update_loss": "loss of the last update",
+    "peak_lr": "peak learning rate",
+    "final_train_loss": "train loss, last epoch",
+    "final_validation_loss": "validation loss, last epoch",
+    "mean_loss_last_10_updates": "mean loss of the last 10 updates",
+    "response_tokens_trained": "response tokens trained on",
+    "max_grad_norm_before_clipping": "largest gradient norm (before clipping at 1)",
+    "mean_accuracy_last_10_updates": "mean pair accuracy of the last 10 updates",
+    "final_train_accuracy": "train pair accuracy, last epoch",
+    "final_validation_accuracy": "validation pair accuracy, last epoch",
+    "final_validation_ties": "validation ties, last epoch",
+    "iterations": "iterations",
+    "sampled_responses": "sampled responses",
+    "distinct_rollout_prompts": "distinct rollout prompts",
+    "actor_updates": "actor updates",
+    "critic_updates": "critic updates",
+    "truncations": "responses cut at the limit without EOS",
+    "mean_score_first_10": f"mean {SCORE_SHORT}, first 10 iterations",
+    "mean_score_last_10": f"mean {SCORE_SHORT}, last 10 iterations",
+    "mean_sampled_log_ratio_first_10": "mean sampled log-ratio actor/reference, first 10 iterations",
+    "mean_sampled_log_ratio_last_10": "mean sampled log-ratio actor/reference, last 10 iterations",
+    "mean_response_length_first_10": "mean response length (tokens), first 10 iterations",
+    "mean_response_length_last_10": "mean response length (tokens), last 10 iterations",
+    "value_loss_last_10": "mean critic value loss, last 10 iterations",
+    "clip_fraction_mean": "mean clip fraction, all updates",
+    "peak_rss_mib": "peak resident memory (MiB)",
+    "cuda_peak_allocated_mib": "peak CUDA memory allocated (MiB)",
+    "cuda_peak_reserved_mib": "peak CUDA memory reserved (MiB)",
+}

@@ -10,6 +10,7 @@ import io
 from rlhf.report import wording
 from rlhf.report.formatting import fmt, is_num
 from rlhf.report.labels import PHASE_LABELS, PPO_PHASES
+from rlhf.report.tables import policy_metrics
 
 # (curve key, title, kind) of the eight PPO panels; kind None: one value per iteration.
 PPO_PANELS = (
@@ -25,8 +26,8 @@ PPO_PANELS = (
 
 
 def make_plots(res: dict) -> dict[str, bytes]:
-    """PNG bytes per plot name: sft, judge, ppo, timings (matplotlib Agg, no global pyplot state)."""
-    plots = {"sft": sft_plot(res), "judge": judge_plot(res), "ppo": ppo_plot(res)}
+    """PNG bytes per plot name: verdict, sft, judge, ppo, timings (matplotlib Agg, no global pyplot state)."""
+    plots = {"verdict": verdict_plot(res), "sft": sft_plot(res), "judge": judge_plot(res), "ppo": ppo_plot(res)}
     if res["timings"].get("ppo_phase_totals_s"):
         plots["timings"] = timings_plot(res)
     return plots
@@ -120,6 +121,36 @@ def judge_plot(res: dict) -> bytes:
     )
     ax2.set(title="Judge pair accuracy", xlabel="update", ylabel="accuracy", ylim=(-0.02, 1.05))
     ax2.legend(loc="lower right")
+    return _png(fig)
+
+
+def verdict_plot(res: dict) -> bytes:
+    """The report's one picture: the learned reward PPO optimises, per iteration (numbered from 1,
+    as the console counts), beside held-out test rubric success at SFT (iteration 0) and at the
+    end; a dotted line where each over-optimisation warning fired."""
+    c = res["ppo"]["curves"]
+    its = [i + 1 for i in c.get("iteration", [])]
+    fig = _figure((9, 3.6))
+    ax = fig.add_subplot(1, 1, 1)
+    ys = c.get("mean_score", [])
+    ax.plot(its, ys, lw=0.8, color="#9db4d8", label=f"mean {wording.SCORE_SHORT} of the 4 rollouts")
+    ax.plot(its, _smooth(ys), lw=2, color="#4c72b0", label="mean of last 10")
+    ax.set(xlabel="PPO iteration", ylabel=wording.SCORE_SHORT)
+    for w in (res.get("warnings") or {}).get("fired", []):
+        ax.axvline(w["iteration"], color="#e0a800", ls=":", lw=1.2)
+        ax.text(w["iteration"], 0.98, " " + w["signal"], transform=ax.get_xaxis_transform(), fontsize=7, va="top")
+    ev = res["evaluation"]
+    if ev["status"] == "run":
+        success = [(policy_metrics(ev, p).get("test") or {}).get("rubric_success") for p in ("sft", "ppo")]
+        if all(is_num(v) for v in success):
+            right = ax.twinx()
+            right.plot(
+                [0, its[-1] if its else 0], success, "o-", color="#c44e52", lw=1.5, label="held-out test rubric success"
+            )
+            right.set(ylabel="test rubric success", ylim=(-0.02, 1.05))
+            right.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("What PPO optimised, and what it did on held-out test prompts")
     return _png(fig)
 
 

@@ -239,6 +239,8 @@ def collect_results(run_dir) -> dict:
             "curves": _curves(judge_h.get("updates", [])),
         },
         "reward_design": design,
+        # The over-optimisation warnings that fired (lab.fired_warnings); None for a run that predates the record.
+        "warnings": _read_optional(run / "ppo/warnings.json"),
         "ppo": {
             "summary": _ppo_summary(ppo_h),
             "curves": _curves(ppo_h.get("iterations", [])),

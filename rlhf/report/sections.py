@@ -9,8 +9,8 @@ text). ``build_sections`` lists them in the order of the report.
 from __future__ import annotations
 
 from rlhf.report import wording
-from rlhf.report.formatting import fmt, is_num
-from rlhf.report.labels import FINISH_LABELS
+from rlhf.report.formatting import fmt, fmt_ci, fmt_signed, is_num
+from rlhf.report.labels import FINISH_LABELS, SUMMARY_LABELS
 from rlhf.report.tables import (
     artifacts_table,
     comparison_table,
@@ -28,6 +28,7 @@ from rlhf.report.tables import (
     refresh_table,
     resume_tables,
     sft_epochs_table,
+    sft_vs_ppo,
     shortcut_audit_table,
     stage_time_table,
     timings_table,
@@ -58,10 +59,50 @@ def build_sections(res: dict, quote=lambda s: s) -> list[tuple[str, str, list]]:
     return sections
 
 
+def warnings_said(res: dict) -> str:
+    """The warnings that fired, in words: 'none fired', 'kl_growth at iteration 23 (PPO stopped
+    there), ...', or 'not recorded' for a run without ppo/warnings.json."""
+    w = res.get("warnings")
+    if w is None:
+        return "not recorded for this run"
+    if not w["fired"]:
+        return "none fired"
+    return ", ".join(
+        f"{f['signal']} at iteration {f['iteration']}" + (" (PPO stopped there)" if f["stopped_ppo"] else "")
+        for f in w["fired"]
+    )
+
+
+def verdict(res: dict) -> str:
+    """The report's first line: what PPO did to held-out test success and to the learned reward,
+    and which over-optimisation warnings fired."""
+    ev, sp = res["evaluation"], res["ppo"]["summary"]
+    score = (
+        f"the {wording.SCORE_SHORT} of its rollouts went from {fmt(sp['mean_score_first_10'])} (first 10 "
+        f"iterations) to {fmt(sp['mean_score_last_10'])} (last 10)"
+    )
+    if ev["status"] == "run":
+        va, vb, diff, d = sft_vs_ppo(ev, "test", "rubric_success", "rubric_success")
+        held_out = (
+            f"PPO {'raised' if is_num(diff) and diff > 0 else 'lowered' if is_num(diff) and diff < 0 else 'left'} "
+            f"held-out test rubric success from {fmt(va)} (SFT) to {fmt(vb)} ({fmt_signed(diff)}, 95% CI {fmt_ci(d)})"
+        )
+    else:
+        held_out = "held-out success was not measured (evaluation not run)"
+    return f"Verdict: {held_out}, while {score}; over-optimisation warnings: {warnings_said(res)}."
+
+
 def glance_section(res: dict) -> tuple[str, str, list]:
     ev = res["evaluation"]
     sp = res["ppo"]["summary"]
-    glance: list[tuple] = []
+    glance: list[tuple] = [
+        ("p", verdict(res)),
+        (
+            "img",
+            "verdict",
+            f"The {wording.SCORE_SHORT} per PPO iteration and held-out test rubric success at SFT and at the end",
+        ),
+    ]
     if ev["status"] == "run":
         glance.append(("table", key_results_table(ev)))
         rt = res["judge_test"]
@@ -278,11 +319,11 @@ def summaries_section(res: dict) -> tuple[str, str, list]:
             (
                 "group",
                 [
-                    ("table", kv_table(res["sft"]["summary"], "SFT")),
+                    ("table", kv_table(res["sft"]["summary"], "SFT", labels=SUMMARY_LABELS)),
                     ("table", sft_epochs_table(res["sft"]["epochs"])),
-                    ("table", kv_table(res["judge"]["summary"], "Judge")),
+                    ("table", kv_table(res["judge"]["summary"], "Judge", labels=SUMMARY_LABELS)),
                     ("table", judge_epochs_table(res["judge"]["epochs"])),
-                    ("table", kv_table(res["ppo"]["summary"], "PPO")),
+                    ("table", kv_table(res["ppo"]["summary"], "PPO", labels=SUMMARY_LABELS)),
                 ],
             )
         ],
@@ -330,8 +371,8 @@ def timings_section(res: dict) -> tuple[str, str, list]:
         blocks = [("group", [blocks[0], ("table", t)]), ("img", "timings", "PPO time per phase")]
     mem = res["timings"].get("memory") or {}
     if mem:
-        rounded = {k: round(v, 1) if is_num(v) else v for k, v in mem.items()}
-        blocks.append(("p", "Memory during PPO: " + fmt(rounded) + "."))
+        said = "; ".join(f"{SUMMARY_LABELS.get(k, k)} {fmt(round(v, 1) if is_num(v) else v)}" for k, v in mem.items())
+        blocks.append(("p", f"Memory during PPO: {said}."))
     return ("timings", "Timings", blocks)
 
 

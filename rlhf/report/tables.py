@@ -69,13 +69,15 @@ class Table:
         return "\n".join(out)
 
 
-def kv_table(d: dict, caption: str = "", key="quantity", value="value") -> Table:
+def kv_table(d: dict, caption: str = "", key="quantity", value="value", labels: dict | None = None) -> Table:
+    """One row per entry of `d`, its key in words where `labels` has them."""
+    labels = labels or {}
     rows = []
     for k, v in d.items():
         if isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):
-            rows.extend([[f"{k}.{k2}", fmt(v2)] for k2, v2 in v.items()])
+            rows.extend([[f"{labels.get(k, k)}: {labels.get(k2, k2)}", fmt(v2)] for k2, v2 in v.items()])
         else:
-            rows.append([k, fmt(v)])
+            rows.append([labels.get(k, k), fmt(v)])
     return Table([key, value], rows, caption)
 
 

@@ -11,6 +11,7 @@ from rlhf.report.labels import FINISH_LABELS, metric
 from rlhf.report.plots import make_plots
 from rlhf.report.render import render_html, render_markdown
 from rlhf.report.results import collect_results
+from rlhf.report.sections import warnings_said
 from rlhf.report.tables import policy_metrics, policy_rows, sft_vs_ppo
 
 REPORT_FILES = ("results.json", "report.md", "report.html")
@@ -107,6 +108,7 @@ def print_summary(results: dict) -> str:
             f"learned reward of rollouts {fmt(sp.get('mean_score_first_10'))} -> "
             f"{fmt(sp.get('mean_score_last_10'))}"
         )
+    lines.append(f"over-optimisation warnings: {warnings_said(results)}")
     rep = (results.get("reports") or {}).get("report_html")
     lines.append(f"report: {rep or Path(results.get('run_dir', '.')) / 'report.html'}")
     return "\n".join(lines)
