@@ -631,7 +631,7 @@ def ppo_expected(history: dict, kl_coef: float, truncation_penalty: float) -> di
     """PPO per iteration, recomputed from the record's raw lists where it keeps them."""
     exp: dict[str, dict[int, float]] = defaultdict(dict)
     for r in history["iterations"]:
-        i, n = r["iteration"], len(r["scores"])
+        i, n = r["iteration"] + 1, len(r["scores"])  # iteration k (from 1) at step k
         paid = r.get("paid_scores", r["scores"])
         kl = r["mean_sequence_log_ratio"]
         mean_score = sum(r["scores"]) / n
@@ -668,9 +668,9 @@ def ppo_expected(history: dict, kl_coef: float, truncation_penalty: float) -> di
     for name, values in signals.signal_series(history, rules_window).items():
         for i, v in enumerate(values):
             if v is not None:
-                exp[f"signals/{name}"][i] = v
+                exp[f"signals/{name}"][i + 1] = v
     for f in history.get("refreshes", []):
-        s = f["after_iteration"] - 1
+        s = f["after_iteration"]
         exp["judge_refresh/new_pairs"][s] = f["new_pairs"]
         exp["judge_refresh/pairs_so_far"][s] = f["pairs_so_far"]
         for key in ("accuracy_before", "accuracy_after"):

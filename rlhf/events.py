@@ -5,9 +5,10 @@ per stage, so `tensorboard --logdir RUN/tensorboard` shows a run's stages, and
 `tensorboard --logdir STUDY` every seed and arm of a study (each is a run folder of its own).
 
 Steps: optimizer updates for SFT and the judge (the history's `step`; an epoch's validation
-numbers at the step of its last update), PPO iterations for PPO (the history's `iteration`; a
-judge refresh at the iteration it follows), and for the evaluation the PPO iteration of the
-policy evaluated (0: SFT).
+numbers at the step of its last update), PPO iterations for PPO counted from 1 as the console,
+the warnings and the report count them (the history's `iteration` + 1; a judge refresh at the
+iteration it follows), and for the evaluation the number of PPO iterations behind the policy
+evaluated (0: SFT; the last PPO iteration: PPO).
 
 Which leg writes: a stage's series is made by the legs whose states make the run. With the
 interrupt/resume protocol, the interrupted leg and the resumed one, which continue one series
@@ -153,7 +154,7 @@ def summed_reward(record: dict, kl_coef: float, truncation_penalty: float) -> fl
 
 
 def iteration_scalars(record: dict, kl_coef: float, truncation_penalty: float) -> dict[str, float]:
-    """One PPO iteration (history["iterations"][i]) -> its scalars at step record["iteration"].
+    """One PPO iteration (history["iterations"][i]) -> its scalars, at step record["iteration"] + 1.
 
     objective/sampled_log_ratio is an answer's summed sampled-token log-ratio
     (sum_t log pi(a_t|s_t) - log pi_ref(a_t|s_t)), averaged over the answers: TRL's objective/kl,
@@ -198,7 +199,7 @@ def signal_scalars(series: dict[str, list], i: int) -> dict[str, float]:
 
 
 def refresh_scalars(record: dict) -> dict[str, float]:
-    """One judge refresh of the iterated judge (history["refreshes"][r]), at iteration after_iteration - 1."""
+    """One judge refresh of the iterated judge (history["refreshes"][r]), at the iteration it follows."""
     out = {"judge_refresh/new_pairs": record["new_pairs"], "judge_refresh/pairs_so_far": record["pairs_so_far"]}
     for key in ("accuracy_before", "accuracy_after"):
         if record[key] is not None:
@@ -291,10 +292,11 @@ class ScalarLog:
 
 
 def _start_step(state: dict | None) -> int:
-    """The step a leg starts at: 0 fresh, else the saved state's updates (SFT, judge) or iterations (PPO)."""
+    """The first step a leg writes: 0 fresh; else the saved state's updates (SFT, judge: update k is
+    at step k, from 0), or its iterations + 1 (PPO: iteration k, counted from 1, is at step k)."""
     if state is None:
         return 0
-    return state["iterations_done"] if "iterations_done" in state else state["step"]
+    return state["iterations_done"] + 1 if "iterations_done" in state else state["step"]
 
 
 class EventLog(ScalarLog):
@@ -323,16 +325,18 @@ class EventLog(ScalarLog):
             last_update = [u["step"] for u in history["updates"] if u["epoch"] == record["epoch"]][-1]
             self.write(epoch_scalars(record), last_update)
         iterations = self._new(history, "iterations")
+        # PPO's step is the iteration counted from 1 (the history's index + 1), as the console, the
+        # warnings and the report count it: the evaluation's PPO point then sits at the last iteration.
         for record in iterations:
-            self.write(iteration_scalars(record, self.kl_coef, self.truncation_penalty), record["iteration"])
+            self.write(iteration_scalars(record, self.kl_coef, self.truncation_penalty), record["iteration"] + 1)
         if iterations:  # causal: a signal's value at an iteration never changes once it is done
             series = signals.signal_series(history, self.window, since=iterations[0]["iteration"])
             for record in iterations:
-                self.write(signal_scalars(series, record["iteration"]), record["iteration"])
+                self.write(signal_scalars(series, record["iteration"]), record["iteration"] + 1)
         if iterations and timings:  # this iteration's phases, as the leg measured them
-            self.write({TIMING_GROUP + k: v for k, v in timings.items()}, iterations[-1]["iteration"])
+            self.write({TIMING_GROUP + k: v for k, v in timings.items()}, iterations[-1]["iteration"] + 1)
         for record in self._new(history, "refreshes"):
-            self.write(refresh_scalars(record), record["after_iteration"] - 1)
+            self.write(refresh_scalars(record), record["after_iteration"])
         self.flush()
 
 

@@ -227,8 +227,9 @@ def refuse_old_layout(run: Path) -> None:
 
 
 # What a run folder may hold before its corpus: a study's run profile (rlhf.studies.derivation
-# writes seed-i/profile.toml first) and what a crash left while preparing (swept below).
-BEFORE_CORPUS = ("profile.toml",)
+# writes seed-i/profile.toml first), the run's own event folder (checked by events.check_writable)
+# and what a crash left while preparing (swept below).
+BEFORE_CORPUS = ("profile.toml", "tensorboard")
 
 
 def refuse_foreign_folder(run: Path) -> None:
@@ -904,7 +905,7 @@ def _ppo_progress(bar, tick, *, quiet: bool = False):
         if quiet or not (it % PRINT_EVERY == 0 or it == total):
             return
         line = (
-            f"ppo iteration {it}: judge score {rec['mean_score']:+.3f}  sampled log-ratio "
+            f"ppo iteration {it}: learned reward {rec['mean_score']:+.3f}  sampled log-ratio per token "
             f"{rec['mean_sampled_log_ratio']:+.4f}  value loss {rec['value_loss'][-1]:.4f}  "
             f"clip fraction {rec['clip_fraction'][-1]:.3f}  length {rec['response_length']:.1f}  "
             f"truncations {rec['truncations']}"

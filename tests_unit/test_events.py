@@ -45,7 +45,7 @@ def check_run_events(run: Path, ppo_cfg) -> dict[str, int]:
     timing = {t: got.pop(t) for t in list(got) if t.startswith("timing_s/")}
     counts["ppo"] = assert_series_equal(got, ppo_expected(history, ppo_cfg.kl_coef, ppo_cfg.truncation_penalty), "ppo")
     # The leg's own clock: one positive duration per phase and iteration (in no JSON the run keeps).
-    iterations = [r["iteration"] for r in history["iterations"]]
+    iterations = [r["iteration"] + 1 for r in history["iterations"]]  # iteration k (from 1) at step k
     assert sorted(timing) == sorted(f"timing_s/{p}" for p in PPO_PHASES)
     for tag, points in timing.items():
         assert [s for s, _ in points] == iterations and all(v > 0 for _, v in points), (tag, points)
@@ -75,7 +75,7 @@ def test_the_series_is_one_per_stage_though_three_legs_trained(small_run):
     appear once. A PPO leg that starts from a state opens its file at that state's step."""
     ppo = read_series(small_run.run / "tensorboard" / "ppo")
     iterations = small_run.profile.ppo.iterations
-    assert [s for s, _ in ppo["objective/sampled_log_ratio"]] == list(range(iterations))
+    assert [s for s, _ in ppo["objective/sampled_log_ratio"]] == list(range(1, iterations + 1))
     files = sorted((small_run.run / "tensorboard" / "ppo").glob("events.out.tfevents.*"))
     assert len(files) == 2, files  # the interrupted leg's and the resumed leg's
 
@@ -256,7 +256,7 @@ def test_iteration_scalars_equal_their_formulas_recomputed_by_hand(kl_coef, trun
     assert {r["truncations"] for r in records} == {0, 1, 2}
     for r in records:
         got = events.iteration_scalars(r, kl_coef, truncation_penalty)
-        want = {tag: by_step[r["iteration"]] for tag, by_step in expected.items() if not tag.startswith("signals/")}
+        want = {tag: by_step[r["iteration"] + 1] for tag, by_step in expected.items() if not tag.startswith("signals/")}
         assert sorted(got) == sorted(want)
         for tag, value in got.items():
             assert value == pytest.approx(want[tag], rel=1e-12, abs=1e-15), (r["iteration"], tag, value, want[tag])
@@ -323,9 +323,10 @@ def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):
     got = read_series(tmp_path / "tensorboard" / "ppo")
     assert_series_equal(got, ppo_expected(history, 0.02, -1.0), "synthetic ppo")
     window = signals.frozen_rules()[1]
-    assert [s for s, _ in got["signals/kl"]] == list(range(window - 1, 14))
-    assert [s for s, _ in got["signals/kl_growth"]] == list(range(2 * window - 1, 14))
-    assert [s for s, _ in got["signals/judge_error"]] == list(range(5, 14))
+    # at the iteration counted from 1: the first full window ends at iteration `window`
+    assert [s for s, _ in got["signals/kl"]] == list(range(window, 15))
+    assert [s for s, _ in got["signals/kl_growth"]] == list(range(2 * window, 15))
+    assert [s for s, _ in got["signals/judge_error"]] == list(range(6, 15))
     assert got["signals/judge_error"][0][1] == 0.75
     assert "signals/ensemble_disagreement" in got
 

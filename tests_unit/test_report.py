@@ -610,3 +610,13 @@ def test_the_stage_summaries_and_memory_are_shown_in_words_not_keys(tmp_path):
     shown = [k for k in raw if re.search(rf"\| {re.escape(k)} \||{re.escape(k)} \d", md)]
     assert raw and shown == [], shown  # no summary or memory key reaches the report raw
     assert "| mean learned reward, first 10 iterations |" in md
+
+
+def test_epochs_are_numbered_from_1_as_the_console_numbers_them(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    md = report.write_reports(run)["report.md"].read_text()
+    table = md.split("*SFT epochs*\n\n", 1)[1].split("\n\n", 1)[0]
+    numbers = [
+        line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "epoch" not in line
+    ]
+    assert numbers == ["1", "2", "3"]  # history epochs 0..2, the console's "sft epoch 1..3"

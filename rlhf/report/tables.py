@@ -619,7 +619,14 @@ def shortcut_audit_table(sa: dict) -> Table:
 def sft_epochs_table(epochs: list[dict]) -> Table:
     return Table(
         ["epoch", "train loss", "validation loss"],
-        [[fmt(e.get("epoch")), fmt(e.get("train_loss")), fmt(e.get("validation_loss"))] for e in epochs],
+        [
+            [
+                fmt(e["epoch"] + 1 if is_num(e.get("epoch")) else None),
+                fmt(e.get("train_loss")),
+                fmt(e.get("validation_loss")),
+            ]
+            for e in epochs
+        ],
         "SFT epochs",
     )
 
@@ -629,7 +636,7 @@ def judge_epochs_table(epochs: list[dict]) -> Table:
         ["epoch", "train loss", "train accuracy", "validation loss", "validation accuracy"],
         [
             [
-                fmt(e.get("epoch")),
+                fmt(e["epoch"] + 1 if is_num(e.get("epoch")) else None),
                 fmt(e.get("train_loss")),
                 fmt(e.get("train_accuracy")),
                 fmt(e.get("validation_loss")),
