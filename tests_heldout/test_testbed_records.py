@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = {
     1: ROOT / "results" / "testbed-r002" / "testbed-r002.json",
     2: ROOT / "results" / "testbed-r002-2" / "testbed-r002-2.json",
+    3: ROOT / "results" / "testbed-r002-3" / "testbed-r002-3.json",
 }
 
 
