@@ -336,6 +336,14 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _line(bar, line: str) -> None:
+    """A progress line: above the bar on a terminal, else printed."""
+    if sys.stderr.isatty():
+        bar.write(line)
+    else:
+        _say(line)
+
+
 # ------------------------------------------------------------------------- a resumable stage
 
 
@@ -667,7 +675,7 @@ def _epoch_stage(
         for e in epochs:
             if e["epoch"] not in said:
                 said.add(e["epoch"])
-                bar.write(epoch_line(e)) if sys.stderr.isatty() else _say(epoch_line(e))
+                _line(bar, epoch_line(e))
 
     def run_fn(leg: Leg):
         def progress(step, total, history, _timings):
@@ -910,7 +918,7 @@ def _ppo_progress(bar, tick, *, quiet: bool = False):
             f"clip fraction {rec['clip_fraction'][-1]:.3f}  length {rec['response_length']:.1f}  "
             f"truncations {rec['truncations']}"
         )
-        bar.write(line) if sys.stderr.isatty() else _say(line)
+        _line(bar, line)
 
     return progress
 
@@ -925,19 +933,23 @@ def warning_watch(cfg, announced: set[str] | None = None, say=_say):
     announced = set() if announced is None else announced
 
     def watch(history: dict) -> bool:
-        fired = signals.firings(history, rules, window)
-        stopping = [s for s in fired if s in cfg.stop_signals or not cfg.stop_signals] if cfg.stop_on_warning else []
-        new = sorted((fired[r.signal], k, r) for k, r in enumerate(rules) if r.signal in fired)
-        for index, _, rule in new:
+        fired = signals.fired_in_order(history, rules, window)
+        for index, rule in fired:
             if say is not None and rule.signal not in announced:
                 announced.add(rule.signal)
                 say(
                     f"warning: over-optimisation signal {rule.signal} fired at iteration {index + 1} "
-                    f"({rule.describe()})" + ("; PPO stops here (stop_on_warning)" if rule.signal in stopping else "")
+                    f"({rule.describe()})" + ("; PPO stops here (stop_on_warning)" if _stops(cfg, rule) else "")
                 )
-        return bool(stopping)
+        return any(_stops(cfg, rule) for _, rule in fired)
 
     return watch
+
+
+def _stops(cfg, rule) -> bool:
+    """Whether `rule`, once fired, stops PPO: stop_on_warning set, and its signal named in
+    stop_signals (or none named)."""
+    return bool(cfg.stop_on_warning and (not cfg.stop_signals or rule.signal in cfg.stop_signals))
 
 
 def fired_warnings(history: dict, cfg) -> dict:
@@ -945,10 +957,7 @@ def fired_warnings(history: dict, cfg) -> dict:
     order of the iterations where they fired (numbered from 1: the iteration after which it fired,
     as the console counts), and whether PPO stopped there; with the rules file's hash and window."""
     rules, window = signals.frozen_rules()
-    fired = signals.firings(history, rules, window)
     done = len(history["iterations"])
-    stopped_early = cfg.stop_on_warning and done < cfg.iterations
-    rows = sorted((fired[r.signal], k, r) for k, r in enumerate(rules) if r.signal in fired)
     return {
         "rules_file": signals.RULES_FILE.name,
         "rules_sha256": sha256_file(signals.RULES_FILE),
@@ -958,11 +967,10 @@ def fired_warnings(history: dict, cfg) -> dict:
                 "signal": rule.signal,
                 "iteration": index + 1,
                 "rule": rule.describe(),
-                "stopped_ppo": bool(
-                    stopped_early and index + 1 == done and (not cfg.stop_signals or rule.signal in cfg.stop_signals)
-                ),
+                # PPO stops after the iteration where a stopping rule fires, short of its budget
+                "stopped_ppo": _stops(cfg, rule) and index + 1 == done < cfg.iterations,
             }
-            for index, _, rule in rows
+            for index, rule in signals.fired_in_order(history, rules, window)
         ],
     }
 

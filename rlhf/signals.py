@@ -262,6 +262,16 @@ def frozen_rules(path: Path | None = None) -> tuple[list[Rule], int]:
     return rules, data["window"]
 
 
+def fired_in_order(history: dict, rules: list[Rule], window: int) -> list[tuple[int, Rule]]:
+    """(iteration index, rule) of every rule that fired, by the iteration where it first fired
+    (rules' own order on a tie): the order the lab says and records them in."""
+    fired = firings(history, rules, window)
+    return [
+        (fired[r.signal], r)
+        for _, _, r in sorted((fired[r.signal], k, r) for k, r in enumerate(rules) if r.signal in fired)
+    ]
+
+
 def firings(history: dict, rules: list[Rule], window: int) -> dict[str, int]:
     """{rule signal: the iteration where it first fired} over a PPO history so far."""
     if not rules or not history["iterations"]:

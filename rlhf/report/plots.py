@@ -145,7 +145,12 @@ def verdict_plot(res: dict) -> bytes:
         if all(is_num(v) for v in success):
             right = ax.twinx()
             right.plot(
-                [0, its[-1] if its else 0], success, "o-", color="#c44e52", lw=1.5, label="held-out test rubric success"
+                [0, its[-1] if its else 0],
+                success,
+                "o--",  # two measurements, SFT's and the end's: nothing is measured between them
+                color="#c44e52",
+                lw=1.2,
+                label="held-out test rubric success (SFT, end)",
             )
             right.set(ylabel="test rubric success", ylim=(-0.02, 1.05))
             right.legend(loc="lower right", fontsize=8)
