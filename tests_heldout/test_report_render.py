@@ -76,7 +76,7 @@ def test_reports_render_in_headless_chromium(lab_run, tmp_path, request, record_
     assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
     n_tables = page.count("<table")
     n_imgs = len(re.findall(r'<img src="data:image/png;base64,', page))
-    assert n_imgs == 4 and len(re.findall(r"<img\b", page)) == n_imgs
+    assert n_imgs == 5 and len(re.findall(r"<img\b", page)) == n_imgs  # the verdict, sft, judge, ppo, timings
     assert "Evaluation not run" not in page  # the real evaluation is in this report
 
     # the DOM as Chromium built it, with every image decoded

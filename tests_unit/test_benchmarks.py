@@ -1329,10 +1329,11 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     last = tmp_path / f"round-{rounds['n']}" / "tensorboard"
-    for stage, tag, n in (("ppo", "objective/scores", 3), ("sft", "train/loss", 4)):
+    # PPO's iterations are counted from 1 (step k is iteration k), SFT's updates from 0
+    for stage, tag, steps in (("ppo", "objective/scores", range(1, 4)), ("sft", "train/loss", range(4))):
         acc = EventAccumulator(str(last / stage), size_guidance={"scalars": 0})
         acc.Reload()
-        assert [e.step for e in acc.Scalars(tag)] == list(range(n)), (stage, tag)
+        assert [e.step for e in acc.Scalars(tag)] == list(steps), (stage, tag)
     timed = {k: v[len(v) // 4 :] for k, v in seconds.items()}  # the warm-up round's quarter dropped
     # A late iteration: the 100th of a run, whose signals read full windows (the round's real
     # records repeated and renumbered: the same sizes as a run's), 99 already written.
