@@ -782,13 +782,19 @@ def add_confirm_oracle(sub) -> None:
             f"half-width at most {HALF_WIDTH} from the oracle's per-seed validation gains, at most {CAP} seeds); "
             f"then that many fresh seeds (study seed {ROOM_STUDY_SEED}) train SFT, the judge and the oracle arm, "
             f"and each seed's SFT and oracle are evaluated on test. DIR/room.json: per seed oracle - SFT, the "
-            f"mean, the Student-t interval, the exact sign-flip p. A stopped study continues when rerun.",
+            f"mean, the Student-t interval, the exact sign-flip p. Where the rule chose no testbed, the nearest "
+            f"candidate (stable, the largest oracle gain on validation) is confirmed and study.json says it does "
+            f"not qualify. A stopped study continues when rerun.",
             width=100,
             break_on_hyphens=False,
         ),
         "rlhf confirm-oracle --testbed results/testbed-r002-2/testbed-r002-2.json --out runs/room-r002 --workers 2",
     )
-    p.add_argument("--testbed", required=True, help="the testbed record (rlhf choose-testbed) whose choice to confirm")
+    p.add_argument(
+        "--testbed",
+        required=True,
+        help="the testbed record (rlhf choose-testbed) whose choice (or nearest candidate) to confirm",
+    )
     p.add_argument("--out", required=True, help="study folder (study.json, the declaration, first; room.json last)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     p.set_defaults(func=cmd_confirm_oracle)

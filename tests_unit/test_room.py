@@ -32,8 +32,12 @@ def make_testbed(tmp_path, gains_at_40, chosen="sft-demos6"):
         "revision": "r002",
         "profile": "embedded",
         "candidates": [
-            {"name": "sft-demos12", "oracle": {"study": "elsewhere", "best_iteration": 20}},
-            {"name": chosen, "oracle": {"study": "runs/gone", "best_iteration": 40}},
+            {"name": "sft-demos12", "sft": {"stable_with_room": False}, "oracle": {"study": "x", "best_iteration": 20}},
+            {
+                "name": chosen,
+                "sft": {"stable_with_room": False},
+                "oracle": {"study": "runs/gone", "best_iteration": 40},
+            },
         ],
     }
     path = tmp_path / "testbed.json"
@@ -62,9 +66,26 @@ def test_a_wide_spread_is_capped_and_says_the_half_width_it_can_promise(tmp_path
     assert got["seeds"] == heldout.CAP == 40 and got["power"]["capped"] and one["expected_half_width"] > 0.10
 
 
-def test_no_chosen_testbed_or_no_oracle_study_is_refused_naming_what_is_missing(tmp_path):
+def test_with_no_choice_the_nearest_stable_candidate_is_confirmed_and_said_not_to_qualify(tmp_path):
     record, path = make_testbed(tmp_path, [0.1, 0.2, 0.3])
-    with pytest.raises(StudyError, match="chose no testbed"):
+    record["candidates"][0].update(
+        sft={"stable_with_room": True}, oracle={"study": "x", "best_iteration": 20, "gain": 0.05}
+    )
+    record["candidates"][1]["oracle"]["gain"] = 0.08
+    record["candidates"][1]["sft"] = {"stable_with_room": True}
+    record["candidates"].append({"name": "unstable", "sft": {"stable_with_room": False}, "oracle": {"gain": 0.5}})
+    assert room.declaration(record, path)["testbed_qualifies"]
+    got = room.declaration({**record, "chosen": None}, path)
+    assert got["sft_recipe"] == "sft-demos6" and not got["testbed_qualifies"] and "+0.080" in got["sft_recipe_rule"]
+    assert got["oracle_iteration"] == 40 and got["validation_gain_per_seed"] == [0.1, 0.2, 0.3]
+    record["candidates"][1]["sft"]["stable_with_room"] = False
+    with pytest.raises(StudyError, match="oracle-sft-demos12/frontier.json"):  # the next nearest is read
+        room.declaration({**record, "chosen": None}, path)
+
+
+def test_no_stable_candidate_or_no_oracle_study_is_refused_naming_what_is_missing(tmp_path):
+    record, path = make_testbed(tmp_path, [0.1, 0.2, 0.3])
+    with pytest.raises(StudyError, match="chose no testbed and has no stable candidate"):
         room.declaration({**record, "chosen": None}, path)
     (tmp_path / "oracle-sft-demos6" / "frontier.json").unlink()
     with pytest.raises(StudyError, match="oracle-sft-demos6/frontier.json"):

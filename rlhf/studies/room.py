@@ -20,6 +20,9 @@ learned-reward design beat SFT on test?" is empty there. So:
      interval, the exact sign-flip p and the seeds up (DIR/room.json).
 
 The room is real when the interval lies above zero. Nothing measured here chooses anything.
+Where the testbed rule found no candidate, the nearest one is confirmed (the stable candidate
+whose oracle gains most on validation, rlhf.studies.testbed.closest), and study.json says the
+testbed does not qualify: its interval then says how much room the nearest testbed has on test.
 """
 
 from __future__ import annotations
@@ -50,10 +53,20 @@ def oracle_frontier(testbed_path: str, chosen: str, study: str) -> Path:
 
 
 def declaration(testbed: dict, testbed_path: str) -> dict:
-    """Step 1 from the testbed record alone (no test prompt): what the study will run and why."""
+    """Step 1 from the testbed record alone (no test prompt): what the study will run and why.
+    Where the rule chose nothing, the nearest candidate (rlhf.studies.testbed.closest) is
+    confirmed instead, and the declaration says so."""
+    from rlhf.studies.testbed import closest
+
     chosen = testbed.get("chosen")
+    qualifies = bool(chosen)
     if not chosen:
-        raise StudyError(f"{testbed_path} chose no testbed: there is no room to confirm on test")
+        chosen = closest(testbed["candidates"])
+    if not chosen:
+        raise StudyError(
+            f"{testbed_path} chose no testbed and has no stable candidate with an oracle study: "
+            "there is no room to confirm on test (run rlhf choose-testbed with another --round)"
+        )
     candidate = next(c for c in testbed["candidates"] if c["name"] == chosen)
     oracle = candidate["oracle"]
     frontier = read_json(oracle_frontier(testbed_path, chosen, oracle["study"]))
@@ -68,6 +81,11 @@ def declaration(testbed: dict, testbed_path: str) -> dict:
         "testbed": testbed_path,
         "testbed_commit": testbed["commit"],
         "sft_recipe": chosen,
+        "testbed_qualifies": qualifies,
+        "sft_recipe_rule": "the testbed rule's choice"
+        if qualifies
+        else "none qualified: the stable candidate whose oracle gains most on validation "
+        f"({oracle['gain']:+.3f}, below the rule's threshold)",
         "revision": testbed["revision"],
         "profile": testbed["profile"],
         "oracle_iteration": it,
@@ -116,7 +134,7 @@ def confirm_oracle(testbed_json, out, workers=None, say=print) -> dict:
     say(
         f"declared: {declared['seeds']} fresh seeds (validation gain SD {declared['validation_gain_sd']:.3f}, "
         f"expected half-width {half:.3f}), the oracle at iteration {declared['oracle_iteration']}, "
-        f"SFT recipe {declared['sft_recipe']}"
+        f"SFT recipe {declared['sft_recipe']} ({declared['sft_recipe_rule']})"
     )
     it = declared["oracle_iteration"]
     folders = write_study_profiles(out, declared["profile"], declared["seeds"], ROOM_STUDY_SEED, declared["sft_recipe"])

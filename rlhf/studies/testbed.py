@@ -160,6 +160,19 @@ def choose(candidates: list[dict]) -> str | None:
     return None if best is None else best["name"]
 
 
+def closest(candidates: list[dict]) -> str | None:
+    """When none qualifies: the stable candidate (with room in the band) whose oracle gains most
+    on validation, however little; the earlier on a tie. The oracle is run on test there, so the
+    finding "no testbed qualifies" is read beside the room the nearest one has on test."""
+    best = None
+    for c in candidates:
+        oracle = c.get("oracle")
+        if c["sft"]["stable_with_room"] and oracle:
+            if best is None or oracle["gain"] > best["oracle"]["gain"]:
+                best = c
+    return None if best is None else best["name"]
+
+
 def seed_profile(profile, candidate: str, i: int):
     """The profile of run i at `candidate` (what the frontier writes into seed-i/profile.toml)."""
     from rlhf.studies.frontier.study import STUDY_SEED  # imported here: the CLI reads ROUNDS without torch
