@@ -229,16 +229,20 @@ def refuse_old_layout(run: Path) -> None:
 # What a run folder may hold before its corpus: a study's run profile (rlhf.studies.derivation
 # writes seed-i/profile.toml first), the run's own event folder (checked by events.check_writable)
 # and what a crash left while preparing (swept below).
-BEFORE_CORPUS = ("profile.toml", "tensorboard")
+BEFORE_CORPUS = ("profile.toml", "tensorboard")  # and logs (*.log): a study logs a seed's lab into its folder
 
 
 def refuse_foreign_folder(run: Path) -> None:
     """Refuse a non-empty folder that is not a run: the lab writes its corpus first, so a folder
-    with neither run.json nor corpus/ holding anything but BEFORE_CORPUS and hidden leftovers of
-    an interrupted write belongs to something else, and the run's files would be mixed into it."""
+    with neither run.json nor corpus/ holding anything but BEFORE_CORPUS, logs and hidden leftovers
+    of an interrupted write belongs to something else, and the run's files would be mixed into it."""
     if not run.is_dir() or (run / RUN_FILE).is_file() or (run / "corpus").is_dir():
         return
-    foreign = sorted(p.name for p in run.iterdir() if p.name not in BEFORE_CORPUS and not p.name.startswith("."))
+    foreign = sorted(
+        p.name
+        for p in run.iterdir()
+        if p.name not in BEFORE_CORPUS and not p.name.startswith(".") and not (p.suffix == ".log" and p.is_file())
+    )
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise ValueError(

@@ -412,6 +412,8 @@ def test_what_a_run_folder_holds_before_its_corpus_is_not_foreign(tmp_path):
         [],  # empty
         ["profile.toml"],  # a study's run profile, written before the lab runs in it
         ["profile.toml", ".corpus.tmp123"],  # what a crash while preparing the corpus left
+        ["profile.toml", "lab.log"],  # the seed study logs each seed's lab into its folder first
+        ["profile.toml", "frontier.log"],  # so do the frontier and the confirmations
         ["corpus"],  # a run whose corpus is written, its run.json not yet
         ["run.json", "sft", "anything"],  # a run
     ):
@@ -419,4 +421,22 @@ def test_what_a_run_folder_holds_before_its_corpus_is_not_foreign(tmp_path):
         folder.mkdir()
         for name in held:
             (folder / name).mkdir() if name in ("corpus", "sft") else (folder / name).write_text("x")
+        refuse_foreign_folder(folder)
+
+
+def test_a_study_s_seed_folder_with_its_log_opened_is_a_run_folder_for_the_lab(tmp_path):
+    """What every study does before a seed's lab runs: its profile written, its log opened."""
+    import contextlib
+
+    from rlhf.lab import refuse_foreign_folder
+    from rlhf.studies import log_to
+    from rlhf.studies.derivation import write_study_profiles
+
+    (folder,) = write_study_profiles(tmp_path, "embedded", 1, 3, "sft-demos6")
+    with contextlib.ExitStack() as stack:
+        log_to(folder / "frontier.log", stack)
+        print("seed 0: SFT")
+    refuse_foreign_folder(folder)
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="it holds notes.txt"):
         refuse_foreign_folder(folder)
