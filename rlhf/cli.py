@@ -32,7 +32,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from rlhf.config import DEFAULT_PROFILE, PROFILES, REWARD_DESIGNS, load_profile, override
+from rlhf import designs
+from rlhf.config import DEFAULT_PROFILE, PROFILES, load_profile, override
 from rlhf.events import EventFolderError, logdir_line
 from rlhf.signals import SIGNALS, frozen_rules
 
@@ -55,7 +56,6 @@ PIN_HELP = (
     "the pin caps oneDNN's BF16 matmuls at AVX2, tens of times slower, and no golden numbers exist for them)"
 )
 # Every declared design but the standardised judge, whose mean and SD are measured by the frontier study.
-LAB_REWARD_DESIGNS = tuple(d for d in REWARD_DESIGNS if d != "standardised-judge")
 DTYPE_HELP = (
     "the dtype the base model computes in (default: its stored dtype, except BF16 weights on a CPU "
     "without native BF16 instructions, which compute in float32; run.json records the choice and why)"
@@ -429,12 +429,13 @@ def add_lab(sub) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help=DTYPE_HELP)
     p.add_argument(
         "--reward-design",
-        choices=LAB_REWARD_DESIGNS,
+        choices=designs.LAB_OPTIONS,
         default=None,
         help="what PPO pays at an answer's last token, written into the run's profile ([ppo] reward_design): "
-        "'judge' (the default), 'iterated-judge' (refreshed on the policy's own answers every "
-        "[ppo] refresh_every iterations), 'ensemble-mean', 'ensemble-min', 'ensemble-uncertainty' "
-        "([ppo] ensemble_size judges), 'eos-less-replaced', 'oracle' (a control that reads the rubric)",
+        + "; ".join(
+            f"'{name}' {designs.label(name)}" + (" (the default)" if name == designs.DEFAULT else "")
+            for name in designs.LAB_OPTIONS
+        ),
     )
     ruled = {rule.signal for rule in frozen_rules()[0]}
     stoppers = [s for s in SIGNALS if s in ruled]  # a signal without a frozen rule could never stop PPO

@@ -25,22 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhf import designs
 from rlhf.io import dumps_json, sha256_text
 from rlhf.signals import SIGNALS
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
-# What PPO's terminal reward is built from (rlhf.ppo_math.design_score); 'judge' is SPEC §6.
-REWARD_DESIGNS = (
-    "judge",
-    "standardised-judge",
-    "eos-less-replaced",
-    "oracle",
-    "iterated-judge",
-    "ensemble-mean",
-    "ensemble-min",
-    "ensemble-uncertainty",
-)
-ENSEMBLE_DESIGNS = ("ensemble-mean", "ensemble-min", "ensemble-uncertainty")
 PROFILES = ("embedded", "qwen2.5-0.5b")
 DEFAULT_PROFILE = "embedded"
 
@@ -333,10 +322,9 @@ class Ppo(Table):
         default=None,
     )
     reward_design: str = doc(
-        "what the episode's last token receives (rlhf.ppo_math.design_score): 'judge' (SPEC §6, the default), "
-        "or a declared alternative: 'standardised-judge', 'eos-less-replaced', 'oracle' (the frontier study's), "
-        "'iterated-judge' (rlhf.refresh), 'ensemble-mean', 'ensemble-min', 'ensemble-uncertainty'",
-        default="judge",
+        f"what the episode's last token receives (rlhf.designs): '{designs.DEFAULT}' (SPEC §6, the default), "
+        f"or a declared alternative: {', '.join(repr(n) for n in designs.NAMES if n != designs.DEFAULT)}",
+        default=designs.DEFAULT,
     )
     score_mean: float = doc("'standardised-judge' only: the judge's mean on SFT samples of train prompts", default=0.0)
     score_sd: float = doc("'standardised-judge' only: the judge's SD on SFT samples of train prompts", default=1.0)
@@ -375,16 +363,8 @@ class Ppo(Table):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.reward_design not in REWARD_DESIGNS:
-            raise ProfileError(
-                f"[ppo] reward_design must be one of {', '.join(REWARD_DESIGNS)}, not {self.reward_design!r}"
-            )
-        standardised = self.reward_design == "standardised-judge"
-        if not standardised and (self.score_mean, self.score_sd) != (0.0, 1.0):
-            raise ProfileError(
-                f"[ppo] score_mean and score_sd apply to reward_design 'standardised-judge' only, "
-                f"not {self.reward_design!r}: a score is never rescaled silently"
-            )
+        for error in designs.profile_errors(self):
+            raise ProfileError(f"[ppo] {error}")
         if self.stop_signals and not self.stop_on_warning:
             raise ProfileError("[ppo] stop_signals name the rules that stop PPO: set stop_on_warning = true with them")
         unknown = [s for s in self.stop_signals if s not in SIGNALS]

@@ -47,7 +47,7 @@ from typing import Callable, NamedTuple, TypedDict
 import torch
 from tqdm import tqdm
 
-from rlhf import costs, events, identities, runtime, signals
+from rlhf import costs, designs, events, identities, runtime, signals
 from rlhf.checkpoint import (
     Interrupted,
     Leg,
@@ -58,7 +58,7 @@ from rlhf.checkpoint import (
     save_state,
     stop_requested,
 )
-from rlhf.config import ENSEMBLE_DESIGNS, PROFILES, Profile, load_profile, override, profile_hash
+from rlhf.config import PROFILES, Profile, load_profile, override, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.evaluate import stage_evaluate
@@ -742,7 +742,7 @@ def member_stages(profile: Profile, *, ensemble: bool | None = None) -> list[str
     """The stages of a judge ensemble's other members (judge-1 .. judge-(k-1), k =
     ppo.ensemble_size): none unless the profile's reward design is an ensemble (or `ensemble`
     says so: a study's seed folder trains the members its ensemble arms start from)."""
-    if not (profile.ppo.reward_design in ENSEMBLE_DESIGNS if ensemble is None else ensemble):
+    if not (designs.design(profile.ppo.reward_design).ensemble if ensemble is None else ensemble):
         return []
     return [f"judge-{m}" for m in range(1, profile.ppo.ensemble_size)]
 
@@ -880,7 +880,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
 def _ppo_leg(ctx: Context, leg: Leg, *, bar, tick, announced: set[str], use_cache: bool):
     """One leg of PPO (run_protocol's run_fn): fresh roles, the leg trained, the roles checked.
     A quiet leg (the continuous one that checks the run) ticks the bar and prints nothing."""
-    judge_learns = ctx.profile.ppo.reward_design == "iterated-judge"  # refreshed during PPO (rlhf.refresh)
+    judge_learns = designs.design(ctx.profile.ppo.reward_design).refreshes_judge  # refreshed during PPO (rlhf.refresh)
     roles = ppo_roles(ctx)
     assert_role_isolation(roles)
     before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
@@ -982,7 +982,7 @@ def fired_warnings(history: dict, cfg) -> dict:
 def _write_ppo(ctx: Context, result: ProtocolResult, initial: dict, identity: dict, timings: dict) -> None:
     """PPO's files: the final actor and critic (and the refreshed judge), history, timings and the
     fingerprints before and after, each kept as it is on a rerun; then run.json says complete."""
-    judge_learns = ctx.profile.ppo.reward_design == "iterated-judge"
+    judge_learns = designs.design(ctx.profile.ppo.reward_design).refreshes_judge
     folder = ctx.run / "ppo"
     final = ppo_roles(ctx)
     for kind, key in STATE_KEYS.items():

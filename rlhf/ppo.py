@@ -12,7 +12,7 @@ One iteration:
   2. rewards   r_t = -kl_coef * (logp_old_t - logp_ref_t); + score at the last token;
                + truncation penalty there when the answer was cut at 64 tokens without EOS.
                The score is the judge's (SPEC §6) unless the profile declares another
-               `ppo.reward_design` (ppo_math.design_score): a judge ensemble's mean, minimum or
+               `ppo.reward_design` (rlhf.designs): a judge ensemble's mean, minimum or
                mean - lambda * SD, the frontier study's alternatives, or the iterated judge's
   3. GAE       gamma 1, lambda 0.95, nothing bootstraps past the terminal; returns = A + V_old
   4. updates   2 x (actor: clipped policy loss; critic: 0.5 (V - R)^2), each averaged over a
@@ -39,9 +39,9 @@ from typing import NamedTuple
 
 import torch
 
-from rlhf import ppo_math, refresh, rubric
+from rlhf import designs, ppo_math, refresh, rubric
 from rlhf.checkpoint import Leg
-from rlhf.config import ENSEMBLE_DESIGNS, Ppo, Profile
+from rlhf.config import Ppo, Profile
 from rlhf.generate import sample_like_ppo
 from rlhf.io import crash_point
 from rlhf.judge import encode_pairs
@@ -122,7 +122,7 @@ class Rollout:
     logp_ref: torch.Tensor  # [B, R] the frozen reference's log-prob of that token
     score: torch.Tensor  # [B]    the frozen judge's score at the last active token
     member_scores: torch.Tensor | None  # [k, B] every ensemble member's score (member 0: `score`); None without one
-    paid: torch.Tensor  # [B]    the score the last token receives (ppo_math.design_score; = score by default)
+    paid: torch.Tensor  # [B]    the score the last token receives (rlhf.designs; = score by default)
     values: torch.Tensor  # [B, R] the critic's V before each token
     rewards: torch.Tensor  # [B, R] penalty per token + score (and truncation) once at the end
     advantages: torch.Tensor  # [B, R] GAE, gamma 1, lambda 0.95
@@ -152,57 +152,34 @@ class Paid(NamedTuple):
     paid: torch.Tensor  # [B] what the last token receives, before the truncation penalty
 
 
-def pay_judge(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
-    """SPEC §6: the judge's score (the iterated judge's too, as last refreshed: rlhf.refresh)."""
-    score = reward_scores(roles.judge, answers.batch)
-    return Paid(score, None, score)
+def pay(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
+    """Pay each answer its design's score (rlhf.designs): the judge's score s always (recorded
+    under every design), and what else the design reads, gathered here; then the design's formula."""
+    d = designs.design(cfg.reward_design)
+    score = reward_scores(roles.judge, answers.batch)  # [B]
+    members = None
+    if d.ensemble:
+        if len(roles.members) != cfg.ensemble_size - 1:
+            raise ValueError(
+                f"reward design {cfg.reward_design} with ensemble_size {cfg.ensemble_size} needs "
+                f"{cfg.ensemble_size - 1} more judges beside the lab's, got {len(roles.members)}"
+            )
+        members = torch.stack([score] + [reward_scores(m, answers.batch) for m in roles.members])  # [k, B]
+    success = _rubric_success(answers, score.device) if d.reads_target else None
+    inputs = designs.Inputs(score, answers.truncated, success, members, cfg.score_mean, cfg.score_sd,
+                            cfg.ensemble_lambda)  # fmt: skip
+    return Paid(score, members, designs.paid(cfg.reward_design, inputs))
 
 
-def pay_standardised_judge(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
-    score = reward_scores(roles.judge, answers.batch)
-    return Paid(score, None, ppo_math.standardised_score(score, cfg.score_mean, cfg.score_sd))
-
-
-def pay_eos_less_replaced(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
-    score = reward_scores(roles.judge, answers.batch)
-    return Paid(score, None, ppo_math.eos_less_replaced_score(score, answers.truncated))
-
-
-def pay_oracle(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
-    """The rubric's success on each answer against its own prompt's action (SPEC §12 (iv))."""
+def _rubric_success(answers: Answers, device) -> torch.Tensor:
+    """The rubric's success on each answer against its own prompt's action (SPEC §12 (iv)). [B]"""
     if answers.actions is None:
         raise ValueError("the oracle reward design needs each prompt's action")
-    score = reward_scores(roles.judge, answers.batch)
     verdicts = [
         rubric.evaluate(*decode_response(answers.tokenizer, ids, answers.eos_id), action)
         for ids, action in zip(answers.responses, answers.actions)
     ]
-    success = torch.tensor([float(v["rubric_success"]) for v in verdicts], device=score.device)  # [B]
-    return Paid(score, None, ppo_math.oracle_score(success, score))
-
-
-def pay_ensemble(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
-    """A judge ensemble's combination (ppo_math.ENSEMBLE_SCORES) of its k members' scores."""
-    if len(roles.members) != cfg.ensemble_size - 1:
-        raise ValueError(
-            f"reward design {cfg.reward_design} with ensemble_size {cfg.ensemble_size} needs "
-            f"{cfg.ensemble_size - 1} more judges beside the lab's, got {len(roles.members)}"
-        )
-    score = reward_scores(roles.judge, answers.batch)
-    members = torch.stack([score] + [reward_scores(m, answers.batch) for m in roles.members])  # [k, B]
-    ppo_math.check_members(members, score, cfg.reward_design)
-    return Paid(score, members, ppo_math.ENSEMBLE_SCORES[cfg.reward_design](members, cfg.ensemble_lambda))
-
-
-# Each reward design's scoring function (rlhf.config.REWARD_DESIGNS: 'judge' is SPEC §6).
-PAY = {
-    "judge": pay_judge,
-    "iterated-judge": pay_judge,
-    "standardised-judge": pay_standardised_judge,
-    "eos-less-replaced": pay_eos_less_replaced,
-    "oracle": pay_oracle,
-    **dict.fromkeys(ENSEMBLE_DESIGNS, pay_ensemble),
-}
+    return torch.tensor([float(v["rubric_success"]) for v in verdicts], device=device)
 
 
 # ------------------------------------------------------------------------- a rollout
@@ -222,7 +199,7 @@ def rollout(
     tokenizer=None,
 ) -> Rollout:
     """Sample, then score the visited prefixes with reference, judge and critic (all detached),
-    pay each answer its design's score (PAY), and compute rewards, advantages and returns.
+    pay each answer its design's score (`pay`), and compute rewards, advantages and returns.
     `oracle_actions` (the oracle design only): each prompt's action, read from the train pairs."""
     cfg = profile.ppo
     gen = _timed(timings, "generation", sample_like_ppo, roles.actor.model, prompt_ids, eos_id=eos_id, pad_id=pad_id,
@@ -236,7 +213,7 @@ def rollout(
     logp_ref = _timed(timings, "reference", response_logprobs, roles.reference.model, batch)  # [B, R]
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
     answers = Answers(batch, gen.responses, truncated, oracle_actions, tokenizer, eos_id)
-    scores = _timed(timings, "judge", PAY[cfg.reward_design], roles, answers, cfg)
+    scores = _timed(timings, "judge", pay, roles, answers, cfg)
     values = _timed(timings, "critic_values", critic_values, roles.critic, batch)  # [B, R]
     rewards = ppo_math.token_rewards(
         logp_old, logp_ref, scores.paid, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
@@ -451,12 +428,13 @@ def rollout_data(view, tokenizer, eos_id: int, profile: Profile) -> RolloutData:
     prompts = view.rollout_prompts()
     encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
     # The train family's action, read from the train pairs (SPEC §12 (iv); the refresh's labeller).
+    design = designs.design(cfg.reward_design)
     by_family = {}
-    if cfg.reward_design in ("oracle", "iterated-judge"):
+    if design.needs_actions:
         by_family = rubric.chosen_actions(view.pairs("train"))
-    actions = [by_family[r["family"]] for r in prompts] if cfg.reward_design == "oracle" else None
+    actions = [by_family[r["family"]] for r in prompts] if design.reads_target else None
     corpus_pairs = None
-    if cfg.reward_design == "iterated-judge":  # what the judge keeps training on beside the policy's pairs
+    if design.refreshes_judge:  # what the judge keeps training on beside the policy's pairs
         corpus_pairs = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
     return RolloutData(prompts, encoded, actions, by_family, corpus_pairs)
 
@@ -484,7 +462,7 @@ def _restore(roles: PpoRoles, profile: Profile, n_prompts: int, state: dict | No
     sampler = PromptSampler(n_prompts, seeds.ppo("data_order"))
     device = next(actor.model.parameters()).device
     sample_gen = torch.Generator(device=device).manual_seed(seeds.ppo("ppo_sampling"))
-    iterated = cfg.reward_design == "iterated-judge"
+    iterated = designs.design(cfg.reward_design).refreshes_judge
     if state is None:
         history: dict = {"iterations": [], "consumed": [], "token_views": [], "scoring_check": None}
         if iterated:
@@ -546,7 +524,7 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
         # Only a declared alternative design adds these (the default's history, and so its state, is SPEC §6's).
         **(
             {}
-            if cfg.reward_design == "judge"
+            if cfg.reward_design == designs.DEFAULT
             else {"reward_design": cfg.reward_design, "paid_scores": ro.paid.tolist()}
         ),
         **({} if ro.member_scores is None else {"member_scores": ro.member_scores.tolist()}),

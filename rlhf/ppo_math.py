@@ -1,6 +1,7 @@
 """The PPO arithmetic of SPEC §5–§6, one small function per equation.
 
 Read top to bottom: rewards -> advantages -> losses -> the judge's loss -> the schedule.
+What the last token is paid (the judge's score, or a declared design's) is rlhf.designs.
 
 Shapes: B responses, T response positions (prompt excluded). ``mask`` [B, T] marks the
 active response tokens (including the EOS token, if any); everything else is padding.
@@ -26,13 +27,6 @@ __all__ = [
     "sampled_log_ratio",
     "mean_sampled_log_ratio",
     "log_ratio_penalty",
-    "design_score",
-    "standardised_score",
-    "eos_less_replaced_score",
-    "oracle_score",
-    "ensemble_mean",
-    "ensemble_min",
-    "ensemble_uncertainty",
     "token_rewards",
     "gae",
     "policy_ratio",
@@ -101,107 +95,6 @@ def log_ratio_penalty(
     history's mean penalty all call it."""
     m = as_bool_mask(mask)
     return _active(-kl_coef * sampled_log_ratio(logp_old, logp_ref, m), m)
-
-
-def ensemble_mean(member_scores: torch.Tensor) -> torch.Tensor:
-    """``mean_k s_k``: the members' mean score. Shapes: member_scores [k, B] -> [B]."""
-    return member_scores.mean(dim=0)
-
-
-def ensemble_min(member_scores: torch.Tensor) -> torch.Tensor:
-    """``min_k s_k``: the worst case over the members (Coste et al. 2023). [k, B] -> [B]."""
-    return member_scores.min(dim=0).values
-
-
-def ensemble_uncertainty(member_scores: torch.Tensor, lam: float) -> torch.Tensor:
-    """``mean_k s_k - lam * sd_k s_k``: the mean, less lam times the members' disagreement
-    (uncertainty-weighted; sd over the k members with divisor k). [k, B] -> [B]."""
-    return member_scores.mean(dim=0) - lam * member_scores.std(dim=0, correction=0)
-
-
-# Each ensemble design's combination of the members' scores S [k, B] (lam: ppo.ensemble_lambda).
-ENSEMBLE_SCORES = {
-    "ensemble-mean": lambda S, lam: ensemble_mean(S),
-    "ensemble-min": lambda S, lam: ensemble_min(S),
-    "ensemble-uncertainty": ensemble_uncertainty,
-}
-
-
-def standardised_score(score: torch.Tensor, score_mean: float, score_sd: float) -> torch.Tensor:
-    """``(s - score_mean) / score_sd``: the judge standardised once, on SFT samples, before PPO
-    (SPEC §12 (ii)). [B] -> [B]."""
-    return (score - score_mean) / score_sd
-
-
-def eos_less_replaced_score(score: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
-    """``0 if truncated else s``: an answer cut without EOS gets no score, so the truncation
-    penalty replaces it (SPEC §12 (iii)). [B], [B] -> [B]."""
-    return torch.where(as_bool_mask(truncated), torch.zeros_like(score), score)
-
-
-def oracle_score(success: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
-    """``success``: the rubric's verdict on the train prompt, 1 or 0, in place of the judge's
-    score (SPEC §12 (iv)). [B] -> [B] in the score's dtype."""
-    if tuple(success.shape) != tuple(score.shape):
-        raise ValueError(f"the oracle design needs one rubric success per response, got {tuple(success.shape)}")
-    return success.to(score.dtype)
-
-
-def design_score(
-    score: torch.Tensor,
-    truncated: torch.Tensor,
-    *,
-    design: str,
-    score_mean: float,
-    score_sd: float,
-    oracle: torch.Tensor | None,
-    member_scores: torch.Tensor | None,
-    ensemble_lambda: float,
-) -> torch.Tensor:
-    """The score paid at an episode's last token, before token_rewards adds the truncation
-    penalty (SPEC §6; the declared alternatives, SPEC §12), for a caller that holds every input
-    (None where the design reads none): the named function of each design.
-
-    ``judge``                 ``s``                       the judge's score (§6, the default)
-    ``standardised-judge``    ``standardised_score``      with μ, σ measured once before PPO
-    ``eos-less-replaced``     ``eos_less_replaced_score`` so the penalty replaces the score
-    ``oracle``                ``oracle_score``            rubric success on the train prompt (1 or 0)
-    ``iterated-judge``        ``s``                       of the judge as last refreshed (rlhf.refresh)
-    ``ensemble-mean``         ``ensemble_mean(S)``        S [k, B]: the k judges' scores (S[0] = s)
-    ``ensemble-min``          ``ensemble_min(S)``
-    ``ensemble-uncertainty``  ``ensemble_uncertainty(S, ensemble_lambda)``
-
-    Shapes: score, truncated, oracle [B], member_scores [k, B] -> [B]. ``judge`` returns
-    ``score`` itself. A PPO rollout pays through rlhf.ppo's design functions, which gather what
-    their design reads and call the same named functions.
-    """
-    if design in ("judge", "iterated-judge"):
-        return score
-    if design == "standardised-judge":
-        return standardised_score(score, score_mean, score_sd)
-    if design == "eos-less-replaced":
-        return eos_less_replaced_score(score, truncated)
-    if design == "oracle":
-        if oracle is None:
-            raise ValueError("the oracle design needs one rubric success per response, got None")
-        return oracle_score(oracle, score)
-    if design in ENSEMBLE_SCORES:
-        check_members(member_scores, score, design)
-        assert member_scores is not None
-        return ENSEMBLE_SCORES[design](member_scores, ensemble_lambda)
-    raise ValueError(f"unknown reward design {design!r}")
-
-
-def check_members(member_scores: torch.Tensor | None, score: torch.Tensor, design: str) -> None:
-    """An ensemble design reads every member's score of every response, [k, B], member 0 the
-    lab's judge (whose scores are `score`)."""
-    if member_scores is None or member_scores.dim() != 2 or member_scores.shape[1:] != score.shape:
-        raise ValueError(
-            f"the {design} design needs every member's score of every response, [k, B], got "
-            f"{None if member_scores is None else tuple(member_scores.shape)}"
-        )
-    if not torch.equal(member_scores[0], score):
-        raise ValueError(f"the {design} design: member 0 is the lab's judge, whose scores are `score`")
 
 
 def token_rewards(

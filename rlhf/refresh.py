@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf import rubric
+from rlhf import designs, rubric
 from rlhf.config import Profile
 from rlhf.generate import sample_like_ppo
 from rlhf.io import crash_point
@@ -71,7 +71,11 @@ def labeller_verdict(record: dict, response_ids: list[int], tokenizer, eos_id: i
 def refresh_due(done: int, profile: Profile) -> bool:
     """Whether the judge is refreshed after `done` iterations: at multiples of K, never after the last."""
     cfg = profile.ppo
-    return cfg.reward_design == "iterated-judge" and done % cfg.refresh_every == 0 and 0 < done < cfg.iterations
+    return (
+        designs.design(cfg.reward_design).refreshes_judge
+        and done % cfg.refresh_every == 0
+        and 0 < done < cfg.iterations
+    )
 
 
 @dataclass

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf.config import ProfileError, load_profile, override, profile_text_with
-from rlhf.ppo_math import design_score
+from rlhf.config import ProfileError, load_profile, profile_text_with
 from rlhf.studies.statistics import across_seeds, gao_fit
 from rlhf.studies.validation import bon_kl_bound, validation_prompts
 
@@ -132,36 +131,6 @@ def test_seed_interval_of_a_bounded_quantity_stays_inside_its_bounds():
     cut = across_seeds(values, (-1.0, 1.0))
     assert cut["t95"][0] == -1.0 and cut["clipped"] and cut["t95_unclipped"] == free["t95"]
     assert not across_seeds([0.2, 0.3, 0.25], (-1.0, 1.0))["clipped"]
-
-
-def test_reward_designs():
-    score = torch.tensor([3.0, -2.0, 5.0])
-    truncated = torch.tensor([False, True, True])
-    none = {"score_mean": 1.0, "score_sd": 2.0, "oracle": None, "member_scores": None, "ensemble_lambda": 1.0}
-    assert design_score(score, truncated, design="judge", **none) is score  # SPEC §6: untouched
-    std = design_score(score, truncated, design="standardised-judge", **none)
-    assert std.tolist() == [1.0, -1.5, 2.0]
-    replaced = design_score(score, truncated, design="eos-less-replaced", **none)
-    assert replaced.tolist() == [3.0, 0.0, 0.0]  # token_rewards then adds the penalty alone
-    oracle = design_score(score, truncated, design="oracle", **{**none, "oracle": torch.tensor([1.0, 0.0, 1.0])})
-    assert oracle.tolist() == [1.0, 0.0, 1.0]
-    with pytest.raises(ValueError, match="oracle"):
-        design_score(score, truncated, design="oracle", **none)
-    with pytest.raises(ValueError, match="unknown reward design"):
-        design_score(score, truncated, design="whitened", **none)
-
-
-def test_a_profile_never_rescales_a_score_silently():
-    p = load_profile("embedded")
-    assert (p.ppo.reward_design, p.ppo.score_mean, p.ppo.score_sd) == ("judge", 0.0, 1.0)
-    with pytest.raises(ProfileError, match="never rescaled silently"):
-        override(p, {("ppo", "score_sd"): 15.0})
-    with pytest.raises(ProfileError, match="reward_design must be one of"):
-        override(p, {("ppo", "reward_design"): "whitened"})
-    with pytest.raises(ProfileError, match="score_sd must be greater than 0, not 0.0"):
-        override(p, {("ppo", "reward_design"): "standardised-judge", ("ppo", "score_sd"): 0.0})
-    q = override(p, {("ppo", "reward_design"): "standardised-judge", ("ppo", "score_sd"): 15.5})
-    assert q.ppo.score_sd == 15.5
 
 
 def test_profile_text_writes_floats_and_optional_tables_that_read_back(tmp_path):

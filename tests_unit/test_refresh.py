@@ -5,13 +5,10 @@ and size them."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
 
-from rlhf import ppo_math, refresh, rubric
-from rlhf.config import ENSEMBLE_DESIGNS, REWARD_DESIGNS, ProfileError, load_profile, override
+from rlhf import designs, refresh, rubric
+from rlhf.config import override
 from rlhf.generate import Generation
 from rlhf.models import check_tokenizer, load_tokenizer
 from rlhf.refresh import label_pair, labeller_verdict, refresh_due
@@ -209,69 +206,6 @@ def test_a_refresh_is_due_at_multiples_of_k_and_never_after_the_last_iteration(e
     p7 = override(p, {("ppo", "refresh_every"): 7})
     assert [n for n in range(0, 101) if refresh_due(n, p7)] == list(range(7, 100, 7))
     # Only the iterated judge refreshes.
-    for design in set(REWARD_DESIGNS) - {"iterated-judge", "standardised-judge"}:
-        other = override(p, {("ppo", "reward_design"): design})
+    for design in set(designs.NAMES) - {"iterated-judge"}:
+        other = override(embedded_profile, {("ppo", "reward_design"): design})
         assert not any(refresh_due(n, other) for n in range(101)), design
-
-
-# What design_score's other designs read; every argument is required (ppo_math has no defaults).
-NOT_READ = {"score_mean": 0.0, "score_sd": 1.0, "oracle": None, "ensemble_lambda": 1.0}
-
-
-def test_an_ensembles_worst_case_is_the_minimum_of_its_members():
-    g = torch.Generator().manual_seed(3)
-    members = torch.randn(4, 6, generator=g) * 5  # [k, B]
-    expected = [min(float(members[m, b]) for m in range(4)) for b in range(6)]
-    assert ppo_math.ensemble_min(members).tolist() == expected
-    paid = ppo_math.design_score(
-        members[0], torch.zeros(6, dtype=torch.bool), design="ensemble-min", member_scores=members, **NOT_READ
-    )
-    assert paid.tolist() == expected
-
-
-def test_an_ensembles_mean_and_uncertainty_weighted_scores():
-    members = torch.tensor([[1.0, 4.0], [3.0, 4.0], [5.0, 4.0], [7.0, 4.0]])  # [4, 2]
-    sd = math.sqrt(((1 - 4) ** 2 + (3 - 4) ** 2 + (5 - 4) ** 2 + (7 - 4) ** 2) / 4)  # divisor k
-    assert ppo_math.ensemble_mean(members).tolist() == [4.0, 4.0]
-    assert ppo_math.ensemble_uncertainty(members, 0.5).tolist() == pytest.approx([4.0 - 0.5 * sd, 4.0], abs=1e-6)
-    no = torch.zeros(2, dtype=torch.bool)
-    for design, want in (("ensemble-mean", [4.0, 4.0]), ("ensemble-uncertainty", [4.0 - 2 * sd, 4.0])):
-        got = ppo_math.design_score(
-            members[0], no, design=design, member_scores=members, **{**NOT_READ, "ensemble_lambda": 2.0}
-        )
-        assert got.tolist() == pytest.approx(want, abs=1e-6)
-
-
-def test_an_ensemble_design_refuses_scores_that_are_not_its_members():
-    score, no = torch.tensor([1.0, 2.0]), torch.zeros(2, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"needs every member's score"):
-        ppo_math.design_score(score, no, design="ensemble-min", member_scores=None, **NOT_READ)
-    with pytest.raises(ValueError, match=r"needs every member's score"):
-        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 5), **NOT_READ)
-    with pytest.raises(ValueError, match="member 0 is the lab's judge"):
-        ppo_math.design_score(score, no, design="ensemble-min", member_scores=torch.ones(3, 2), **NOT_READ)
-
-
-def test_the_iterated_judge_pays_the_judges_score_as_it_stands():
-    score = torch.tensor([1.5, -2.0])
-    no_members = {**NOT_READ, "member_scores": None}
-    assert ppo_math.design_score(score, torch.tensor([True, False]), design="iterated-judge", **no_members) is score
-
-
-def test_the_new_designs_are_declared_never_the_default_and_their_keys_checked():
-    p = load_profile("embedded")
-    assert p.ppo.reward_design == "judge"
-    assert {"iterated-judge", *ENSEMBLE_DESIGNS} <= set(REWARD_DESIGNS)
-    for design in ("iterated-judge", *ENSEMBLE_DESIGNS):
-        assert override(p, {("ppo", "reward_design"): design}).ppo.reward_design == design
-    for key, bad in (
-        ("refresh_every", 0),
-        ("refresh_prompts", 0),
-        ("refresh_updates", 0),
-        ("ensemble_size", 1),
-        ("ensemble_lambda", -0.5),
-    ):
-        with pytest.raises(ProfileError, match=key):
-            override(p, {("ppo", key): bad})
-    with pytest.raises(ProfileError, match="reward_design must be one of"):
-        override(p, {("ppo", "reward_design"): "ensemble-max"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlhf import designs
 from rlhf.io import write_text
 from rlhf.report import wording
 from rlhf.report.formatting import esc, fmt, fmt_signed, fmt_t95
@@ -43,7 +44,7 @@ def plot_groups(result: dict) -> list[tuple[str, list[str]]]:
     groups = [
         (
             "the SPEC's reward at each KL coefficient",
-            [n for n, a in arms.items() if a["design"] == "judge" and not a.get("c_from_grid")],
+            [n for n, a in arms.items() if a["design"] == designs.DEFAULT and not a.get("c_from_grid")],
         ),
         ("reward designs (raw KL coefficient 0.02)", [n for n, a in arms.items() if a["raw"] is not None]),
     ]

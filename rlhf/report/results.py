@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlhf import designs
 from rlhf.io import read_json, sha256_file
 from rlhf.report import wording
 from rlhf.report.formatting import mean
@@ -87,24 +88,12 @@ def _ppo_summary(h: dict) -> dict:
     }
 
 
-DESIGNS = {
-    "judge": "the frozen judge's score (SPEC §6)",
-    "standardised-judge": "the frozen judge's score, standardised once before PPO",
-    "eos-less-replaced": "the frozen judge's score; an answer cut without EOS is paid the penalty instead",
-    "oracle": "the rubric's success on the train prompt (a control that reads the target)",
-    "iterated-judge": "the judge's score, the judge refreshed on the policy's own answers during PPO",
-    "ensemble-mean": "the mean score of a judge ensemble",
-    "ensemble-min": "the lowest score of a judge ensemble (worst case)",
-    "ensemble-uncertainty": "the mean score of a judge ensemble less lambda times its members' SD",
-}
-
-
 def _reward_design(h: dict) -> dict:
     """The reward design PPO ran with (its history names any but the default) and, for the
     iterated judge, every refresh's record (rlhf.refresh)."""
     its = h.get("iterations", [])
-    design = its[0].get("reward_design", "judge") if its else "judge"
-    out = {"design": design, "what": DESIGNS.get(design, design)}
+    design = its[0].get("reward_design", designs.DEFAULT) if its else designs.DEFAULT
+    out = {"design": design, "what": designs.label(design)}
     if "refreshes" in h:
         out["refreshes"] = h["refreshes"]
     if its and "member_scores" in its[0]:
@@ -251,7 +240,9 @@ def collect_results(run_dir) -> dict:
         "timings": _timings(run, evaluation),
         "resume_checks": _resume_checks(run),
         "fingerprints": fingerprints,
-        "fingerprint_checks": _fingerprint_checks(fingerprints, judge_learns=design["design"] == "iterated-judge"),
+        "fingerprint_checks": _fingerprint_checks(
+            fingerprints, judge_learns=designs.design(design["design"]).refreshes_judge
+        ),
         "artifacts": _artifacts(run),
         "evaluation": evaluation,
         "judge_test": _judge_test(evaluation),

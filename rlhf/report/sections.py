@@ -8,6 +8,7 @@ text). ``build_sections`` lists them in the order of the report.
 
 from __future__ import annotations
 
+from rlhf import designs
 from rlhf.report import wording
 from rlhf.report.formatting import fmt, fmt_ci, fmt_signed, is_num
 from rlhf.report.labels import FINISH_LABELS, SUMMARY_LABELS
@@ -128,7 +129,7 @@ def glance_section(res: dict) -> tuple[str, str, list]:
             )
     else:
         glance.append(("note", ev["note"]))
-    rd = res.get("reward_design") or {"design": "judge", "what": "the frozen judge's score (SPEC §6)"}
+    rd = res.get("reward_design") or {"design": designs.DEFAULT, "what": designs.label(designs.DEFAULT)}
     glance.append(("p", f"Reward design: {rd['design']}, {rd['what']}."))
     if rd.get("refreshes"):
         glance.append(("table", refresh_table(rd["refreshes"])))

@@ -35,9 +35,9 @@ import torch
 
 from rlhf import rubric
 from rlhf.corpus import LearningView, first_units
+from rlhf.designs import Inputs, paid
 from rlhf.evaluate import policy_draws, policy_responses, prefills
 from rlhf.masks import masked_sum
-from rlhf.ppo_math import design_score
 from rlhf.roles import Role, reward_scores
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import collate, decode_response, encode_prompt
@@ -262,7 +262,7 @@ def best_of_n_ensemble(
     """Best-of-n ranked by an ensemble's reward instead of one judge: the same draws as best_of_n
     (same seed), each scored by every member (member 0 the lab's judge, so its scores are
     best_of_n's), combined per ensemble design through the one scoring path
-    (rlhf.ppo_math.design_score, the reward PPO pays under that design, before the truncation
+    (rlhf.designs.paid, the reward PPO pays under that design, before the truncation
     penalty), and for every n the favourite of the first n by that reward kept. The truncation
     flag passed is finish reason != eos, so it also marks an answer with a token fault that ended
     with EOS, which a PPO rollout (truncated: no EOS by the token limit) does not mark; the
@@ -288,15 +288,16 @@ def best_of_n_ensemble(
             )  # [k, P], as PPO holds them
             truncated_or_faulted = torch.tensor([v["finish_reason"] != "eos" for v in d["verdicts"]])  # [P]
             cfg = ctx.profile.ppo
-            r = design_score(
-                s[0],
-                truncated_or_faulted,
-                design=design,
-                score_mean=cfg.score_mean,
-                score_sd=cfg.score_sd,
-                oracle=None,
-                member_scores=s,
-                ensemble_lambda=cfg.ensemble_lambda,
+            r = paid(
+                design,
+                Inputs(
+                    s[0],
+                    truncated_or_faulted,
+                    member_scores=s,
+                    score_mean=cfg.score_mean,
+                    score_sd=cfg.score_sd,
+                    ensemble_lambda=cfg.ensemble_lambda,
+                ),
             )
             rewards.append(r.tolist())
         out["designs"][design] = {"points": best_of_n_points(rewards, draws, ns), "rewards": rewards}

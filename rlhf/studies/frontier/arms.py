@@ -4,7 +4,7 @@ coefficient, and what the study measures (both part of the study's identity).
 Arms (ARMS): the SPEC's §6 as written (raw KL coefficient 0.02); §6 with the KL coefficient
 beta = c * sigma for c in GRID (c: beta in units of the judge's spread, what beta would be on a
 judge of SD 1); declared reward designs at the SPEC's 0.02 (`ppo.reward_design`,
-rlhf.ppo_math.design_score): the judge standardised once on train-prompt SFT samples, an answer
+rlhf.designs): the judge standardised once on train-prompt SFT samples, an answer
 without EOS paid the penalty instead of the score, the oracle control (the rubric's success on
 the train prompt; a control, never selected); and the iterated judge and the worst-case judge
 ensemble, at 0.02 and at the grid's best c (`Arm.c_from_grid`: chosen on validation once the
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import cast
 
-from rlhf.config import ENSEMBLE_DESIGNS
+from rlhf import designs
 from rlhf.studies import StudyError
 
 SPEC_KL = 0.02
@@ -57,7 +57,7 @@ class Arm:
             ("ppo", "kl_coef"): self.kl_coef(spread["validation"]["sd"]),
             ("ppo", "reward_design"): self.design,
         }
-        if self.design == "standardised-judge":
+        if designs.design(self.design).measured_before_ppo:  # the judge's mean and SD on train-prompt samples
             out[("ppo", "score_mean")] = spread["train"]["mean"]
             out[("ppo", "score_sd")] = spread["train"]["sd"]
         if self.actor_lr is not None:
@@ -150,7 +150,7 @@ class Settings:
     kl_samples: int = KL_SAMPLES
     # Best-of-n ranked by each of these ensemble rewards too, on the same draws (with ensemble arms:
     # their members; none without).
-    bon_ensembles: tuple[str, ...] = ENSEMBLE_DESIGNS
+    bon_ensembles: tuple[str, ...] = designs.ENSEMBLES
 
     def __post_init__(self):
         names = [a.name for a in self.arms]
@@ -179,12 +179,12 @@ class Settings:
 
     def ensemble_arm(self) -> Arm | None:
         """The first ensemble arm: its members and lambda rank the ensemble's best-of-n."""
-        return next((a for a in self.arms if a.design in ENSEMBLE_DESIGNS), None)
+        return next((a for a in self.arms if designs.design(a.design).ensemble), None)
 
 
 def grid_arms(arms) -> list[Arm]:
     """The coefficient grid: the plain judge's arms at beta = c sigma."""
-    return [a for a in arms if a.design == "judge" and a.c is not None and not a.c_from_grid]
+    return [a for a in arms if a.design == designs.DEFAULT and a.c is not None and not a.c_from_grid]
 
 
 def resolved(arms, choice: dict | None) -> tuple[Arm, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from rlhf import rubric
+from rlhf import designs, rubric
 from rlhf.config import load_profile
 from rlhf.io import read_json
 from rlhf.signals import RULES_FILE
@@ -133,7 +133,7 @@ def seed_summary(index: int, folder: Path, arm_list: tuple[Arm, ...], iterations
             "reward_design": arm_profile.ppo.reward_design,
             "points": points,
         }
-        if arm_profile.ppo.reward_design == "iterated-judge":
+        if designs.design(arm_profile.ppo.reward_design).refreshes_judge:
             history = read_json(folder / "arms" / arm.name / "ppo" / "history.json")
             seed["arms"][arm.name]["refreshes"] = [{k: r[k] for k in REFRESH_KEYS} for r in history["refreshes"]]
     return seed
@@ -163,7 +163,7 @@ def arm_summaries(arm_list: tuple[Arm, ...], per_seed: list[dict], iterations: l
             "curve": rows,
             "fit": gao_fit(fit_points, "rl"),
         }
-        if arm.design == "iterated-judge":
+        if designs.design(arm.design).refreshes_judge:
             arms[arm.name]["refreshes"] = refreshes_across([s["arms"][arm.name]["refreshes"] for s in per_seed])
     return arms
 
@@ -290,7 +290,7 @@ ORACLE_MIN_GAIN = 0.05
 def is_control(arm: dict) -> bool:
     """An oracle control, whatever its name: its reward design reads the rubric's target (shown,
     never chosen, the yardstick of what a right reward reaches)."""
-    return arm["design"] == "oracle"
+    return designs.design(arm["design"]).reads_target
 
 
 def add_best_points(arms: dict, sft_gold: float) -> None:

@@ -10,7 +10,8 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import cast
 
-from rlhf.config import ENSEMBLE_DESIGNS, load_profile
+from rlhf import designs
+from rlhf.config import load_profile
 from rlhf.identities import code_sha256
 from rlhf.io import output_folder, read_json, write_json
 from rlhf.studies import StudyError, worker_pool
@@ -109,7 +110,7 @@ def run_tasks(
     """Every seed's preparation, then its arms, over `workers` processes (1: here, in order)."""
     profile = load_profile(str(folders[0] / "profile.toml"))
     measure = not confirm
-    ensemble = any(a.design in ENSEMBLE_DESIGNS for a in arms)  # the seed trains the members these arms use
+    ensemble = any(designs.design(a.design).ensemble for a in arms)  # the seed trains the members these arms use
     todo_arms = {
         i: [
             a
