@@ -763,7 +763,7 @@ def add_choose_sft_budget(sub) -> None:
 def cmd_confirm_oracle(args) -> int:
     from rlhf.studies.room import confirm_oracle
 
-    record = confirm_oracle(args.testbed, args.out, workers=args.workers)
+    record = confirm_oracle(args.testbed, args.out, workers=args.workers, replicate=args.replicate)
     print(f"room shown on test: {'yes' if record['room_shown'] else 'no'}; written to {Path(args.out) / 'room.json'}")
     return 0
 
@@ -771,7 +771,7 @@ def cmd_confirm_oracle(args) -> int:
 def add_confirm_oracle(sub) -> None:
     """`rlhf confirm-oracle`: its options, beside the command it runs."""
     from rlhf.studies.heldout import CAP, HALF_WIDTH
-    from rlhf.studies.room import ROOM_STUDY_SEED
+    from rlhf.studies.room import REPLICATION_STUDY_SEED, ROOM_STUDY_SEED
 
     p = _command(
         sub,
@@ -797,6 +797,13 @@ def add_confirm_oracle(sub) -> None:
         help="the testbed record (rlhf choose-testbed) whose choice (or nearest candidate) to confirm",
     )
     p.add_argument("--out", required=True, help="study folder (study.json, the declaration, first; room.json last)")
+    p.add_argument(
+        "--replicate",
+        default=None,
+        metavar="ROOM_JSON",
+        help=f"repeat a finished room study on fresh seeds (study seed {REPLICATION_STUDY_SEED}), as many as the "
+        "power rule asks for its per-seed test spread",
+    )
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     p.set_defaults(func=cmd_confirm_oracle)
 

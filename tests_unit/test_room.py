@@ -142,3 +142,42 @@ def test_a_point_against_another_is_paired_by_seed(tmp_path):
     got = heldout.comparisons(folders, {"o_minus_d": (heldout.Point("oracle", 40), other)})["o_minus_d"]
     assert got["per_seed"] == pytest.approx([20 / 180, 18 / 180, -10 / 180])
     assert (got["a"], got["b"]) == ("oracle@40", "spec-default@100") and got["seeds_up"] == 2
+
+
+def first_room(tmp_path, path, diffs, recipe="sft-demos6", it=40, **declared):
+    """A finished first room study of `recipe` at `it` on the testbed at `path`: its per-seed test differences."""
+    room_json = tmp_path / f"room-{len(list(tmp_path.glob('room-*')))}" / "room.json"
+    write_json(
+        room_json,
+        {
+            "declared": {"testbed": path, "sft_recipe": recipe, "oracle_iteration": it, **declared},
+            "oracle_minus_sft": {"per_seed": diffs},
+        },
+    )
+    return str(room_json)
+
+
+def test_a_replication_takes_its_seed_count_from_the_first_studys_test_spread_and_fresh_seeds(tmp_path):
+    record, path = make_testbed(tmp_path, [0.1, 0.12, 0.08, 0.11, 0.09])  # validation: SD 0.016, 3 seeds asked
+    diffs = [-0.16, 0.13, 0.22, 0.16, 0.18, 0.14]
+    got = room.declaration(record, path, first_room(tmp_path, path, diffs))
+    mean = sum(diffs) / 6
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 5)
+    n = next(n for n in range(2, 41) if t975(n - 1) * sd / math.sqrt(n) <= 0.10)
+    assert got["seeds"] == n == 10 and got["replicates"]["test_sd"] == pytest.approx(sd)
+    assert got["replicates"]["per_seed"] == diffs and len(got["replicates"]["sha256"]) == 64
+    assert got["study_seed"] == room.REPLICATION_STUDY_SEED == 7 != room.ROOM_STUDY_SEED
+    assert "first study's per-seed test differences" in got["reads"]
+    assert room.declaration(record, path)["seeds"] == 3  # the first study's own count, from validation
+
+
+def test_a_replication_repeats_the_same_study_of_a_finished_first_one(tmp_path):
+    record, path = make_testbed(tmp_path, [0.1, 0.2, 0.3])
+    with pytest.raises(StudyError, match="is not a finished room study"):
+        room.declaration(record, path, str(tmp_path / "absent" / "room.json"))
+    with pytest.raises(StudyError, match="confirmed sft-demos12 at iteration 40 .* a replication repeats the same"):
+        room.declaration(record, path, first_room(tmp_path, path, [0.1, 0.2], recipe="sft-demos12"))
+    with pytest.raises(StudyError, match="confirmed sft-demos6 at iteration 20"):
+        room.declaration(record, path, first_room(tmp_path, path, [0.1, 0.2], it=20))
+    with pytest.raises(StudyError, match="is itself a replication"):
+        room.declaration(record, path, first_room(tmp_path, path, [0.1, 0.2], replicates={"room": "x"}))

@@ -20,6 +20,12 @@ learned-reward design beat SFT on test?" is empty there. So:
      interval, the exact sign-flip p and the seeds up (DIR/room.json).
 
 The room is real when the interval lies above zero. Nothing measured here chooses anything.
+A replication (`--replicate ROOM.json`) repeats steps 1 to 3 on fresh seeds (study seed
+REPLICATION_STUDY_SEED) with the seed count the power rule asks for the first study's per-seed
+TEST spread: where validation understated the spread, the first study's interval came out wider
+than declared, and the replication is the declared answer at the width asked for. Its record
+names the first (path and sha256) and shows both seed sets pooled beside its own interval.
+
 Where the testbed rule found no candidate, the nearest one is confirmed (the stable candidate
 whose oracle gains most on validation, rlhf.studies.testbed.closest), and study.json says the
 testbed does not qualify: its interval then says how much room the nearest testbed has on test.
@@ -31,12 +37,13 @@ import statistics
 import time
 from pathlib import Path
 
-from rlhf.io import output_folder, read_json, write_json
+from rlhf.io import output_folder, read_json, sha256_file, write_json
 from rlhf.studies import StudyError, heldout
 from rlhf.studies.record import open_record, ran_with, workers_count
-from rlhf.studies.statistics import INTERVAL, across_seeds
+from rlhf.studies.statistics import INTERVAL, across_seeds, paired
 
 ROOM_STUDY_SEED = 3  # fresh: the seed study is 0, the frontier and the testbed 1, the confirmation 2
+REPLICATION_STUDY_SEED = 7  # fresh: 4 the choice's estimate, 5 the verdict, 6 the nested study
 COMPARISON = "oracle_minus_sft"
 
 
@@ -52,7 +59,7 @@ def oracle_frontier(testbed_path: str, chosen: str, study: str) -> Path:
     )
 
 
-def declaration(testbed: dict, testbed_path: str) -> dict:
+def declaration(testbed: dict, testbed_path: str, replicate: str | None = None) -> dict:
     """Step 1 from the testbed record alone (no test prompt): what the study will run and why.
     Where the rule chose nothing, the nearest candidate (rlhf.studies.testbed.closest) is
     confirmed instead, and the declaration says so."""
@@ -77,6 +84,10 @@ def declaration(testbed: dict, testbed_path: str) -> dict:
         gains.append(point["gain"])
     sd = statistics.stdev(gains)
     power = heldout.power({COMPARISON: sd})
+    first = None
+    if replicate is not None:
+        first = replication_of(replicate, testbed_path, chosen, it)
+        power = heldout.power({COMPARISON: first["test_sd"]})
     return {
         "testbed": testbed_path,
         "testbed_commit": testbed["commit"],
@@ -93,9 +104,40 @@ def declaration(testbed: dict, testbed_path: str) -> dict:
         "validation_gain_sd": sd,
         "power": power,
         "seeds": power["seeds"],
-        "study_seed": ROOM_STUDY_SEED,
+        "study_seed": ROOM_STUDY_SEED if first is None else REPLICATION_STUDY_SEED,
         "reads": "train prompts (training) and test prompts (the evaluation of step 3); "
-        "the declaration reads the testbed record only",
+        + (
+            "the declaration reads the testbed record only"
+            if first is None
+            else "the declaration reads the testbed record and the first study's per-seed test differences "
+            "(for the seed count only)"
+        ),
+        **({} if first is None else {"replicates": first}),
+    }
+
+
+def replication_of(room_json: str, testbed_path: str, chosen: str, it: int) -> dict:
+    """The first study a replication repeats: the same testbed, recipe and checkpoint, finished;
+    its per-seed test spread sets the replication's seed count."""
+    path = Path(room_json)
+    if not path.is_file():
+        raise StudyError(f"{room_json} is not a finished room study (its room.json): run rlhf confirm-oracle first")
+    first = read_json(path)
+    was = first["declared"]
+    if (was["testbed"], was["sft_recipe"], was["oracle_iteration"]) != (testbed_path, chosen, it):
+        raise StudyError(
+            f"{room_json} confirmed {was['sft_recipe']} at iteration {was['oracle_iteration']} of {was['testbed']}, "
+            f"not {chosen} at {it} of {testbed_path}: a replication repeats the same study"
+        )
+    if "replicates" in was:
+        raise StudyError(f"{room_json} is itself a replication: replicate the first study")
+    diffs = first[COMPARISON]["per_seed"]
+    return {
+        "room": room_json,
+        "sha256": sha256_file(path),
+        "seeds": len(diffs),
+        "test_sd": statistics.stdev(diffs),
+        "per_seed": diffs,
     }
 
 
@@ -116,14 +158,14 @@ def summarise(folders: list[Path], it: int) -> dict:
     }
 
 
-def confirm_oracle(testbed_json, out, workers=None, say=print) -> dict:
+def confirm_oracle(testbed_json, out, workers=None, say=print, replicate: str | None = None) -> dict:
     """Steps 1 to 3 (module docstring); DIR/room.json written last and returned."""
     from rlhf.studies.derivation import write_study_profiles
 
     testbed_path = str(testbed_json)
     testbed = read_json(Path(testbed_json))
     workers = workers_count(workers)
-    declared = declaration(testbed, testbed_path)
+    declared = declaration(testbed, testbed_path, replicate)
     out = output_folder(out)
     done = out / "room.json"
     open_record(out, declared)  # refuses a rerun whose declaration differs, before anything else is written
@@ -131,19 +173,30 @@ def confirm_oracle(testbed_json, out, workers=None, say=print) -> dict:
         say(f"the oracle's room on test is already measured in {done}: nothing recomputed")
         return read_json(done)
     half = declared["power"]["per_comparison"][COMPARISON]["expected_half_width"]
+    first = declared.get("replicates")
+    spread = (
+        f"validation gain SD {declared['validation_gain_sd']:.3f}"
+        if first is None
+        else f"the first study's test SD {first['test_sd']:.3f} over its {first['seeds']} seeds"
+    )
     say(
-        f"declared: {declared['seeds']} fresh seeds (validation gain SD {declared['validation_gain_sd']:.3f}, "
+        f"declared: {declared['seeds']} fresh seeds ({spread}, "
         f"expected half-width {half:.3f}), the oracle at iteration {declared['oracle_iteration']}, "
         f"SFT recipe {declared['sft_recipe']} ({declared['sft_recipe_rule']})"
     )
     it = declared["oracle_iteration"]
-    folders = write_study_profiles(out, declared["profile"], declared["seeds"], ROOM_STUDY_SEED, declared["sft_recipe"])
+    folders = write_study_profiles(
+        out, declared["profile"], declared["seeds"], declared["study_seed"], declared["sft_recipe"]
+    )
     t0 = time.perf_counter()
     heldout.run_points(folders, (heldout.Point("oracle", it),), declared["revision"], workers, say)
+    summary = summarise(folders, it)
+    if first is not None:  # shown beside the replication's own interval, which is the declared answer
+        summary["pooled_with_first"] = paired(first["per_seed"] + summary[COMPARISON]["per_seed"])
     record = {
         "declared": declared,
         "interval": INTERVAL,
-        **summarise(folders, it),
+        **summary,
         "seconds_this_invocation": time.perf_counter() - t0,
         "evaluated_by": ran_with(),
     }
