@@ -11,6 +11,8 @@ from rlhf import identities, lab
 from rlhf.checkpoint import StateError, load_state
 from rlhf.config import load_profile, override
 from rlhf.io import read_json, sha256_file
+from rlhf.lab import run as lab_run
+from rlhf.lab import stages as lab_stages
 
 pytestmark = pytest.mark.unit
 
@@ -37,14 +39,14 @@ def stopped_run(tmp_path_factory):
         ("sft", "lr", 1e-3),
         ("seeds", "torch", 50),
         ("ppo", "reward_design", "iterated-judge"),
-        ("ppo", "refresh_every", 7),
+        ("ppo", "truncation_penalty", -2.0),
         ("ppo", "kl_coef", 0.05),
         ("runtime", "torch_threads", 2),
     ],
 )
 def test_resume_with_changed_config_is_refused_naming_the_key(stopped_run, table, key, value):
-    """Any profile value (a learning rate, a seed, the reward design or one of its parameters, the
-    thread count) changes the run's identity; the refusal names the key, its old and new value."""
+    """Any profile value (a learning rate, a seed, the reward design, a PPO parameter, the thread
+    count) changes the run's identity; the refusal names the key, its old and new value."""
     import torch
 
     before = sha256_file(stopped_run.run / "run.json")
@@ -103,8 +105,8 @@ def test_rerun_with_another_revision_code_pin_or_profile_is_refused(stopped_run,
     elif part == "arithmetic":
         monkeypatch.setattr(runtime, "identity_tag", lambda: "unpinned:x86_64:AVX512:threads=1:off")
     elif part == "dtype":  # e.g. a run continued on a machine that computes the base in another dtype
-        real = lab.compute_dtype
-        monkeypatch.setattr(lab, "compute_dtype", lambda profile: {**real(profile), "dtype": "bfloat16"})
+        real = lab_run.compute_dtype
+        monkeypatch.setattr(lab_run, "compute_dtype", lambda profile: {**real(profile), "dtype": "bfloat16"})
     profile = override(bad_input_profile(), {(None, "name"): "renamed"}) if part == "profile" else bad_input_profile()
     with pytest.raises(StateError, match=rf"identity changed in [a-z, ]*{part}.*start afresh"):
         lab.open_context(stopped_run.run, profile)
@@ -548,11 +550,9 @@ def test_choose_sft_budget_checks_every_argument_before_writing(
 def test_stop_after_must_fall_inside_the_stage(tmp_path, stage, stop_after, capsys, monkeypatch):
     """--stop-after N: 1 <= N < the stage's epochs (SFT 20, the judge 2 in the embedded profile)
     or iterations (PPO 100), checked before the run folder is made."""
-    from rlhf import lab
-
     run = tmp_path / "run"
     run.mkdir()
-    first = (lab, "ppo_fingerprints" if stage == "ppo" else "run_protocol")  # PPO's first step reads SFT's
+    first = (lab_stages, "ppo_fingerprints" if stage == "ppo" else "run_protocol")  # PPO's first step reads SFT's
     line = refused([stage, "--run", str(run), "--stop-after", stop_after], "--stop-after", capsys, run, first)
     assert f"not {stop_after}" in line and "--resume" in line
     started([stage, "--run", str(run), "--stop-after", "1"], capsys, monkeypatch, *first)

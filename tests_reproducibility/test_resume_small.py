@@ -24,6 +24,7 @@ from rlhf import lab, ppo
 from rlhf.checkpoint import Leg, assert_states_equal, load_state
 from rlhf.io import read_json
 from rlhf.judge import train_judge
+from rlhf.lab import stages as lab_stages
 from rlhf.roles import FROZEN_KINDS, ROLE_KINDS, Role, RoleIsolationError, assert_role_isolation
 from rlhf.sft import train_sft
 
@@ -113,7 +114,7 @@ def test_ppo_roles_as_trained_are_isolated(small_lab, monkeypatch):
         captured["roles"] = roles
         raise Captured
 
-    monkeypatch.setattr(lab, "train_ppo", spy)  # lab binds train_ppo at import
+    monkeypatch.setattr(lab_stages, "train_ppo", spy)  # the stages bind train_ppo at import
     with pytest.raises(Captured):
         lab.stage_ppo(small_lab, stop_after=1)  # nothing is saved: train_ppo never returns
     roles = captured["roles"]

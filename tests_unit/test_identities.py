@@ -20,6 +20,7 @@ import torch
 
 from rlhf import identities, lab
 from rlhf.checkpoint import StateError, load_state, save_state
+from rlhf.lab import run as lab_run
 from rlhf.studies import StudyError, record
 
 pytestmark = pytest.mark.unit
@@ -84,10 +85,10 @@ def refuse_run_record(tmp_path, monkeypatch):
     ctx = types.SimpleNamespace(
         run=tmp_path, profile=load_profile("embedded"), device="cpu", precision={}, determinism={}
     )
-    monkeypatch.setattr(lab, "run_identity", lambda _ctx: SAVED)
+    monkeypatch.setattr(lab_run, "run_identity", lambda _ctx: SAVED)
     lab.check_run_record(ctx)  # writes run.json
     written = (tmp_path / lab.RUN_FILE).read_bytes()
-    monkeypatch.setattr(lab, "run_identity", lambda _ctx: CURRENT)
+    monkeypatch.setattr(lab_run, "run_identity", lambda _ctx: CURRENT)
     with pytest.raises(StateError) as refused:
         lab.check_run_record(ctx)
     assert (tmp_path / lab.RUN_FILE).read_bytes() == written  # nothing written
