@@ -24,6 +24,15 @@ from rlhf import corpus as C
 pytestmark = pytest.mark.unit
 
 
+def patch_table(monkeypatch, name: str, typo) -> None:
+    """A typo in one of the design's tables, as the build that follows it and the audit that
+    reads it both see it."""
+    from rlhf.corpus import build, invariants
+
+    for module in (build, invariants):
+        monkeypatch.setattr(module, name, typo)
+
+
 @pytest.fixture(scope="module")
 def built():
     return C.build_corpus()
@@ -81,7 +90,7 @@ def test_chosen_that_is_no_rubric_success_is_refused(monkeypatch):
         chosen, rejected = table(index, variant)
         return ((chosen[0], 2, chosen[2]), rejected) if variant == 3 else (chosen, rejected)
 
-    monkeypatch.setattr(C, "pair_designs", typo)
+    patch_table(monkeypatch, "pair_designs", typo)
     with pytest.raises(C.AuditError, match=r"pair 'OH000-P3': chosen response is not a rubric success \("):
         C.audit(C.build_corpus())
 
@@ -95,7 +104,7 @@ def test_rejected_that_is_a_rubric_success_is_refused(monkeypatch):
         chosen, rejected = table(index, variant)
         return (chosen, (C.family_action(index), 1, True)) if variant == 1 else (chosen, rejected)
 
-    monkeypatch.setattr(C, "pair_designs", typo)
+    patch_table(monkeypatch, "pair_designs", typo)
     with pytest.raises(C.AuditError, match="pair 'OH000-P1': rejected response is a rubric success"):
         C.audit(C.build_corpus())
 
@@ -168,7 +177,7 @@ def test_probe_candidate_whose_rubric_result_differs_from_its_design_is_refused(
     def typo(k, correct, polite):
         return (k % 6, 1, polite)
 
-    monkeypatch.setattr(C, "probe_design", typo)
+    patch_table(monkeypatch, "probe_design", typo)
     with pytest.raises(
         C.AuditError,
         match=r"probe row 'PROBE00-C0-P0': rubric result \(True, False\) differs from its \(correct, polite\) "
