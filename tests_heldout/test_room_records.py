@@ -1,0 +1,80 @@
+"""The committed room studies (results/room-r002/, results/room-r002-rep/), read back and
+recomputed: each declaration follows from what it says it read (the testbed record and its
+oracle study; for the replication, the first study's committed per-seed test differences), and
+every number of room.json, and of the docs table, from the per-seed test successes it holds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from rlhf.studies import heldout, room
+from rlhf.studies.statistics import paired
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST = ROOT / "results" / "room-r002" / "room.json"
+REPLICATION = ROOT / "results" / "room-r002-rep" / "room.json"
+TESTBED = "results/testbed-r002-2/testbed-r002-2.json"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_the_first_declaration_is_the_nearest_candidate_and_the_power_rule_on_its_validation_gains():
+    declared = load(FIRST)["declared"]
+    again = room.declaration(load(ROOT / TESTBED), TESTBED)
+    assert declared["testbed"] == TESTBED and not declared["testbed_qualifies"]
+    for key in ("sft_recipe", "oracle_iteration", "validation_gain_per_seed", "seeds", "study_seed", "power"):
+        assert declared[key] == again[key], key
+    assert declared["sft_recipe"] == "sft-demos6" and declared["seeds"] == 6 and declared["study_seed"] == 3
+
+
+def test_the_replication_declares_its_seeds_from_the_committed_first_study_s_test_spread():
+    declared = load(REPLICATION)["declared"]
+    first = load(FIRST)
+    rep = declared["replicates"]
+    assert rep["room"] == "results/room-r002/room.json"
+    assert rep["sha256"] == hashlib.sha256(FIRST.read_bytes()).hexdigest()  # the first is unchanged since
+    assert rep["per_seed"] == first["oracle_minus_sft"]["per_seed"]
+    assert rep["test_sd"] == pytest.approx(statistics.stdev(rep["per_seed"]))
+    assert declared["seeds"] == heldout.power({room.COMPARISON: rep["test_sd"]})["seeds"] == 10
+    assert declared["study_seed"] == room.REPLICATION_STUDY_SEED != first["declared"]["study_seed"]
+
+
+@pytest.mark.parametrize("path", [FIRST, REPLICATION], ids=["first", "replication"])
+def test_every_number_of_a_room_study_follows_from_its_per_seed_test_successes(path):
+    record = load(path)
+    rows = record["per_seed"]
+    assert len(rows) == record["declared"]["seeds"]
+    diffs = [r["oracle"] - r["sft"] for r in rows]
+    assert [r["oracle_minus_sft"] for r in rows] == pytest.approx(diffs, abs=1e-12)
+    want = paired(diffs)
+    got = record[room.COMPARISON]
+    for key in ("mean", "sd", "t95", "sign_flip_p", "seeds_up", "n"):
+        assert got[key] == pytest.approx(want[key], abs=1e-12), key
+    assert record["sft"]["mean"] == pytest.approx(statistics.fmean(r["sft"] for r in rows))
+    assert record["room_shown"] is (got["t95"][0] > 0) is False
+    if "pooled_with_first" in record:
+        pooled = paired(load(FIRST)[room.COMPARISON]["per_seed"] + diffs)
+        assert record["pooled_with_first"]["t95"] == pytest.approx(pooled["t95"], abs=1e-12)
+
+
+def test_the_docs_table_states_each_room_study():
+    text = (ROOT / "docs" / "studies.md").read_text()
+    for path, name in ((FIRST, "first"), (REPLICATION, "replication")):
+        d = load(path)[room.COMPARISON]
+        row = next(line for line in text.splitlines() if line.startswith(f"| {name} ("))
+        lo, hi = d["t95"]
+        assert f"{d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]".replace("-", "−") in row, row
+        assert f"| {d['sign_flip_p']:.3f} |" in row and f"{d['seeds_up']} of {d['n']}" in row, row
+    pooled = load(REPLICATION)["pooled_with_first"]
+    row = next(line for line in text.splitlines() if line.startswith("| both pooled"))
+    lo, hi = pooled["t95"]
+    assert f"{pooled['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]".replace("-", "−") in row, row
