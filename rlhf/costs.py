@@ -19,7 +19,10 @@ of a run (docs/gpu-cost.md, the dry run's projection) is checked against counts,
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 _COUNTS: defaultdict[str, float] = defaultdict(float)
 NAMES = (
@@ -53,3 +56,15 @@ def since(start: dict[str, float]) -> dict[str, float]:
         name: round(now[name] - start[name], 3) if name.endswith("_s") else int(now[name] - start[name])
         for name in NAMES
     }
+
+
+@contextmanager
+def phase(seconds: dict, name: str, sync: Callable[[], None] | None = None) -> Iterator[None]:
+    """The block's wall seconds recorded as seconds[name], once `sync()` has returned (on a
+    GPU: the device's queued kernels finished, so each phase is charged its own work). The
+    block's calls stay where they are, visible in the code that makes them."""
+    t = time.perf_counter()
+    yield
+    if sync is not None:
+        sync()
+    seconds[name] = time.perf_counter() - t

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf import events, rubric, runtime
+from rlhf import costs, events, rubric, runtime
 from rlhf.config import profile_hash
 from rlhf.corpus import first_units
 from rlhf.generate import Prefill, generate, prefill
@@ -546,20 +546,15 @@ def evaluation_artifacts(ctx) -> list[Path]:
     return files
 
 
-def _timed(seconds: dict, name: str, fn, *args):
-    t = time.perf_counter()
-    out = fn(*args)
-    seconds[name] = time.perf_counter() - t
-    return out
-
-
 def evaluate_policy(name: str, actor_role: Role, roles: EvaluationRoles, ctx, seconds: dict) -> list[dict]:
     """Greedy generations of one policy, scored and checked by the rubric."""
-    rows = _timed(seconds, f"{name}_generation", generate_heldout, actor_role.model, ctx)
-    rows = _timed(
-        seconds, f"{name}_scoring", score_rows, rows, ctx, actor_role.model, roles.reference.model, roles.judge
-    )
-    return _timed(seconds, f"{name}_rubric", rubric_rows, rows, ctx)
+    with costs.phase(seconds, f"{name}_generation"):
+        rows = generate_heldout(actor_role.model, ctx)
+    with costs.phase(seconds, f"{name}_scoring"):
+        rows = score_rows(rows, ctx, actor_role.model, roles.reference.model, roles.judge)
+    with costs.phase(seconds, f"{name}_rubric"):
+        rows = rubric_rows(rows, ctx)
+    return rows
 
 
 def attach_policy_outputs(contexts: list[dict], policies: dict) -> None:
@@ -587,23 +582,22 @@ def stage_evaluate(ctx) -> dict:
         raise FileExistsError(f"{out_path} exists: the evaluation already ran in {ctx.run} (use a new run folder)")
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
-    roles = _timed(seconds, "load_roles", evaluation_roles, ctx)
+    with costs.phase(seconds, "load_roles"):
+        roles = evaluation_roles(ctx)
     artifacts = evaluation_artifacts(ctx)
     policies: dict[str, dict] = {}
     for name, policy in (("sft", roles.sft), ("ppo", roles.ppo)):
         crash_point("evaluate.policy")
         rows = evaluate_policy(name, policy, roles, ctx, seconds)
         policies[name] = {"rows": rows, "metrics": summarise_populations(rows)}
-    judge_test = _timed(seconds, "judge_test_accuracy", judge_test_accuracy, roles.judge, ctx)
-    differences = _timed(
-        seconds,
-        "bootstrap",
-        bootstrap_differences,
-        policies["sft"]["rows"],
-        policies["ppo"]["rows"],
-        ctx.profile.seeds.evaluation,
-    )
-    politeness = _timed(seconds, "politeness", politeness_exercise, roles.judge, ctx, artifacts)
+    with costs.phase(seconds, "judge_test_accuracy"):
+        judge_test = judge_test_accuracy(roles.judge, ctx)
+    with costs.phase(seconds, "bootstrap"):
+        differences = bootstrap_differences(
+            policies["sft"]["rows"], policies["ppo"]["rows"], ctx.profile.seeds.evaluation
+        )
+    with costs.phase(seconds, "politeness"):
+        politeness = politeness_exercise(roles.judge, ctx, artifacts)
     attach_policy_outputs(politeness["contexts"], policies)
     assert_role_isolation(roles)
     seconds["total"] = time.perf_counter() - t0

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 
-from rlhf import designs, ppo_math, refresh, rubric
+from rlhf import costs, designs, ppo_math, refresh, rubric
 from rlhf.checkpoint import Leg
 from rlhf.config import Ppo, Profile
 from rlhf.generate import sample_like_ppo
@@ -202,19 +202,23 @@ def rollout(
     pay each answer its design's score (`pay`), and compute rewards, advantages and returns.
     `oracle_actions` (the oracle design only): each prompt's action, read from the train pairs."""
     cfg = profile.ppo
-    gen = _timed(timings, "generation", sample_like_ppo, roles.actor.model, prompt_ids, eos_id=eos_id, pad_id=pad_id,
-                 profile=profile, generator=sample_gen, use_cache=use_cache)  # fmt: skip
+    with costs.phase(timings, "generation", _sync):
+        gen = sample_like_ppo(roles.actor.model, prompt_ids, eos_id=eos_id, pad_id=pad_id, profile=profile,
+                              generator=sample_gen, use_cache=use_cache)  # fmt: skip
     if len(gen.entropies) != len(gen.logps):
         raise ValueError("a PPO rollout is sampled: every drawn token has its distribution's entropy")
     device = next(roles.actor.model.parameters()).device
     batch = collate(prompt_ids, gen.responses, pad_id).to(device)
     mask = batch.response_mask
     logp_old = _per_token(gen.logps, mask)  # [B, R]
-    logp_ref = _timed(timings, "reference", response_logprobs, roles.reference.model, batch)  # [B, R]
+    with costs.phase(timings, "reference", _sync):
+        logp_ref = response_logprobs(roles.reference.model, batch)  # [B, R]
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
     answers = Answers(batch, gen.responses, truncated, oracle_actions, tokenizer, eos_id)
-    scores = _timed(timings, "judge", pay, roles, answers, cfg)
-    values = _timed(timings, "critic_values", critic_values, roles.critic, batch)  # [B, R]
+    with costs.phase(timings, "judge", _sync):
+        scores = pay(roles, answers, cfg)
+    with costs.phase(timings, "critic_values", _sync):
+        values = critic_values(roles.critic, batch)  # [B, R]
     rewards = ppo_math.token_rewards(
         logp_old, logp_ref, scores.paid, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
     )
@@ -237,15 +241,6 @@ def rollout(
         returns=returns,
         truncated=truncated,
     )
-
-
-def _timed(timings: dict, phase: str, fn, *args, **kwargs):
-    """fn(*args, **kwargs), its seconds (the device synchronised) recorded as timings[phase]."""
-    t = time.perf_counter()
-    out = fn(*args, **kwargs)
-    _sync()
-    timings[phase] = time.perf_counter() - t
-    return out
 
 
 def _per_token(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:

@@ -233,3 +233,19 @@ def test_a_kill_loses_at_most_the_checkpoint_being_written(tmp_path, crash_at, l
     for name in landed:
         load_state(tmp_path / name)  # whole, hash-checked
     assert not list(tmp_path.glob(".*"))  # the half-written temporary file was debris, now swept
+
+
+def test_a_phase_records_its_block_s_seconds_after_its_sync():
+    import time
+
+    from rlhf import costs
+
+    seconds: dict = {}
+    order: list[str] = []
+    with costs.phase(seconds, "generation", sync=lambda: order.append("sync")):
+        time.sleep(0.02)
+        order.append("block")
+    assert order == ["block", "sync"] and 0.02 <= seconds["generation"] < 5
+    with costs.phase(seconds, "judge"):  # no device to wait for
+        pass
+    assert set(seconds) == {"generation", "judge"} and seconds["judge"] < seconds["generation"]
