@@ -433,7 +433,7 @@ def add_lab(sub) -> None:
         default=None,
         help="what PPO pays at an answer's last token, written into the run's profile ([ppo] reward_design): "
         + "; ".join(
-            f"'{name}' {designs.label(name)}" + (" (the default)" if name == designs.DEFAULT else "")
+            f"'{name}'" + (" (the default)" if name == designs.DEFAULT else "") + f": {designs.label(name)}"
             for name in designs.LAB_OPTIONS
         ),
     )

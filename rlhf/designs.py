@@ -186,7 +186,7 @@ DESIGNS: dict[str, Design] = {
         ),
         Design(
             "eos-less-replaced",
-            "the frozen judge's score; an answer cut without EOS is paid the penalty instead",
+            "the frozen judge's score, or the truncation penalty alone for an answer cut without EOS",
             "§12 (iii)",
             lambda x: eos_less_replaced_score(x.score, x.truncated),
             reads=(JUDGE, TRUNCATION),

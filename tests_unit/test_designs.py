@@ -141,7 +141,7 @@ def test_the_command_line_the_profile_doc_and_the_report_read_the_table():
     (option,) = [a for a in lab._actions if "--reward-design" in a.option_strings]
     assert tuple(option.choices) == designs.LAB_OPTIONS
     for name in designs.LAB_OPTIONS:
-        assert f"'{name}' {designs.label(name)}" in option.help
+        assert f"'{name}'" in option.help and designs.label(name) in option.help
     doc = Ppo.__dataclass_fields__["reward_design"].metadata["doc"]
     assert all(repr(n) in doc for n in designs.NAMES if n != designs.DEFAULT)
     from rlhf.report.results import _reward_design
