@@ -363,8 +363,9 @@ class Ppo(Table):
 
     def __post_init__(self):
         super().__post_init__()
-        for error in designs.profile_errors(self):
-            raise ProfileError(f"[ppo] {error}")
+        errors = designs.profile_errors(self)
+        if errors:  # the first is named; a profile fixed and loaded again names the next
+            raise ProfileError(f"[ppo] {errors[0]}")
         if self.stop_signals and not self.stop_on_warning:
             raise ProfileError("[ppo] stop_signals name the rules that stop PPO: set stop_on_warning = true with them")
         unknown = [s for s in self.stop_signals if s not in SIGNALS]

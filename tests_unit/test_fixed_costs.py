@@ -247,5 +247,9 @@ def test_a_phase_records_its_block_s_seconds_after_its_sync():
         order.append("block")
     assert order == ["block", "sync"] and 0.02 <= seconds["generation"] < 5
     with costs.phase(seconds, "judge"):  # no device to wait for
-        pass
-    assert set(seconds) == {"generation", "judge"} and seconds["judge"] < seconds["generation"]
+        order.append("judge block")
+    assert (
+        order[-1] == "judge block"
+        and set(seconds) == {"generation", "judge"}
+        and seconds["judge"] < seconds["generation"]
+    )

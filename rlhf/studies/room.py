@@ -41,6 +41,7 @@ from rlhf.io import output_folder, read_json, sha256_file, write_json
 from rlhf.studies import StudyError, heldout
 from rlhf.studies.record import open_record, ran_with, workers_count
 from rlhf.studies.statistics import INTERVAL, across_seeds, paired
+from rlhf.studies.testbed import closest
 
 ROOM_STUDY_SEED = 3  # fresh: the seed study is 0, the frontier and the testbed 1, the confirmation 2
 REPLICATION_STUDY_SEED = 7  # fresh: 4 the choice's estimate, 5 the verdict, 6 the nested study
@@ -63,8 +64,6 @@ def declaration(testbed: dict, testbed_path: str, replicate: str | None = None) 
     """Step 1 from the testbed record alone (no test prompt): what the study will run and why.
     Where the rule chose nothing, the nearest candidate (rlhf.studies.testbed.closest) is
     confirmed instead, and the declaration says so."""
-    from rlhf.studies.testbed import closest
-
     chosen = testbed.get("chosen")
     qualifies = bool(chosen)
     if not chosen:

@@ -149,21 +149,10 @@ def stability(per_seed: list[float], r: Round = ROUNDS[LATEST]) -> dict:
     }
 
 
-def choose(candidates: list[dict]) -> str | None:
-    """Step 4: the qualifying candidate with the largest oracle gain; the earlier on a tie."""
-    best = None
-    for c in candidates:
-        oracle = c.get("oracle")
-        if c["sft"]["stable_with_room"] and oracle and oracle["gain"] >= GAIN:
-            if best is None or oracle["gain"] > best["oracle"]["gain"]:
-                best = c
-    return None if best is None else best["name"]
-
-
 def closest(candidates: list[dict]) -> str | None:
-    """When none qualifies: the stable candidate (with room in the band) whose oracle gains most
-    on validation, however little; the earlier on a tie. The oracle is run on test there, so the
-    finding "no testbed qualifies" is read beside the room the nearest one has on test."""
+    """The stable candidate (with room in the band) whose oracle gains most on validation,
+    however little; the earlier on a tie. Where none qualifies, the oracle is run on test there,
+    so the finding "no testbed qualifies" is read beside the room the nearest one has on test."""
     best = None
     for c in candidates:
         oracle = c.get("oracle")
@@ -171,6 +160,14 @@ def closest(candidates: list[dict]) -> str | None:
             if best is None or oracle["gain"] > best["oracle"]["gain"]:
                 best = c
     return None if best is None else best["name"]
+
+
+def choose(candidates: list[dict]) -> str | None:
+    """Step 4: the qualifying candidate with the largest oracle gain (the earlier on a tie): the
+    closest one, when its gain reaches GAIN (then no other stable candidate's can be larger)."""
+    best = closest(candidates)
+    gain = next((c["oracle"]["gain"] for c in candidates if c["name"] == best), None)
+    return best if gain is not None and gain >= GAIN else None
 
 
 def seed_profile(profile, candidate: str, i: int):
