@@ -826,7 +826,8 @@ def add_choose_design(sub) -> None:
         "choose-design",
         "choose a design on some validation seeds and estimate it on fresh ones (no winner's curse)",
         textwrap.fill(
-            f"Choose the operating point on the chosen testbed (rlhf.studies.choice), on validation prompts "
+            f"Choose the operating point on the chosen testbed (where none qualified, the nearest one, said so in "
+            f"study.json; rlhf.studies.choice), on validation prompts "
             f"only: among the declared candidates ({', '.join(CANDIDATES)}) at the declared checkpoints "
             f"({', '.join(map(str, CHECKPOINTS))}), the point with the best mean validation gold over "
             f"{SELECTION_SEEDS} selection seeds (DIR/selection); then its gain over SFT and over the SPEC's "

@@ -85,12 +85,21 @@ def test_the_honest_estimate_pairs_each_fresh_seed_with_its_own_sft_and_default(
 
 
 def test_the_declaration_names_the_testbed_recipe_and_the_fresh_seeds_and_refuses_no_testbed():
-    record = {"chosen": "sft-demos6", "commit": "abc", "revision": "r002", "profile": "embedded"}
-    got = choice.declaration(record, "t.json")
-    assert got["sft_recipe"] == "sft-demos6" and got["estimation_study_seed"] == 4
+    stable = {"stable_with_room": True}
+    candidates = [
+        {"name": "sft-demos12", "sft": stable, "oracle": {"gain": 0.04}},
+        {"name": "sft-demos6", "sft": stable, "oracle": {"gain": 0.09}},
+        {"name": "unstable", "sft": {"stable_with_room": False}, "oracle": {"gain": 0.5}},
+    ]
+    record = {"chosen": "sft-demos12", "commit": "abc", "revision": "r002", "profile": "embedded"}
+    got = choice.declaration({**record, "candidates": candidates}, "t.json")
+    assert got["sft_recipe"] == "sft-demos12" and got["testbed_qualifies"] and got["estimation_study_seed"] == 4
     assert got["candidates"] == list(choice.CANDIDATES) and got["checkpoints"] == [30, 60, 100]
-    with pytest.raises(StudyError, match="chose no testbed"):
-        choice.declaration({**record, "chosen": None}, "t.json")
+    # none qualified: the nearest stable candidate, said not to qualify, with its gain
+    got = choice.declaration({**record, "chosen": None, "candidates": candidates}, "t.json")
+    assert got["sft_recipe"] == "sft-demos6" and not got["testbed_qualifies"] and "+0.090" in got["sft_recipe_rule"]
+    with pytest.raises(StudyError, match="chose no testbed and has no stable candidate"):
+        choice.declaration({**record, "chosen": None, "candidates": candidates[2:]}, "t.json")
 
 
 def test_the_declared_candidates_are_arms_of_the_frontier_and_its_checkpoints_are_kept():

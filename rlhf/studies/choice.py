@@ -7,10 +7,11 @@ point whose seeds were luckiest: its own validation gain overstates what it does
 prompts only:
 
   1. Declared first (DIR/study.json, checked on every rerun): the testbed record and its SFT
-     recipe; the candidates CANDIDATES (reward designs at the SPEC's beta) and CHECKPOINTS
-     (PPO iterations), a small set fixed before any measurement; SELECTION_SEEDS seeds to choose
-     on (runs of the frontier's study seed 1) and ESTIMATION_SEEDS fresh seeds to estimate on
-     (study seed ESTIMATION_STUDY_SEED).
+     recipe (where the testbed rule chose none, the nearest candidate, rlhf.studies.testbed.recipe,
+     and the record says the testbed does not qualify); the candidates CANDIDATES (reward designs
+     at the SPEC's beta) and CHECKPOINTS (PPO iterations), a small set fixed before any
+     measurement; SELECTION_SEEDS seeds to choose on (runs of the frontier's study seed 1) and
+     ESTIMATION_SEEDS fresh seeds to estimate on (study seed ESTIMATION_STUDY_SEED).
   2. Selection (DIR/selection, a frontier study of the candidates and the oracle control on the
      selection seeds): the candidate point with the largest mean validation gold over those
      seeds (ties: the smaller mean KL distance d, then the earlier candidate and checkpoint); its
@@ -34,6 +35,7 @@ from rlhf.io import output_folder, read_json, write_json
 from rlhf.studies import StudyError
 from rlhf.studies.record import open_record, ran_with, workers_count
 from rlhf.studies.statistics import across_seeds, paired
+from rlhf.studies.testbed import recipe
 
 CANDIDATES = ("spec-default", "standardised-judge", "eos-less-replaced", "iterated-judge")
 CHECKPOINTS = (30, 60, 100)
@@ -46,12 +48,13 @@ READS = "train prompts (SFT, judge and PPO training) and validation prompts (eve
 
 def declaration(testbed: dict, testbed_path: str) -> dict:
     """Step 1: what the study will run, from the testbed record and the constants alone."""
-    if not testbed.get("chosen"):
-        raise StudyError(f"{testbed_path} chose no testbed: choose one first (rlhf choose-testbed)")
+    found = recipe(testbed, testbed_path)
     return {
         "testbed": testbed_path,
         "testbed_commit": testbed["commit"],
-        "sft_recipe": testbed["chosen"],
+        "sft_recipe": found["sft_recipe"],
+        "testbed_qualifies": found["testbed_qualifies"],
+        "sft_recipe_rule": found["sft_recipe_rule"],
         "revision": testbed["revision"],
         "profile": testbed["profile"],
         "candidates": list(CANDIDATES),

@@ -41,7 +41,7 @@ from rlhf.io import output_folder, read_json, sha256_file, write_json
 from rlhf.studies import StudyError, heldout
 from rlhf.studies.record import open_record, ran_with, workers_count
 from rlhf.studies.statistics import INTERVAL, across_seeds, paired
-from rlhf.studies.testbed import closest
+from rlhf.studies.testbed import recipe
 
 ROOM_STUDY_SEED = 3  # fresh: the seed study is 0, the frontier and the testbed 1, the confirmation 2
 REPLICATION_STUDY_SEED = 7  # fresh: 4 the choice's estimate, 5 the verdict, 6 the nested study
@@ -64,17 +64,8 @@ def declaration(testbed: dict, testbed_path: str, replicate: str | None = None) 
     """Step 1 from the testbed record alone (no test prompt): what the study will run and why.
     Where the rule chose nothing, the nearest candidate (rlhf.studies.testbed.closest) is
     confirmed instead, and the declaration says so."""
-    chosen = testbed.get("chosen")
-    qualifies = bool(chosen)
-    if not chosen:
-        chosen = closest(testbed["candidates"])
-    if not chosen:
-        raise StudyError(
-            f"{testbed_path} chose no testbed and has no stable candidate with an oracle study: "
-            "there is no room to confirm on test (run rlhf choose-testbed with another --round)"
-        )
-    candidate = next(c for c in testbed["candidates"] if c["name"] == chosen)
-    oracle = candidate["oracle"]
+    found = recipe(testbed, testbed_path)
+    chosen, oracle = found["sft_recipe"], found["oracle"]
     frontier = read_json(oracle_frontier(testbed_path, chosen, oracle["study"]))
     it = oracle["best_iteration"]
     gains = []
@@ -91,11 +82,8 @@ def declaration(testbed: dict, testbed_path: str, replicate: str | None = None) 
         "testbed": testbed_path,
         "testbed_commit": testbed["commit"],
         "sft_recipe": chosen,
-        "testbed_qualifies": qualifies,
-        "sft_recipe_rule": "the testbed rule's choice"
-        if qualifies
-        else "none qualified: the stable candidate whose oracle gains most on validation "
-        f"({oracle['gain']:+.3f}, below the rule's threshold)",
+        "testbed_qualifies": found["testbed_qualifies"],
+        "sft_recipe_rule": found["sft_recipe_rule"],
         "revision": testbed["revision"],
         "profile": testbed["profile"],
         "oracle_iteration": it,

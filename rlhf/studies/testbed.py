@@ -170,6 +170,28 @@ def choose(candidates: list[dict]) -> str | None:
     return best if gain is not None and gain >= GAIN else None
 
 
+def recipe(testbed: dict, testbed_path: str) -> dict:
+    """The SFT recipe a later study builds on, from a testbed record: the rule's choice, else the
+    nearest candidate (closest), with the words that say which of the two it is."""
+    chosen = testbed.get("chosen")
+    name = chosen or closest(testbed["candidates"])
+    if not name:
+        raise StudyError(
+            f"{testbed_path} chose no testbed and has no stable candidate with an oracle study: there is no "
+            "testbed to build on (run rlhf choose-testbed with another --round)"
+        )
+    oracle = next(c for c in testbed["candidates"] if c["name"] == name)["oracle"]
+    return {
+        "sft_recipe": name,
+        "testbed_qualifies": bool(chosen),
+        "sft_recipe_rule": "the testbed rule's choice"
+        if chosen
+        else "none qualified: the stable candidate whose oracle gains most on validation "
+        f"({oracle['gain']:+.3f}, below the rule's threshold)",
+        "oracle": oracle,
+    }
+
+
 def seed_profile(profile, candidate: str, i: int):
     """The profile of run i at `candidate` (what the frontier writes into seed-i/profile.toml)."""
     from rlhf.studies.frontier.study import STUDY_SEED  # imported here: the CLI reads ROUNDS without torch

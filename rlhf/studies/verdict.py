@@ -28,6 +28,7 @@ from rlhf.io import output_folder, read_json, write_json
 from rlhf.studies import StudyError, heldout
 from rlhf.studies.record import open_record, ran_with, workers_count
 from rlhf.studies.statistics import INTERVAL
+from rlhf.studies.testbed import recipe
 
 VERDICT_STUDY_SEED = 5  # fresh: 0 seeds, 1 frontier, 2 its confirmation, 3 the room, 4 the choice's estimate
 LAST_ITERATION = 100  # the SPEC's default is read where the profile's PPO ends
@@ -39,7 +40,7 @@ def declaration(choice_record: dict, choice_path: str) -> dict:
 
     chosen, est = choice_record["chosen"], choice_record["estimate"]
     testbed = read_json(Path(choice_record["declared"]["testbed"]))
-    oracle_it = next(c for c in testbed["candidates"] if c["name"] == testbed["chosen"])["oracle"]["best_iteration"]
+    oracle_it = recipe(testbed, choice_record["declared"]["testbed"])["oracle"]["best_iteration"]
     selection = read_json(Path(choice_record["steps"][0]["study"]) / "frontier.json")
     points = {
         "chosen": heldout.Point(chosen["arm"], chosen["iteration"]),
