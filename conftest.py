@@ -627,6 +627,16 @@ def epoch_stage_expected(history: dict) -> dict[str, dict[int, float]]:
     return exp
 
 
+def rollout_rewards(logp_old, logp_ref, score, mask, truncated, *, kl_coef: float, truncation_penalty: float):
+    """The rewards as a rollout makes them (rlhf.ppo.rollout): the per-token penalty
+    (rlhf.ppo_math.log_ratio_penalty), then the score and truncation penalty once at the end
+    (rlhf.ppo_math.token_rewards). [B, T]"""
+    from rlhf.ppo_math import log_ratio_penalty, token_rewards
+
+    penalty = log_ratio_penalty(logp_old, logp_ref, mask, kl_coef)
+    return token_rewards(penalty, score, mask, truncated, truncation_penalty=truncation_penalty)
+
+
 def ppo_expected(history: dict, kl_coef: float, truncation_penalty: float) -> dict[str, dict[int, float]]:
     """PPO per iteration, recomputed from the record's raw lists where it keeps them."""
     exp: dict[str, dict[int, float]] = defaultdict(dict)

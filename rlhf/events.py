@@ -147,9 +147,8 @@ def summed_reward(record: dict, kl_coef: float, truncation_penalty: float) -> fl
     paid = torch.tensor(record.get("paid_scores", record["scores"]), dtype=torch.float64)  # [B]
     log_ratio, zeros, mask = _one_token([record["mean_sequence_log_ratio"]] * len(paid))
     truncated = torch.arange(len(paid)) < record["truncations"]  # [B]
-    rewards = ppo_math.token_rewards(
-        log_ratio, zeros, paid, mask, truncated, kl_coef=kl_coef, truncation_penalty=truncation_penalty
-    )  # [B, 1]
+    penalty = ppo_math.log_ratio_penalty(log_ratio, zeros, mask, kl_coef)  # [B, 1]
+    rewards = ppo_math.token_rewards(penalty, paid, mask, truncated, truncation_penalty=truncation_penalty)  # [B, 1]
     return float(rewards.sum(-1).mean())
 
 

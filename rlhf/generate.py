@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from rlhf import costs
 from rlhf.config import Profile
 from rlhf.scoring import real_token_logits, token_count
-from rlhf.tokens import max_new_tokens
+from rlhf.tokens import Tokens, max_new_tokens
 
 
 @dataclass
@@ -414,20 +414,18 @@ class _StepGraph:
         self.attend[:, :T].copy_(start.mask[:, :T].bool())
 
 
-def sample_like_ppo(
-    model, prompts: list[list[int]], *, eos_id: int, pad_id: int, profile: Profile, generator, use_cache: bool = True
-) -> Generation:
+def sample_like_ppo(model, prompts: list[list[int]], tokens: Tokens, profile: Profile, generator) -> Generation:
     """Answers drawn as PPO's rollouts draw them: temperature `ppo.temperature`, up to the PPO
     answer limit (rlhf.tokens.max_new_tokens), with the profile's `runtime.last_logits_only`.
     The rollout (rlhf.ppo) and the iterated judge's refresh (rlhf.refresh) both sample here."""
     return generate(
         model,
         prompts,
-        eos_id=eos_id,
-        pad_id=pad_id,
+        eos_id=tokens.eos_id,
+        pad_id=tokens.pad_id,
         max_new_tokens=max_new_tokens(profile, "ppo"),
         temperature=profile.ppo.temperature,
         generator=generator,
-        use_cache=use_cache,
+        use_cache=tokens.use_cache,
         last_logits_only=profile.runtime.last_logits_only,
     )

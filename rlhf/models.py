@@ -23,6 +23,7 @@ from rlhf import costs, runtime
 from rlhf.config import Profile
 from rlhf.io import ArtifactExists, atomic_folder, dumps_json, read_json, sha256_file, write_text
 from rlhf.scoring import set_token_count
+from rlhf.tokens import Tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -56,6 +57,11 @@ class Base:
     # The kept base `model` was copied from (load_base), or None: what a role proves itself equal
     # to instead of hashing its frozen tensors again (rlhf.roles.inherit_frozen_hashes).
     copied_from: PreTrainedModel | None = None
+
+    @property
+    def tokens(self) -> Tokens:
+        """The tokenizer and its EOS and PAD ids as PPO samples and scores with them."""
+        return Tokens(self.tokenizer, self.eos_id, self.pad_id)
 
 
 def how_to_get(profile: Profile, model_dir) -> str:

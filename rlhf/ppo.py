@@ -50,7 +50,7 @@ from rlhf.optim import adamw, optimizer_step
 from rlhf.roles import PpoRoles, critic_values, reward_scores
 from rlhf.runtime import rng_state, set_rng_state
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import Batch, collate, decode_response, encode_prompt, token_texts
+from rlhf.tokens import Batch, Tokens, collate, decode_response, encode_prompt, token_texts
 
 # Where each role's learned tensors sit in a PPO state. The state format keeps the judge under
 # "reward", its earlier name: renaming the key would change every PPO state's bytes, and
@@ -124,6 +124,7 @@ class Rollout:
     member_scores: torch.Tensor | None  # [k, B] every ensemble member's score (member 0: `score`); None without one
     paid: torch.Tensor  # [B]    the score the last token receives (rlhf.designs; = score by default)
     values: torch.Tensor  # [B, R] the critic's V before each token
+    penalty: torch.Tensor  # [B, R] -kl_coef * (logp_old - logp_ref) on active tokens, 0 elsewhere
     rewards: torch.Tensor  # [B, R] penalty per token + score (and truncation) once at the end
     advantages: torch.Tensor  # [B, R] GAE, gamma 1, lambda 0.95
     returns: torch.Tensor  # [B, R] advantages + values
@@ -140,8 +141,7 @@ class Answers(NamedTuple):
     responses: list[list[int]]  # the sampled ids, EOS included
     truncated: torch.Tensor  # [B] cut at the token limit without EOS
     actions: list[int] | None  # each prompt's action, from the train pairs (the oracle design only)
-    tokenizer: object
-    eos_id: int
+    tokens: Tokens
 
 
 class Paid(NamedTuple):
@@ -176,7 +176,7 @@ def _rubric_success(answers: Answers, device) -> torch.Tensor:
     if answers.actions is None:
         raise ValueError("the oracle reward design needs each prompt's action")
     verdicts = [
-        rubric.evaluate(*decode_response(answers.tokenizer, ids, answers.eos_id), action)
+        rubric.evaluate(*decode_response(answers.tokens.tokenizer, ids, answers.tokens.eos_id), action)
         for ids, action in zip(answers.responses, answers.actions)
     ]
     return torch.tensor([float(v["rubric_success"]) for v in verdicts], device=device)
@@ -185,43 +185,39 @@ def _rubric_success(answers: Answers, device) -> torch.Tensor:
 # ------------------------------------------------------------------------- a rollout
 
 
+class Prompts(NamedTuple):
+    """The prompts of one rollout."""
+
+    ids: list[list[int]]  # [B] each prompt's chat-rendered ids
+    actions: list[int] | None  # [B] each prompt's action, from the train pairs (the oracle design only)
+
+
 @torch.no_grad()
 def rollout(
-    roles: PpoRoles,
-    prompt_ids: list[list[int]],
-    eos_id: int,
-    pad_id: int,
-    profile: Profile,
-    sample_gen: torch.Generator,
-    use_cache: bool,
-    timings: dict,
-    oracle_actions: list[int] | None = None,
-    tokenizer=None,
+    roles: PpoRoles, prompts: Prompts, tokens: Tokens, profile: Profile, generator: torch.Generator, timings: dict
 ) -> Rollout:
     """Sample, then score the visited prefixes with reference, judge and critic (all detached),
-    pay each answer its design's score (`pay`), and compute rewards, advantages and returns.
-    `oracle_actions` (the oracle design only): each prompt's action, read from the train pairs."""
+    pay each answer its design's score (`pay`), and compute the per-token penalty (once: the
+    rewards, the history and the token view read it), rewards, advantages and returns."""
     cfg = profile.ppo
     with costs.phase(timings, "generation", _sync):
-        gen = sample_like_ppo(roles.actor.model, prompt_ids, eos_id=eos_id, pad_id=pad_id, profile=profile,
-                              generator=sample_gen, use_cache=use_cache)  # fmt: skip
+        gen = sample_like_ppo(roles.actor.model, prompts.ids, tokens, profile, generator)
     if len(gen.entropies) != len(gen.logps):
         raise ValueError("a PPO rollout is sampled: every drawn token has its distribution's entropy")
     device = next(roles.actor.model.parameters()).device
-    batch = collate(prompt_ids, gen.responses, pad_id).to(device)
+    batch = collate(prompts.ids, gen.responses, tokens.pad_id).to(device)
     mask = batch.response_mask
     logp_old = _per_token(gen.logps, mask)  # [B, R]
     with costs.phase(timings, "reference", _sync):
         logp_ref = response_logprobs(roles.reference.model, batch)  # [B, R]
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
-    answers = Answers(batch, gen.responses, truncated, oracle_actions, tokenizer, eos_id)
+    answers = Answers(batch, gen.responses, truncated, prompts.actions, tokens)
     with costs.phase(timings, "judge", _sync):
         scores = pay(roles, answers, cfg)
     with costs.phase(timings, "critic_values", _sync):
         values = critic_values(roles.critic, batch)  # [B, R]
-    rewards = ppo_math.token_rewards(
-        logp_old, logp_ref, scores.paid, mask, truncated, kl_coef=cfg.kl_coef, truncation_penalty=cfg.truncation_penalty
-    )
+    penalty = ppo_math.log_ratio_penalty(logp_old, logp_ref, mask, cfg.kl_coef)  # [B, R]
+    rewards = ppo_math.token_rewards(penalty, scores.paid, mask, truncated, truncation_penalty=cfg.truncation_penalty)
     dones = torch.zeros_like(mask)
     dones[torch.arange(mask.shape[0], device=device), last_active_index(mask)] = True  # EOS or truncation ends it
     advantages, returns = ppo_math.gae(rewards, values, dones, gamma=cfg.gamma, lam=cfg.lam)
@@ -236,6 +232,7 @@ def rollout(
         member_scores=scores.member_scores,
         paid=scores.paid,
         values=values,
+        penalty=penalty,
         rewards=rewards,
         advantages=advantages,
         returns=returns,
@@ -309,13 +306,12 @@ def ppo_update(
     }
 
 
-def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
-    """Per-token numbers of response b, for the report: token, logp_old, logp_ref, KL reward,
-    value, advantage, return."""
-    mask = ro.batch.response_mask
-    n = int(mask[b].sum())
+def token_view(tokenizer, ro: Rollout, b: int) -> list[dict]:
+    """Per-token numbers of response b, for the report: token, logp_old, logp_ref, KL reward
+    (the rollout's penalty), value, advantage, return."""
+    n = int(ro.batch.response_mask[b].sum())
     ids = ro.responses[b][:n]
-    kl_reward = ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, profile.ppo.kl_coef)[b, :n]
+    kl_reward = ro.penalty[b, :n]
     texts = token_texts(tokenizer, ids)
     rows = []
     for j in range(n):
@@ -337,9 +333,7 @@ def token_view(tokenizer, ro: Rollout, b: int, profile: Profile) -> list[dict]:
 # ------------------------------------------------------------------------- the PPO loop
 
 
-def train_ppo(
-    roles: PpoRoles, view, tokenizer, eos_id: int, pad_id: int, profile: Profile, leg: Leg = Leg(), *, use_cache=True
-) -> tuple[dict, dict]:
+def train_ppo(roles: PpoRoles, view, tokens: Tokens, profile: Profile, leg: Leg = Leg()) -> tuple[dict, dict]:
     """Run (or continue) PPO. Returns (state after the last iteration run, timings).
 
     restore -> for each iteration: rollout, 2 x ppo_update, record [-> judge refresh] -> save.
@@ -351,7 +345,7 @@ def train_ppo(
     state (rlhf.lab's crash-safe legs); it stops after `leg.stop` iterations.
     """
     cfg = profile.ppo
-    data = rollout_data(view, tokenizer, eos_id, profile)
+    data = rollout_data(view, tokens, profile)
     run = _restore(roles, profile, len(data.prompts), leg.state)
     last = cfg.iterations if leg.stop is None else leg.stop
     timings: dict = {"per_iteration": [], "total": {k: 0.0 for k in PHASES}}
@@ -359,17 +353,13 @@ def train_ppo(
         last = run.start
     for it in range(run.start, last):
         crash_point("ppo.iteration")
-        tm = iteration(roles, run, data, it, tokenizer, eos_id, pad_id, profile, use_cache)
+        tm = iteration(roles, run, data, it, tokens, profile)
         timings["per_iteration"].append(tm)
         for k in PHASES:
             timings["total"][k] += tm.get(k, 0.0)
         if refresh.refresh_due(it + 1, profile):
-            assert run.refresh is not None and data.corpus_pairs is not None  # made for this design
-            run.history["refreshes"].append(
-                refresh.refresh_judge(roles.judge, roles.actor, run.refresh, data.prompts, data.encoded,
-                                      data.corpus_pairs, data.by_family, tokenizer, eos_id, pad_id, profile, it + 1,
-                                      use_cache=use_cache)
-            )  # fmt: skip
+            assert run.refresh is not None  # made for this design
+            run.history["refreshes"].append(refresh.refresh_judge(roles, run.refresh, data, tokens, profile, it + 1))
         if leg.progress is not None:
             leg.progress(it + 1, cfg.iterations, run.history, tm)
         if leg.watch is not None and leg.watch(run.history):  # a warning stops PPO here
@@ -381,9 +371,7 @@ def train_ppo(
     return _ppo_state(roles, run, last), timings
 
 
-def iteration(
-    roles: PpoRoles, run, data, it: int, tokenizer, eos_id: int, pad_id: int, profile: Profile, use_cache
-) -> dict:
+def iteration(roles: PpoRoles, run: PpoRun, data: RolloutData, it: int, tokens: Tokens, profile: Profile) -> dict:
     """PPO iteration `it` (SPEC §6): draw prompts, roll out with the old policy, then the
     updates of actor and critic on that fixed rollout, recorded in the history. Returns its
     phases' seconds."""
@@ -391,10 +379,9 @@ def iteration(
     t, tm = time.perf_counter(), dict[str, float]()
     idx = run.sampler.draw(cfg.prompts_per_iteration)
     actions = None if data.actions is None else [data.actions[i] for i in idx]
-    ro = rollout(roles, [data.encoded[i] for i in idx], eos_id, pad_id, profile, run.sample_gen, use_cache, tm,
-                 oracle_actions=actions, tokenizer=tokenizer)  # fmt: skip
+    ro = rollout(roles, Prompts([data.encoded[i] for i in idx], actions), tokens, profile, run.sample_gen, tm)
     if run.history["scoring_check"] is None:
-        run.history["scoring_check"] = _scoring_check(roles.actor, ro, it, use_cache)
+        run.history["scoring_check"] = _scoring_check(roles.actor, ro, it, tokens.use_cache)
     updates = cfg.updates_per_iteration
     stats = [
         ppo_update(
@@ -403,7 +390,7 @@ def iteration(
         for u in range(updates)
     ]
     record = _record(it, [data.prompts[i]["document_id"] for i in idx], ro, stats, cfg)
-    _append_history(run.history, record, ro, tokenizer, profile)
+    _append_history(run.history, record, ro, tokens.tokenizer, profile)
     tm["iteration"] = time.perf_counter() - t
     return tm
 
@@ -418,10 +405,10 @@ class RolloutData(NamedTuple):
     corpus_pairs: list | None  # the train pairs the iterated judge keeps training on
 
 
-def rollout_data(view, tokenizer, eos_id: int, profile: Profile) -> RolloutData:
+def rollout_data(view, tokens: Tokens, profile: Profile) -> RolloutData:
     cfg, limits = profile.ppo, profile.limits
     prompts = view.rollout_prompts()
-    encoded = [encode_prompt(tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
+    encoded = [encode_prompt(tokens.tokenizer, r["prompt"], limits, r["document_id"]) for r in prompts]
     # The train family's action, read from the train pairs (SPEC §12 (iv); the refresh's labeller).
     design = designs.design(cfg.reward_design)
     by_family = {}
@@ -430,7 +417,7 @@ def rollout_data(view, tokenizer, eos_id: int, profile: Profile) -> RolloutData:
     actions = [by_family[r["family"]] for r in prompts] if design.reads_target else None
     corpus_pairs = None
     if design.refreshes_judge:  # what the judge keeps training on beside the policy's pairs
-        corpus_pairs = encode_pairs(view.pairs("train"), tokenizer, eos_id, limits)
+        corpus_pairs = encode_pairs(view.pairs("train"), tokens.tokenizer, tokens.eos_id, limits)
     return RolloutData(prompts, encoded, actions, by_family, corpus_pairs)
 
 
@@ -502,9 +489,7 @@ def _record(it: int, prompt_ids: list[str], ro: Rollout, stats: list[dict], cfg:
         "mean_score": float(ro.score.mean()),
         "scores": ro.score.tolist(),
         "mean_sampled_log_ratio": float(ppo_math.mean_sampled_log_ratio(ro.logp_old, ro.logp_ref, mask).mean()),
-        "mean_kl_penalty": float(
-            ppo_math.log_ratio_penalty(ro.logp_old, ro.logp_ref, mask, cfg.kl_coef).sum(-1).div(lengths).mean()
-        ),
+        "mean_kl_penalty": float(ro.penalty.sum(-1).div(lengths).mean()),
         "mean_value": float(ro.values.sum() / mask.sum()),
         "mean_advantage": float(ro.advantages[mask].mean()),
         "mean_return": float(ro.returns[mask].mean()),
@@ -550,7 +535,7 @@ def _append_history(history: dict, record: dict, ro: Rollout, tokenizer, profile
                 "prompt_id": record["prompt_ids"][0],
                 "score": float(ro.score[0]),
                 "ended": ro.ended[0],
-                "tokens": token_view(tokenizer, ro, 0, profile),
+                "tokens": token_view(tokenizer, ro, 0),
             }
         )
 

@@ -91,29 +91,28 @@ def log_ratio_penalty(
     active tokens, 0 (not -0.0) elsewhere. Shapes: [B, T] -> [B, T].
 
     The sampled-token log-ratio is not the full-vocabulary KL, so the name says what it is. The
-    one place the penalty is computed: token_rewards, the per-token view of the report and the
-    history's mean penalty all call it."""
+    one place the penalty is computed: once per rollout (rlhf.ppo.rollout), whose tensor the
+    rewards (token_rewards), the per-token view of the report and the history's mean penalty read."""
     m = as_bool_mask(mask)
     return _active(-kl_coef * sampled_log_ratio(logp_old, logp_ref, m), m)
 
 
 def token_rewards(
-    logp_old: torch.Tensor,
-    logp_ref: torch.Tensor,
+    penalty: torch.Tensor,
     score: torch.Tensor,
     mask: torch.Tensor,
     truncated: torch.Tensor,
     *,
-    kl_coef: float,
     truncation_penalty: float,
 ) -> torch.Tensor:
-    """Per-token PPO rewards (SPEC §6).
+    """Per-token PPO rewards (SPEC §6), from the per-token penalty (log_ratio_penalty).
 
-    ``r[b,t] = -kl_coef * (logp_old[b,t] - logp_ref[b,t])``           for every active t
-    ``r[b,L_b] += score[b] + truncation_penalty * truncated[b]``      once, L_b = last active t
-    ``r[b,t] = 0``                                                    for inactive t
+    ``r[b,t] = penalty[b,t] = -kl_coef * (logp_old[b,t] - logp_ref[b,t])``   every active t
+    ``r[b,L_b] += score[b] + truncation_penalty * truncated[b]``              once, L_b = last active t
+    ``r[b,t] = 0``                                                            inactive t
 
-    Shapes: logp_old, logp_ref, mask [B, T]; score [B]; truncated [B] bool -> rewards [B, T].
+    Shapes: penalty, mask [B, T]; score [B]; truncated [B] bool -> rewards [B, T] (a new tensor:
+    the penalty the rollout keeps is not changed).
 
     The judge scores the whole response, so its score is paid exactly once, at the token
     that ended the episode (EOS, or the 64th token of a truncated answer), found with
@@ -121,7 +120,7 @@ def token_rewards(
     Rewards are data, not a graph: inputs are detached and the result carries no grad.
     """
     m = as_bool_mask(mask)
-    _check_same_shape(logp_old=logp_old, logp_ref=logp_ref, mask=m)
+    _check_same_shape(penalty=penalty, mask=m)
     if m.dim() != 2:
         raise ValueError(f"token_rewards expects [B, T] tensors, got {tuple(m.shape)}")
     batch = m.shape[0]
@@ -130,7 +129,7 @@ def token_rewards(
             f"score and truncated must be [B]={batch}, got {tuple(score.shape)} and {tuple(truncated.shape)}"
         )
     with torch.no_grad():
-        rewards = log_ratio_penalty(logp_old.detach(), logp_ref.detach(), m, kl_coef)
+        rewards = _active(penalty.detach(), m)  # torch.where: a new tensor
         last = last_active_index(m)
         terminal = score.detach().to(rewards.dtype) + truncation_penalty * as_bool_mask(truncated).to(rewards.dtype)
         rewards[torch.arange(batch, device=m.device), last] += terminal

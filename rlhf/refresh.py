@@ -29,6 +29,7 @@ a run resumed across a refresh equals the uninterrupted one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,7 +40,11 @@ from rlhf.io import crash_point
 from rlhf.judge import evaluate_pairs, pair_scores
 from rlhf.optim import adamw, optimizer_step
 from rlhf.ppo_math import bradley_terry_loss
-from rlhf.tokens import decode_response, finish_reason_counts
+from rlhf.tokens import Tokens, decode_response, finish_reason_counts
+
+if TYPE_CHECKING:  # PPO calls the refresh with its own data and roles
+    from rlhf.ppo import RolloutData
+    from rlhf.roles import PpoRoles
 
 ANSWERS_PER_PROMPT = 2  # the labeller compares two answers of one prompt
 
@@ -104,38 +109,23 @@ def _draw(n: int, k: int, generator: torch.Generator) -> list[int]:
 
 
 def refresh_judge(
-    judge,
-    actor,
-    data: RefreshData,
-    prompts: list[dict],
-    encoded: list[list[int]],
-    corpus_pairs: list,
-    actions: dict[str, int],
-    tokenizer,
-    eos_id: int,
-    pad_id: int,
-    profile: Profile,
-    done: int,
-    *,
-    use_cache: bool = True,
+    roles: PpoRoles, data: RefreshData, pool: RolloutData, tokens: Tokens, profile: Profile, done: int
 ) -> dict:
-    """One refresh after `done` PPO iterations (see the module docstring); `judge` is trained in
-    place and frozen again. `prompts`/`encoded`: the rollout prompts and their ids;
-    `corpus_pairs`: the encoded train pairs (rlhf.judge.encode_pairs). Returns its record."""
+    """One refresh after `done` PPO iterations (see the module docstring): the actor answers
+    prompts of PPO's pool (its rollout prompts and their ids), the labeller reads each family's
+    action (`pool.by_family`), and `roles.judge` is trained in place on the labelled pairs and the
+    encoded train pairs (`pool.corpus_pairs`), then frozen again. Returns its record."""
     cfg, gen = profile.ppo, data.generator
+    judge, prompts, encoded, pad_id = roles.judge, pool.prompts, pool.encoded, tokens.pad_id
+    assert pool.corpus_pairs is not None  # made for this design (rlhf.ppo.rollout_data)
     crash_point("ppo.refresh")
     chosen = torch.randperm(len(prompts), generator=gen, device=gen.device)[: cfg.refresh_prompts].tolist()
     asked = [i for i in chosen for _ in range(ANSWERS_PER_PROMPT)]
-    out = sample_like_ppo(
-        actor.model,
-        [encoded[i] for i in asked],
-        eos_id=eos_id,
-        pad_id=pad_id,
-        profile=profile,
-        generator=gen,
-        use_cache=use_cache,
-    )
-    verdicts = [labeller_verdict(prompts[i], ids, tokenizer, eos_id, actions) for i, ids in zip(asked, out.responses)]
+    out = sample_like_ppo(roles.actor.model, [encoded[i] for i in asked], tokens, profile, gen)
+    verdicts = [
+        labeller_verdict(prompts[i], ids, tokens.tokenizer, tokens.eos_id, pool.by_family)
+        for i, ids in zip(asked, out.responses)
+    ]
     new = []
     for j, i in enumerate(chosen):
         a, b = 2 * j, 2 * j + 1
@@ -167,7 +157,8 @@ def refresh_judge(
     for u in range(cfg.refresh_updates):
         crash_point("ppo.refresh_update")
         batch = [data.pairs[k] for k in _draw(len(data.pairs), half, gen)]
-        batch += [corpus_pairs[k] for k in _draw(len(corpus_pairs), profile.judge.pairs_per_update - half, gen)]
+        corpus = pool.corpus_pairs
+        batch += [corpus[k] for k in _draw(len(corpus), profile.judge.pairs_per_update - half, gen)]
         loss = bradley_terry_loss(*pair_scores(judge, batch, pad_id))
         where = f"judge refresh after iteration {done}, update {u}"
         optimizer_step(optimizer, params, loss, lr, profile.optim.grad_clip_norm, where)

@@ -18,6 +18,7 @@ response is a token like any other).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,6 +27,16 @@ from rlhf.masks import last_active_index
 from rlhf.rubric import FINISH_REASONS
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+class Tokens(NamedTuple):
+    """The token side of PPO's sampling and scoring: the tokenizer, its EOS and PAD ids, and
+    whether sampling keeps a KV cache (the same tokens either way, rlhf.ppo's scoring check)."""
+
+    tokenizer: Any
+    eos_id: int
+    pad_id: int
+    use_cache: bool = True
 
 
 class OverLimitError(ValueError):

@@ -47,7 +47,7 @@ def test_what_deterministic_algorithms_cost_in_a_ppo_leg(request, tmp_path, benc
         roles = lab.ppo_roles(ctx)
         torch.cuda.synchronize()
         t = time.perf_counter()
-        train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile)
+        train_ppo(roles, view, ctx.tokens(), ctx.profile)
         torch.cuda.synchronize()
         seconds["deterministic" if deterministic else "not_deterministic"].append(time.perf_counter() - t)
 

@@ -142,7 +142,7 @@ def test_every_role_and_rollout_tensor_is_on_cuda(smoke, record_result):
         for r in smoke.corpus.learning_view().rollout_prompts()[:4]
     ]
     gen = torch.Generator(device="cuda").manual_seed(smoke.profile.seeds.ppo_sampling)
-    ro = ppo.rollout(roles, prompts, smoke.eos_id, smoke.pad_id, smoke.profile, gen, True, {})
+    ro = ppo.rollout(roles, ppo.Prompts(prompts, None), smoke.tokens(), smoke.profile, gen, {})
     tensors = {f.name: getattr(ro, f.name) for f in dataclasses.fields(ro)}
     tensors.update({f"batch.{f.name}": getattr(ro.batch, f.name) for f in dataclasses.fields(ro.batch)})
     devices = {k: v.device.type for k, v in tensors.items() if isinstance(v, torch.Tensor)}

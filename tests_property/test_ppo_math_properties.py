@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from property_budget import examples
 
+from conftest import rollout_rewards
 from rlhf.masks import last_active_index, response_mean
 from rlhf.ppo_math import (
     clip_fraction,
@@ -26,7 +27,6 @@ from rlhf.ppo_math import (
     gae,
     mean_sampled_log_ratio,
     sampled_log_ratio,
-    token_rewards,
     value_loss,
 )
 
@@ -284,7 +284,7 @@ def test_rewards_sum_to_kl_penalty_plus_score_plus_penalty(batch, score, truncat
     mask, (logp_old, logp_ref) = batch
     b = mask.shape[0]
     s, cut = torch.tensor(score[:b], dtype=F64), torch.tensor(truncated[:b])
-    rewards = token_rewards(logp_old, logp_ref, s, mask, cut, kl_coef=KL_COEF, truncation_penalty=PENALTY)
+    rewards = rollout_rewards(logp_old, logp_ref, s, mask, cut, kl_coef=KL_COEF, truncation_penalty=PENALTY)
     for i in range(b):
         active = [t for t in range(mask.shape[1]) if mask[i, t]]
         kl = [-KL_COEF * (float(logp_old[i, t]) - float(logp_ref[i, t])) for t in active]
@@ -314,7 +314,7 @@ def test_reductions_use_active_tokens_only(batch, score):
         actor = clipped_policy_loss(lc, lo, a, mask, **CLIP)
         critic = value_loss(v, r, mask, **VALUE)
         (actor + critic).backward()
-        rewards = token_rewards(
+        rewards = rollout_rewards(
             lo, lr, torch.full((b,), score, dtype=F64), mask, torch.zeros(b, dtype=torch.bool), **REWARD
         )
         return [
@@ -359,7 +359,7 @@ def test_no_nan_or_inf_for_logprobs_down_to_minus_50(batch, adv, ret, score, cut
     v = values.clone().requires_grad_(True)
     critic = value_loss(v, torch.full((b, t), ret), mask, **VALUE)
     critic.backward()
-    rewards = token_rewards(
+    rewards = rollout_rewards(
         logp_old, logp_ref, torch.full((b,), score), mask, torch.full((b,), cut, dtype=torch.bool), **REWARD
     )
     dones = torch.zeros(b, t, dtype=torch.bool)

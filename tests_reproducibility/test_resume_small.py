@@ -62,7 +62,7 @@ def resume_in_process(ctx, stage: str, boundary: dict) -> dict:
     if stage == "ppo":
         roles = lab.ppo_roles(ctx)
         disturb_global_rngs()
-        state, _ = ppo.train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, ctx.profile, Leg(state=boundary))
+        state, _ = ppo.train_ppo(roles, view, ctx.tokens(), ctx.profile, Leg(state=boundary))
         return state
     role = ctx.role(kind)
     disturb_global_rngs()

@@ -135,7 +135,7 @@ def measure_stage_rss(stage: str, run_dir: str, updates: int = 5, iterations: in
 
         prof = override(prof, {("ppo", "iterations"): iterations})
         roles = lab.ppo_roles(ctx)
-        train_ppo(roles, view, ctx.tokenizer, ctx.eos_id, ctx.pad_id, prof)
+        train_ppo(roles, view, ctx.tokens(), prof)
     elif stage != "import":
         raise ValueError(f"unknown stage {stage!r}")
     return {

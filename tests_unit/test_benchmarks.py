@@ -196,19 +196,11 @@ def full_batch(bench_ctx, prompts, full_generation):
 @pytest.fixture(scope="module")
 def fixed_rollout(bench_ctx, roles, prompts):
     """One real rollout (EOS ends answers, as in the lab) on which the update benchmarks run."""
-    from rlhf.ppo import rollout
+    from rlhf.ppo import Prompts, rollout
 
     tm: dict = {}
-    return rollout(
-        roles,
-        prompts[:4],
-        bench_ctx.eos_id,
-        bench_ctx.pad_id,
-        bench_ctx.profile,
-        torch.Generator().manual_seed(bench_ctx.profile.seeds.ppo_sampling),
-        True,
-        tm,
-    )
+    gen = torch.Generator().manual_seed(bench_ctx.profile.seeds.ppo_sampling)
+    return rollout(roles, Prompts(prompts[:4], None), bench_ctx.tokens(), bench_ctx.profile, gen, tm)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -735,7 +727,7 @@ def _ppo_trainer(bench_ctx, prompts):
     them up; returns (roles, iteration(it) -> seconds of that whole iteration (rollout + updates),
     record: one (rollout, [ppo_update results]) per iteration, for the checks after timing)."""
     from rlhf import lab
-    from rlhf.ppo import PromptSampler, ppo_update, rollout
+    from rlhf.ppo import Prompts, PromptSampler, ppo_update, rollout
 
     prof = bench_ctx.profile
     cfg = prof.ppo
@@ -749,7 +741,7 @@ def _ppo_trainer(bench_ctx, prompts):
     def iteration(it: int) -> float:
         t = time.perf_counter()
         ps = [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)]
-        ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, {})
+        ro = rollout(roles, Prompts(ps, None), bench_ctx.tokens(), prof, gen, {})
         stats = [
             ppo_update(roles, optimizers, ro, prof, it * updates + u, cfg.iterations * updates, "bench", {})
             for u in range(updates)
@@ -1074,7 +1066,7 @@ def _iteration_flops(shape, rank, ro, prompt_len: int, updates: int) -> dict:
 def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak, shape, rank):
     """One whole iteration as rlhf.ppo.train_ppo runs it: draw 4 prompts, rollout (sample with
     the KV cache, reference, judge, critic), 2 x (actor update, critic update)."""
-    from rlhf.ppo import PromptSampler, ppo_update, rollout
+    from rlhf.ppo import Prompts, PromptSampler, ppo_update, rollout
 
     prof = bench_ctx.profile
     cfg = prof.ppo
@@ -1090,7 +1082,7 @@ def test_ppo_iteration(benchmark, record_result, bench_ctx, roles, prompts, peak
     def once():
         tm: dict = {}
         ps = [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)]
-        ro = rollout(roles, ps, bench_ctx.eos_id, bench_ctx.pad_id, prof, gen, True, tm)
+        ro = rollout(roles, Prompts(ps, None), bench_ctx.tokens(), prof, gen, tm)
         stats = [
             ppo_update(roles, optimizers, ro, prof, 20 + u, 200, "bench", tm) for u in range(cfg.updates_per_iteration)
         ]
@@ -1174,19 +1166,15 @@ def test_judge_refresh_against_ppo_iteration(benchmark, record_result, bench_ctx
     against one whole PPO iteration, side by side: each round runs one iteration, then one
     refresh, on roles of their own (the refresh trains its judge in place). Reported: seconds of
     each, their ratio, and what a refresh every K iterations adds to PPO (ratio / K)."""
-    from rlhf import lab, rubric
-    from rlhf.judge import encode_pairs
-    from rlhf.ppo import PromptSampler, ppo_update, rollout
+    from rlhf import lab
+    from rlhf.ppo import Prompts, PromptSampler, ppo_update, rollout, rollout_data
     from rlhf.refresh import refresh_judge
     from rlhf.refresh import start as refresh_start
 
     prof = override(bench_ctx.profile, {("ppo", "reward_design"): "iterated-judge"})
     cfg = prof.ppo
     own = lab.ppo_roles(bench_ctx)
-    view = bench_ctx.corpus.learning_view()
-    records = view.rollout_prompts()
-    actions = rubric.chosen_actions(view.pairs("train"))
-    corpus_pairs = encode_pairs(view.pairs("train"), bench_ctx.tokenizer, bench_ctx.eos_id, prof.limits)
+    pool = rollout_data(bench_ctx.corpus.learning_view(), bench_ctx.tokens(), prof)  # prompts, actions, train pairs
     optimizers = _ppo_optimizers(own, prof)
     sampler = PromptSampler(len(prompts), prof.seeds.data_order)
     gen = torch.Generator().manual_seed(prof.seeds.ppo_sampling)
@@ -1198,36 +1186,13 @@ def test_judge_refresh_against_ppo_iteration(benchmark, record_result, bench_ctx
     def once():
         t = time.perf_counter()
         tm: dict = {}
-        ro = rollout(
-            own,
-            [prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)],
-            bench_ctx.eos_id,
-            bench_ctx.pad_id,
-            prof,
-            gen,
-            True,
-            tm,
-        )
+        drawn = Prompts([prompts[i] for i in sampler.draw(cfg.prompts_per_iteration)], None)
+        ro = rollout(own, drawn, bench_ctx.tokens(), prof, gen, tm)
         for u in range(cfg.updates_per_iteration):
             _check_update_stats(f"update {u}", ppo_update(own, optimizers, ro, prof, 20 + u, 200, "bench", tm))
         seconds["iteration"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        records_made.append(
-            refresh_judge(
-                own.judge,
-                own.actor,
-                data,
-                records,
-                prompts,
-                corpus_pairs,
-                actions,
-                bench_ctx.tokenizer,
-                bench_ctx.eos_id,
-                bench_ctx.pad_id,
-                prof,
-                10,
-            )
-        )
+        records_made.append(refresh_judge(own, data, pool, bench_ctx.tokens(), prof, 10))
         seconds["refresh"].append(time.perf_counter() - t)
 
     benchmark.pedantic(once, rounds=3, warmup_rounds=1, iterations=1)
@@ -1292,15 +1257,7 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
 
         roles = lab.ppo_roles(bench_ctx)
         seed_system_rngs(prof.seeds.torch)
-        train_ppo(
-            roles,
-            view,
-            bench_ctx.tokenizer,
-            bench_ctx.eos_id,
-            bench_ctx.pad_id,
-            prof,
-            Leg(stop=3, progress=ppo_progress),
-        )
+        train_ppo(roles, view, bench_ctx.tokens(), prof, Leg(stop=3, progress=ppo_progress))
         ppo_log.close()
         sft_log = events.EventLog(run, "sft", None)
         clock: dict = {"last": None}  # the end of the previous callback: an update lies between two
@@ -1800,9 +1757,7 @@ def test_trl_ppo_side_by_side(benchmark, record_result, request, bench_ctx, prom
     def ours():
         roles = lab.ppo_roles(bench_ctx)
         torch.manual_seed(prof.seeds.torch)
-        state, tm = train_ppo(
-            roles, bench_ctx.corpus.learning_view(), bench_ctx.tokenizer, bench_ctx.eos_id, bench_ctx.pad_id, prof
-        )
+        state, tm = train_ppo(roles, bench_ctx.corpus.learning_view(), bench_ctx.tokens(), prof)
         kept["ours"] = state
         its = tm["per_iteration"][TRL_WARMUP:]
         lengths = [i["response_length"] for i in state["history"]["iterations"][TRL_WARMUP:]]

@@ -49,8 +49,7 @@ def test_each_design_pays_its_own_formula_also_for_an_answer_cut_without_eos(
         responses=[right, wrong, right[:-1]],  # the third: the right text, cut before its EOS
         truncated=torch.tensor(TRUNCATED),
         actions=[0, 0, 0],
-        tokenizer=tokenizer,
-        eos_id=eos_id,
+        tokens=embedded_base.tokens,
     )
     judges = {"judge": JUDGE, **{f"judge-{m + 1}": s for m, s in enumerate(MEMBERS)}}
     monkeypatch.setattr(ppo, "reward_scores", lambda role, batch: torch.tensor(judges[role], dtype=torch.float32))
@@ -104,7 +103,7 @@ def test_every_registered_design_runs_a_ppo_iteration_and_pays_its_formula(
     roles = PpoRoles(**made, members=members if d.ensemble else ())
     before = {k: fingerprint(r)["learned_sha256"] for k, r in roles.by_kind().items()}
     tok = embedded_base
-    state, _ = ppo.train_ppo(roles, r001_view, tok.tokenizer, tok.eos_id, tok.pad_id, profile)
+    state, _ = ppo.train_ppo(roles, r001_view, tok.tokens, profile)
     after = {k: fingerprint(r)["learned_sha256"] for k, r in roles.by_kind().items()}
     its = state["history"]["iterations"]
     assert len(its) == profile.ppo.iterations

@@ -211,9 +211,9 @@ def judge_cases(small_folder, profile, tokenizer, n=8) -> list[dict]:
     the same answers cut without EOS (truncated: the -1 penalty applies), and two with a token
     fault (a control token; a byte that is not UTF-8), each with its finish reason as the lab
     decodes it."""
+    from conftest import rollout_rewards
     from rlhf import rubric
     from rlhf.corpus import Corpus
-    from rlhf.ppo_math import token_rewards
     from rlhf.roles import reward_scores
     from rlhf.tokens import collate, decode_response, encode_example
 
@@ -250,7 +250,7 @@ def judge_cases(small_folder, profile, tokenizer, n=8) -> list[dict]:
     zeros = torch.zeros(batch.response_mask.shape)
     trunc = torch.tensor([c["truncated"] for c in cases])
     # the lab's terminal reward: token_rewards with a zero log-ratio leaves score - 1[truncated] at the last token
-    terminal = token_rewards(
+    terminal = rollout_rewards(
         zeros,
         zeros,
         scores,
@@ -492,8 +492,9 @@ def lab_config_values(profile) -> dict:
 
 def expectations(small_folder, handoff, profile, tokenizer) -> dict:
     """The lab's side of every verl check, computed with rlhf (the verl venv has no rlhf)."""
+    from conftest import rollout_rewards
     from rlhf.masks import last_active_index
-    from rlhf.ppo_math import gae, learning_rate, token_rewards
+    from rlhf.ppo_math import gae, learning_rate
     from rlhf.tokens import encode_example, encode_prompt
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -511,7 +512,7 @@ def expectations(small_folder, handoff, profile, tokenizer) -> dict:
     truncated = torch.tensor([True, False, False, True])
     values = torch.randn(B, T, generator=g) * mask
     ppo = profile.ppo
-    rewards = token_rewards(
+    rewards = rollout_rewards(
         logp_old, logp_ref, score, mask, truncated, kl_coef=ppo.kl_coef, truncation_penalty=ppo.truncation_penalty
     )
     dones = torch.zeros(B, T, dtype=torch.bool)

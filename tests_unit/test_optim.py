@@ -196,7 +196,7 @@ def test_each_actor_and_critic_update_runs_at_its_scheduled_rate(
         **{kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
     )
     view = Corpus.build("r001").learning_view()
-    state, _ = ppo.train_ppo(roles, view, embedded_base.tokenizer, embedded_base.eos_id, embedded_base.pad_id, profile)
+    state, _ = ppo.train_ppo(roles, view, embedded_base.tokens, profile)
     iterations = state["history"]["iterations"]
     for kind, role, peak in (
         ("actor", roles.actor, profile.ppo.actor_lr),

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from conftest import rollout_rewards
 from rlhf import ppo_math
 from rlhf.config import load_profile
 from rlhf.ppo_math import (
@@ -199,7 +200,7 @@ def test_regression_9_4_check_rejects_gae_that_bootstraps_past_terminal():
 def test_token_rewards_by_hand(episode, truncated):
     """The hand-computed rewards of an episode that ended with EOS and of one cut at the limit
     (the truncation penalty added to the score)."""
-    r = token_rewards(
+    r = rollout_rewards(
         t64([LOGP_OLD]),
         t64([LOGP_REF]),
         t64([SCORE]),
@@ -212,7 +213,7 @@ def test_token_rewards_by_hand(episode, truncated):
 
 def test_token_rewards_padding_by_hand():
     mask = torch.tensor([[1, 1, 1, 0, 0]], dtype=torch.bool)
-    r = token_rewards(
+    r = rollout_rewards(
         t64([LOGP_OLD + [-3.0, -4.0]]),
         t64([LOGP_REF + [-7.0, 0.0]]),
         t64([SCORE]),
@@ -230,7 +231,7 @@ def test_full_chain_rewards_to_gae_by_hand_batched():
     logp_ref = t64([LOGP_REF + pad_ref] * 3)
     mask = torch.tensor([[1, 1, 1, 0, 0]] * 3, dtype=torch.bool)
     truncated = torch.tensor([False, True, False])
-    rewards = token_rewards(logp_old, logp_ref, t64([SCORE] * 3), mask, truncated, **REWARD)
+    rewards = rollout_rewards(logp_old, logp_ref, t64([SCORE] * 3), mask, truncated, **REWARD)
     dones = torch.zeros(3, 5, dtype=torch.bool)
     dones[:, 2] = True
     values = t64([VALUES + [9.0, -4.0]] * 3)
@@ -260,7 +261,7 @@ def test_terminal_score_placed_exactly_once_whatever_padding_side():
     logp = torch.full((4, 4), -2.0, dtype=F64)
     score = t64([0.5, -1.5, 2.0, 3.0])
     truncated = torch.tensor([True, False, False, True])
-    r = token_rewards(logp, logp.clone(), score, mask, truncated, **REWARD)
+    r = rollout_rewards(logp, logp.clone(), score, mask, truncated, **REWARD)
     expected = torch.zeros(4, 4, dtype=F64)
     expected[0, 3] = 0.5 - 1.0
     expected[1, 1] = -1.5
@@ -275,20 +276,32 @@ def test_token_rewards_kl_part_and_padding_zero_and_coefficients():
     logp_old = t64([[-1.0, -3.0, -9.0]])
     logp_ref = t64([[-2.0, -1.0, 0.0]])
     # ratio = [1.0, -2.0, (inactive)]; kl_coef 0.1 -> [-0.1, 0.2]; score 0 ; penalty -5 (truncated)
-    r = token_rewards(logp_old, logp_ref, t64([0.0]), mask, torch.tensor([1]), kl_coef=0.1, truncation_penalty=-5.0)
+    r = rollout_rewards(logp_old, logp_ref, t64([0.0]), mask, torch.tensor([1]), kl_coef=0.1, truncation_penalty=-5.0)
     assert_close(r, [[-0.1, 0.2 - 5.0, 0.0]])
+
+
+def test_token_rewards_read_the_penalty_given_and_leave_it_as_it_was():
+    """token_rewards adds the terminal score to the rollout's own penalty tensor (computed once, by
+    log_ratio_penalty) in a new tensor: the penalty the history and the token view read is unchanged,
+    and a value on an inactive position (which the penalty never holds) does not leak into the rewards."""
+    penalty = t64([[-0.1, 0.2, 7.0], [0.3, 0.0, 0.0]])
+    kept = penalty.clone()
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    r = token_rewards(penalty, t64([1.0, 2.0]), mask, torch.tensor([True, False]), truncation_penalty=-5.0)
+    assert r.tolist() == [[-0.1, 0.2 + 1.0 - 5.0, 0.0], [0.3 + 2.0, 0.0, 0.0]]
+    assert torch.equal(penalty, kept) and r.data_ptr() != penalty.data_ptr()
 
 
 def test_token_rewards_are_detached():
     logp_old = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     score = torch.tensor([1.0], requires_grad=True)
-    r = token_rewards(logp_old, torch.zeros(1, 2), score, torch.ones(1, 2), torch.tensor([False]), **REWARD)
+    r = rollout_rewards(logp_old, torch.zeros(1, 2), score, torch.ones(1, 2), torch.tensor([False]), **REWARD)
     assert not r.requires_grad
 
 
 def test_token_rewards_shape_errors():
     with pytest.raises(ValueError):
-        token_rewards(
+        rollout_rewards(
             torch.zeros(2, 3),
             torch.zeros(2, 3),
             torch.zeros(3),
@@ -297,7 +310,7 @@ def test_token_rewards_shape_errors():
             **REWARD,
         )
     with pytest.raises(ValueError):
-        token_rewards(
+        rollout_rewards(
             torch.zeros(2, 3),
             torch.zeros(2, 4),
             torch.zeros(2),
@@ -336,7 +349,7 @@ def test_nothing_is_named_kl_except_the_coefficient():
 # Every number the profile owns, by the ppo_math function that takes it: no defaults, so a caller
 # cannot silently run on a value that repeats (or contradicts) the profile.
 PROFILE_OWNED = {
-    "token_rewards": ("kl_coef", "truncation_penalty"),
+    "token_rewards": ("truncation_penalty",),
     "log_ratio_penalty": ("kl_coef",),
     "gae": ("gamma", "lam"),
     "clipped_policy_loss": ("clip",),
@@ -680,7 +693,7 @@ def test_no_whitening_constant_score_batch_keeps_raw_advantages():
     # A = [0.857375, 0.9025, 0.95, 1.0] in every row -> mean ~0.93 (whitened would be 0).
     logp = torch.full((3, 4), -1.0, dtype=F64)
     mask = torch.ones(3, 4, dtype=torch.bool)
-    rewards = token_rewards(logp, logp.clone(), t64([1.0, 1.0, 1.0]), mask, torch.tensor([False] * 3), **REWARD)
+    rewards = rollout_rewards(logp, logp.clone(), t64([1.0, 1.0, 1.0]), mask, torch.tensor([False] * 3), **REWARD)
     dones = torch.zeros(3, 4, dtype=torch.bool)
     dones[:, -1] = True
     adv, ret = gae(rewards, torch.zeros(3, 4, dtype=F64), dones, **GAE)
@@ -699,7 +712,7 @@ def test_kl_penalty_by_hand_and_zero_on_padding():
     assert got.tolist() == [[-0.25, 0.5, 0.0], [-0.5, 0.0, 0.0]]
     assert not torch.signbit(got[~mask]).any()
     # token_rewards' KL part is this function (the terminal score only adds at the last token)
-    r = token_rewards(
+    r = rollout_rewards(
         logp_old,
         logp_ref,
         torch.zeros(2),

@@ -83,7 +83,7 @@ def make_roles(embedded_dir, embedded_base, move_adapters):
 
 def run_rollout(roles, prompts, profile, base):
     sample_gen = torch.Generator().manual_seed(SAMPLING_SEED)
-    return ppo.rollout(roles, prompts, base.eos_id, base.pad_id, profile, sample_gen, True, {})
+    return ppo.rollout(roles, ppo.Prompts(prompts, None), base.tokens, profile, sample_gen, {})
 
 
 def optimizers_of(roles, profile):
@@ -269,7 +269,7 @@ def test_the_token_view_shows_each_active_token_with_its_numbers(rolled, profile
     it, and the rollout's own numbers in each column."""
     ro, _, _ = rolled
     for b, n in enumerate(ro.batch.response_mask.sum(-1).tolist()):
-        rows = ppo.token_view(embedded_base.tokenizer, ro, b, profile)
+        rows = ppo.token_view(embedded_base.tokenizer, ro, b)
         assert [r["token"] for r in rows] == embedded_base.tokenizer.convert_ids_to_tokens(ro.responses[b][:n])
         assert [r["logp_old"] for r in rows] == ro.logp_old[b, :n].tolist()
         assert [r["advantage"] for r in rows] == ro.advantages[b, :n].tolist()
@@ -438,12 +438,12 @@ def scripted_sampling(answer_of):
     """A stand-in for the actor's sampling (rlhf.generate.sample_like_ppo): row b answers
     `answer_of(prompt_ids of row b)`, EOS included, as if drawn (log-probs -1, entropies 1)."""
 
-    def sample(model, prompts, *, eos_id, pad_id, profile, generator, use_cache=True):
+    def sample(model, prompts, tokens, profile, generator):
         responses = [answer_of(p) for p in prompts]
         return Generation(
             responses,
             [[-1.0] * len(r) for r in responses],
-            [r[-1] == eos_id for r in responses],
+            [r[-1] == tokens.eos_id for r in responses],
             [[1.0] * len(r) for r in responses],
         )
 
@@ -471,24 +471,15 @@ def test_the_oracle_pays_each_answer_its_own_prompts_rubric_success(
     prompts = [[10 + b] * (3 + b) for b in range(4)]  # distinct, so that each row finds its answer
     monkeypatch.setattr(ppo, "sample_like_ppo", scripted_sampling(lambda p: answers[prompts.index(p)]))
     roles = make_roles(profile)
-    ro = ppo.rollout(
-        roles,
-        prompts,
-        eos_id,
-        embedded_base.pad_id,
-        profile,
-        torch.Generator().manual_seed(SAMPLING_SEED),
-        True,
-        {},
-        oracle_actions=actions,
-        tokenizer=tokenizer,
-    )
+    gen = torch.Generator().manual_seed(SAMPLING_SEED)
+    ro = ppo.rollout(roles, ppo.Prompts(prompts, actions), embedded_base.tokens, profile, gen, {})
     assert ro.responses == [answers[b] for b in range(4)] and ro.ended == [True] * 4
     assert ro.paid.tolist() == paid_by_hand
     assert not torch.equal(ro.paid, ro.score)  # the judge's score is computed, not paid
     mask = ro.batch.response_mask
     last = last_active_index(mask)
     penalty = -profile.ppo.kl_coef * (ro.logp_old - ro.logp_ref)
+    assert torch.allclose(ro.penalty, penalty.masked_fill(~mask, 0.0))  # the rollout's one penalty tensor
     for b in range(4):
         assert float(ro.rewards[b, last[b]]) == pytest.approx(float(penalty[b, last[b]]) + paid_by_hand[b], abs=1e-6)
 
@@ -532,7 +523,7 @@ def test_each_iterations_oracle_pays_the_rubric_success_on_its_own_prompts_famil
     roles = PpoRoles(
         **{kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
     )
-    state, _ = ppo.train_ppo(roles, view, tokenizer, eos_id, embedded_base.pad_id, profile)
+    state, _ = ppo.train_ppo(roles, view, embedded_base.tokens, profile)
     iterations = state["history"]["iterations"]
     assert len(rows) == 8 and all(it["reward_design"] == "oracle" for it in iterations)
     # The premise: each iteration's prompts call for more than one action, so a mix-up would show.
@@ -552,7 +543,7 @@ def test_ppo_draws_its_prompt_order_and_token_sampling_from_the_seeds_plus_ppo_o
         embedded_profile,
         {("ppo", "reward_design"): "oracle", ("ppo", "iterations"): 1, ("seeds", "ppo_offset"): offset},
     )
-    tokenizer, eos_id = embedded_base.tokenizer, embedded_base.eos_id
+    tokenizer = embedded_base.tokenizer
     seen: dict[str, list[int]] = {"order": [], "sampling": []}
     real_sampler = ppo.PromptSampler
 
@@ -560,10 +551,10 @@ def test_ppo_draws_its_prompt_order_and_token_sampling_from_the_seeds_plus_ppo_o
         seen["order"].append(seed)
         return real_sampler(n, seed)
 
-    def sample(model, prompts, *, eos_id, pad_id, profile, generator, use_cache=True):
+    def sample(model, prompts, tokens, profile, generator):
         seen["sampling"].append(generator.initial_seed())
-        return scripted_sampling(lambda p: hedged_answer(0, tokenizer, eos_id, profile))(
-            model, prompts, eos_id=eos_id, pad_id=pad_id, profile=profile, generator=generator
+        return scripted_sampling(lambda p: hedged_answer(0, tokenizer, tokens.eos_id, profile))(
+            model, prompts, tokens, profile, generator
         )
 
     monkeypatch.setattr(ppo, "PromptSampler", sampler)
@@ -571,7 +562,7 @@ def test_ppo_draws_its_prompt_order_and_token_sampling_from_the_seeds_plus_ppo_o
     roles = PpoRoles(
         **{kind: new_role(kind, profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")}
     )
-    ppo.train_ppo(roles, Corpus.build("r001").learning_view(), tokenizer, eos_id, embedded_base.pad_id, profile)
+    ppo.train_ppo(roles, Corpus.build("r001").learning_view(), embedded_base.tokens, profile)
     seeds = embedded_profile.seeds
     assert seen == {"order": [seeds.data_order + (offset or 0)], "sampling": [seeds.ppo_sampling + (offset or 0)]}
     assert profile.seeds.ppo("torch") == seeds.torch + (offset or 0) and profile.seeds.ppo("judge_refresh") == (

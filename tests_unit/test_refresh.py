@@ -11,8 +11,9 @@ from rlhf import designs, refresh, rubric
 from rlhf.config import override
 from rlhf.generate import Generation
 from rlhf.models import check_tokenizer, load_tokenizer
+from rlhf.ppo import RolloutData
 from rlhf.refresh import label_pair, labeller_verdict, refresh_due
-from rlhf.roles import new_role
+from rlhf.roles import PpoRoles, new_role
 from rlhf.tokens import decode_response, encode_response
 
 pytestmark = pytest.mark.unit
@@ -170,24 +171,22 @@ def test_every_pair_a_refresh_stores_has_a_success_chosen_over_a_failure(
         for i, f in enumerate(FAMILIES)
     }
 
-    def scripted(model, asked, *, eos_id, pad_id, profile, generator, use_cache=True):
+    def scripted(model, asked, tokens, profile, generator):
         """The actor's two answers to each asked prompt, first then second, as if sampled."""
         seen: dict[tuple, int] = {}
         responses = []
         for ids in asked:
             k = seen[tuple(ids)] = seen.get(tuple(ids), -1) + 1
             responses.append(answers[tuple(ids)][k])
-        return Generation(responses, [[-1.0] * len(r) for r in responses], [r[-1] == eos_id for r in responses])
+        return Generation(responses, [[-1.0] * len(r) for r in responses], [r[-1] == tokens.eos_id for r in responses])
 
     monkeypatch.setattr(refresh, "sample_like_ppo", scripted)
     judge = new_role("judge", profile, embedded_dir)
     data = refresh.start(profile, "cpu")
     corpus_pair = ("corpus", [10, 11, 12], answers[tuple(encoded[0])][0], answers[tuple(encoded[0])][1])
-    pad_id = embedded_base.pad_id
-    actor = judge  # any role stands for the actor: its sampling is scripted
-    record = refresh.refresh_judge(
-        judge, actor, data, prompts, encoded, [corpus_pair], action_of, tokenizer, eos_id, pad_id, profile, 2
-    )
+    roles = PpoRoles(actor=judge, reference=judge, judge=judge, critic=judge)  # the actor's sampling is scripted
+    pool = RolloutData(prompts, encoded, None, action_of, [corpus_pair])
+    record = refresh.refresh_judge(roles, data, pool, embedded_base.tokens, profile, 2)
     by_id = {r["document_id"]: (r, encoded[i]) for i, r in enumerate(prompts)}
     assert record["new_pairs"] == len(data.pairs) == 3
     assert sorted(p[0] for p in data.pairs) == ["OH005-RL0", "OH050-RL0", "OH210-RL0"]

@@ -231,7 +231,7 @@ def test_no_path_of_the_lab_draws_an_out_of_vocabulary_answer(tempted, embedded_
     from rlhf.evaluate import policy_draws, prefills
     from rlhf.generate import sample_like_ppo
     from rlhf.miniature import miniature_profile
-    from rlhf.tokens import decode_response
+    from rlhf.tokens import Tokens, decode_response
 
     model, n, rows = tempted
     tokenizer, eos_id, pad_id = embedded_base.tokenizer, embedded_base.eos_id, embedded_base.pad_id
@@ -241,15 +241,8 @@ def test_no_path_of_the_lab_draws_an_out_of_vocabulary_answer(tempted, embedded_
     mini = miniature_profile(embedded_profile)
     answers: dict[str, list[list[int]]] = {}
     for profile, use_cache in ((mini, True), (mini, False), (embedded_profile, True)):
-        gen = sample_like_ppo(
-            model,
-            prompts,
-            eos_id=eos_id,
-            pad_id=pad_id,
-            profile=profile,
-            generator=torch.Generator().manual_seed(7),
-            use_cache=use_cache,
-        )
+        tokens = Tokens(tokenizer, eos_id, pad_id, use_cache)
+        gen = sample_like_ppo(model, prompts, tokens, profile, torch.Generator().manual_seed(7))
         answers[f"rollout {profile.name} cache={use_cache}"] = gen.responses
     assert {len(r) for r in answers[f"rollout {mini.name} cache=True"]} == {8}  # cut: nothing ends early
     ctx = SimpleNamespace(profile=mini, eos_id=eos_id, pad_id=pad_id)

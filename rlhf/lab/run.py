@@ -19,6 +19,7 @@ from rlhf.io import output_folder, read_json, sha256_file, sweep_incomplete, wri
 from rlhf.models import check_tokenizer, compute_dtype, directory_identity, load_tokenizer
 from rlhf.roles import new_role
 from rlhf.runtime import configure_determinism, configure_torch, rng_state, set_rng_state
+from rlhf.tokens import Tokens
 
 
 class Context:
@@ -45,6 +46,10 @@ class Context:
         configure_torch(profile)
         # Before any role exists: cuBLAS reads its workspace setting when its handle is created.
         self.determinism = configure_determinism(profile)
+
+    def tokens(self, use_cache: bool = True) -> Tokens:
+        """The tokenizer and its EOS and PAD ids as PPO samples and scores with them."""
+        return Tokens(self.tokenizer, self.eos_id, self.pad_id, use_cache)
 
     def identity(self, **extra) -> dict:
         return identities.identity_of(

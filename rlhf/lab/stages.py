@@ -240,16 +240,8 @@ def _ppo_leg(ctx: Context, leg: Leg, *, bar, tick, announced: set[str], use_cach
     seed_system_rngs(ctx.profile.seeds.ppo("torch"))
     watch = warning_watch(ctx.profile.ppo, announced, say=None if leg.quiet else print_line)
     progress = ppo_progress(bar, tick, quiet=leg.quiet)
-    out, tm = train_ppo(
-        roles,
-        ctx.corpus.learning_view(),
-        ctx.tokenizer,
-        ctx.eos_id,
-        ctx.pad_id,
-        ctx.profile,
-        replace(also_progress(leg, progress), watch=watch),
-        use_cache=use_cache,
-    )
+    leg = replace(also_progress(leg, progress), watch=watch)
+    out, tm = train_ppo(roles, ctx.corpus.learning_view(), ctx.tokens(use_cache), ctx.profile, leg)
     assert_role_isolation(roles)
     after = {k: fingerprint(r) for k, r in roles.by_kind().items()}
     moved = out["iterations_done"] > (leg.state or {}).get("iterations_done", 0)
