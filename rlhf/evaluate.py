@@ -12,8 +12,8 @@ Read top to bottom:
 4. `judge_test_accuracy` the judge on the 180 held-out test pairs (ties count as misses).
 5. `bootstrap_differences`  SFT -> PPO differences with 95% percentile bootstrap intervals over
                          independent units (families, probe contexts), seed 349.
-6. `politeness_exercise` the frozen judge scores the 80 fixed probe candidates; SHA-256 hashes
-                         prove that no judge weight, label or artifact changed.
+6. `politeness_exercise` (rlhf.politeness) the frozen judge scores the 80 fixed probe candidates; SHA-256
+                         hashes prove that no judge weight, label or artifact changed.
 7. `stage_evaluate`      all of it for the SFT and PPO policies -> evaluation/results.json.
 
 Populations (each row belongs to test or probe; units are what is independent):
@@ -39,24 +39,23 @@ from pathlib import Path
 import torch
 
 from rlhf import costs, events, rubric, runtime
-from rlhf.config import profile_hash
 from rlhf.corpus import first_units
 from rlhf.generate import Prefill, generate, prefill
-from rlhf.io import crash_point, read_json, sha256_file, write_json
+from rlhf.io import crash_point, read_json, write_json
 from rlhf.judge import encode_pairs, evaluate_pairs
+from rlhf.politeness import politeness_exercise
 from rlhf.ppo_math import mean_sampled_log_ratio
-from rlhf.roles import EvaluationRoles, Role, assert_role_isolation, fingerprint, load_role, reward_scores
+from rlhf.roles import EvaluationRoles, Role, assert_role_isolation, load_role, reward_scores
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import (
+    batches,
     collate,
     decode_response,
-    encode_example,
     encode_prompt,
     finish_reason_counts,
     max_new_tokens,
 )
 
-BATCH_SIZE = 32
 POPULATIONS = ("test", "probe_rows", "probe_contexts", "all_rows", "all_unique_contexts")
 EXPECTED_ROWS = {"test": 180, "probe": 80}
 EXPECTED_DISTINCT_PROMPTS = 200
@@ -66,16 +65,7 @@ class ProbeIdentityError(AssertionError):
     """The repeated greedy generations of one probe context differ."""
 
 
-class ArtifactChangedError(AssertionError):
-    """A judge weight, label or artifact hash changed during the politeness exercise."""
-
-
 # ------------------------------------------------------------------------------ 1. generation
-
-
-def _batches(items: list, size: int = BATCH_SIZE):
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
 
 
 def heldout_prompts(view, max_units: int | None = None) -> list[dict]:
@@ -139,7 +129,7 @@ def prefills(actor_model, prompt_ids: list[list[int]], ctx) -> list[Prefill]:
             max_new_tokens=max_new_tokens(ctx.profile, "evaluation"),
             last_logits_only=ctx.profile.runtime.last_logits_only,
         )
-        for chunk in _batches(prompt_ids)
+        for chunk in batches(prompt_ids)
     ]
 
 
@@ -155,7 +145,7 @@ def policy_draws(
     log-prob of each drawn token under the distribution it was drawn from (FP32, EOS included;
     rlhf.generate records it as it draws). `starts`: the prompts' prefills (rlhf.evaluate.prefills),
     when several draws share them; the draws are the same bits either way."""
-    chunks = list(_batches(prompt_ids))
+    chunks = list(batches(prompt_ids))
     if starts is not None and len(starts) != len(chunks):
         raise ValueError(f"{len(starts)} prefills for {len(chunks)} batches of prompts")
     responses, logps = [], []
@@ -236,7 +226,7 @@ def score_rows(rows: list[dict], ctx, actor_model, reference_model, judge_role) 
     limits = ctx.profile.limits
     device = next(actor_model.parameters()).device
     out = []
-    for chunk in _batches(rows):
+    for chunk in batches(rows):
         prompts = [encode_prompt(ctx.tokenizer, r["prompt"], limits, r["document_id"]) for r in chunk]
         responses = [r["response_ids"] for r in chunk]
         if any(len(ids) == 0 for ids in responses):  # generation always emits >= 1 token
@@ -425,92 +415,6 @@ def bootstrap_differences(sft_rows: list[dict], ppo_rows: list[dict], seed: int,
             lo, hi = bootstrap_interval(units, seed, resamples)
             out[key][pop] = {"sft": sft, "ppo": ppo, "diff": ppo - sft, "ci95": [lo, hi], "units": len(units)}
     return out
-
-
-# ------------------------------------------------------------------------------ 6. politeness
-
-CELLS = {(True, False): "s_TF", (True, True): "s_TT", (False, False): "s_FF", (False, True): "s_FT"}
-
-
-def politeness_from_scores(scores: dict[str, dict[str, float]]) -> dict:
-    """Per-context deltas and counts from {family: {"s_TF", "s_TT", "s_FF", "s_FT"}}
-    (s(correct, polite))."""
-    contexts: list[dict] = []
-    for family, s in sorted(scores.items()):
-        contexts.append(
-            {
-                "family": family,
-                **{k: s[k] for k in ("s_TF", "s_TT", "s_FF", "s_FT")},
-                "correct_politeness_delta": s["s_TT"] - s["s_TF"],
-                "incorrect_politeness_delta": s["s_FT"] - s["s_FF"],
-                "wrong_polite_outranks_correct_plain": s["s_FT"] > s["s_TF"],
-            }
-        )
-    counts = {
-        "contexts": len(contexts),
-        "correct_politeness_delta_positive": sum(c["correct_politeness_delta"] > 0 for c in contexts),
-        "incorrect_politeness_delta_positive": sum(c["incorrect_politeness_delta"] > 0 for c in contexts),
-        "wrong_polite_outranks_correct_plain": sum(c["wrong_polite_outranks_correct_plain"] for c in contexts),
-    }
-    return {"contexts": contexts, "counts": counts}
-
-
-def _artifact_key(path: Path, ctx) -> str:
-    try:
-        return Path(path).resolve().relative_to(ctx.run.resolve()).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def artifact_hashes(judge_role, ctx, artifacts: list[Path]) -> dict[str, str]:
-    """SHA-256 of the judge's learned and frozen tensors, of the profile and of every file."""
-    fp = fingerprint(judge_role)
-    hashes = {
-        "judge.learned_sha256": fp["learned_sha256"],
-        "judge.frozen_sha256": fp["frozen_sha256"],
-        "profile.sha256": profile_hash(ctx.profile),
-    }
-    for path in artifacts:
-        hashes[_artifact_key(path, ctx)] = sha256_file(path)
-    return hashes
-
-
-@torch.no_grad()
-def probe_candidate_scores(judge_role, ctx) -> dict[str, dict[str, float]]:
-    """{context family: {"s_TF", "s_TT", "s_FF", "s_FT"}}: the frozen judge's score of each of
-    the 80 fixed probe candidates (correct/polite designs from the labels)."""
-    view = ctx.corpus.evaluation_view()
-    rows = first_units(view.probe_rows(), ctx.profile.evaluation.max_units)
-    encoded = [
-        encode_example(ctx.tokenizer, r["prompt"], r["response"], ctx.eos_id, ctx.profile.limits, r["document_id"])
-        for r in rows
-    ]
-    device = next(judge_role.model.parameters()).device
-    scores: list[float] = []
-    for chunk in _batches(encoded):
-        batch = collate([p for p, _ in chunk], [c for _, c in chunk], ctx.pad_id).to(device)
-        scores += reward_scores(judge_role, batch).tolist()
-    table: dict[str, dict[str, float]] = defaultdict(dict)
-    for r, s in zip(rows, scores):
-        lab = view.label(r["document_id"])
-        table[r["family"]][CELLS[(lab["correct"], lab["polite"])]] = float(s)
-    if any(len(cells) != 4 for cells in table.values()):
-        raise ValueError("every probe context needs its four (correct, polite) candidates")
-    return dict(table)
-
-
-def politeness_exercise(judge_role, ctx, artifacts: list[Path]) -> dict:
-    """Score the 80 probe candidates with the frozen judge; prove by SHA-256 that the judge's
-    tensors, the profile and every artifact file are unchanged afterwards (raise if not)."""
-    before = artifact_hashes(judge_role, ctx, artifacts)
-    result = politeness_from_scores(probe_candidate_scores(judge_role, ctx))
-    after = artifact_hashes(judge_role, ctx, artifacts)
-    changed = sorted(k for k in before if before[k] != after.get(k))
-    if changed or set(before) != set(after):
-        raise ArtifactChangedError(
-            f"the politeness exercise changed {changed}: it must change no judge weight, label or artifact"
-        )
-    return {**result, "hashes_before": before, "hashes_after": after, "unchanged": True}
 
 
 # ------------------------------------------------------------------------------ 7. the stage

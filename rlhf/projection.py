@@ -46,7 +46,7 @@ from rlhf.tokens import max_new_tokens
 
 TRAINING = ("sft", "judge", "ppo")
 VALIDATION_BATCH = 16  # rlhf.sft.evaluate_loss / rlhf.judge.evaluate_pairs
-EVALUATION_BATCH = 32  # rlhf.evaluate.BATCH_SIZE
+EVALUATION_BATCH = 32  # rlhf.tokens.BATCH_SIZE
 HELDOUT_ROWS = 260  # per policy: 180 test prompts + 80 probe rows (SPEC §8)
 TEST_PAIRS = 180
 VALIDATION_ITEMS = 180  # SFT validates on the 180 validation pairs' chosen answers, the judge on the pairs

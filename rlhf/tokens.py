@@ -39,6 +39,15 @@ class Tokens(NamedTuple):
     use_cache: bool = True
 
 
+BATCH_SIZE = 32  # answers generated or scored at once (evaluation, the politeness exercise)
+
+
+def batches(items: list, size: int = BATCH_SIZE):
+    """`items` in consecutive chunks of `size` (the last may be shorter)."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
 class OverLimitError(ValueError):
     """An example longer than the profile's token limits: rejected, never truncated."""
 

@@ -23,7 +23,7 @@ import json
 import pytest
 
 from rlhf import evaluate as ev
-from rlhf import rubric, runtime
+from rlhf import politeness, rubric, runtime
 from rlhf.corpus import EvaluationView
 from rlhf.io import sha256_file
 from rlhf.tokens import encode_prompt
@@ -254,7 +254,7 @@ def test_politeness_exercise_changes_nothing(evaluation, lab_run, record_result)
     } <= hashed
     # Independent of the exercise's own check: the files still hash as recorded.
     for path in ev.evaluation_artifacts(lab_run):
-        assert sha256_file(path) == pol["hashes_before"][ev._artifact_key(path, lab_run)]
+        assert sha256_file(path) == pol["hashes_before"][politeness._artifact_key(path, lab_run)]
     assert len(pol["contexts"]) == 20
     for c in pol["contexts"]:
         assert c["correct_politeness_delta"] == pytest.approx(c["s_TT"] - c["s_TF"])
@@ -271,13 +271,13 @@ def test_politeness_hash_check_catches_a_change(roles, lab_run, tmp_path, monkey
     """If anything touched an artifact while the judge scored the probes, the exercise raises."""
     artifact = tmp_path / "labels.jsonl"
     artifact.write_text("{}\n")
-    real = ev.probe_candidate_scores
+    real = politeness.probe_candidate_scores
 
     def scores_and_tamper(judge, ctx):
         out = real(judge, ctx)
         artifact.write_text('{"tampered": true}\n')
         return out
 
-    monkeypatch.setattr(ev, "probe_candidate_scores", scores_and_tamper)
-    with pytest.raises(ev.ArtifactChangedError, match="labels.jsonl"):
-        ev.politeness_exercise(roles.judge, lab_run, [artifact])
+    monkeypatch.setattr(politeness, "probe_candidate_scores", scores_and_tamper)
+    with pytest.raises(politeness.ArtifactChangedError, match="labels.jsonl"):
+        politeness.politeness_exercise(roles.judge, lab_run, [artifact])

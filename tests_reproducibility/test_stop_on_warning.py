@@ -140,9 +140,9 @@ def test_the_command_line_names_the_stopping_signals(small_profile_file):
 
     parser = cli.build_parser()
     args = ["lab", "--out", "x", "--profile", str(small_profile_file)]
-    named = cli._profile(parser.parse_args([*args, "--stop-on-warning", "kl_growth", "kl"]))
+    named = cli.profile_of(parser.parse_args([*args, "--stop-on-warning", "kl_growth", "kl"]))
     assert (named.ppo.stop_on_warning, named.ppo.stop_signals) == (True, ("kl_growth", "kl"))
-    anyrule = cli._profile(parser.parse_args([*args, "--stop-on-warning"]))
+    anyrule = cli.profile_of(parser.parse_args([*args, "--stop-on-warning"]))
     assert (anyrule.ppo.stop_on_warning, anyrule.ppo.stop_signals) == (True, ())
-    off = cli._profile(parser.parse_args(args))
+    off = cli.profile_of(parser.parse_args(args))
     assert (off.ppo.stop_on_warning, off.ppo.stop_signals) == (False, ())

@@ -58,21 +58,25 @@ def test_help_shows_an_example_the_parser_accepts(name):
 
 
 def test_each_command_declares_its_options_in_one_small_function_beside_it():
-    """The parser is the commands' own small adders (`add_X` beside `cmd_X` in rlhf.cli), put
-    together by a short build_parser; no command's options live anywhere else."""
+    """The parser is the commands' own small adders (`add_X` beside `cmd_X` in the module of
+    rlhf.cli that holds the command), put together by a short build_parser; no command's options
+    live anywhere else."""
     import inspect
+    import sys
 
     from rlhf import cli
 
-    lines = inspect.getsource(cli).splitlines()
-    tops = [i for i, line in enumerate(lines) if line.startswith("def ")]
     assert len(inspect.getsource(cli.build_parser).splitlines()) <= 30
     for name, sub in subcommands().items():
         func = sub.get_default("func")
-        adder = getattr(cli, "add_" + func.__name__.removeprefix("cmd_"), None)
+        module = sys.modules[func.__module__]
+        assert module.__name__.startswith("rlhf.cli."), f"rlhf {name}: {func.__name__} is outside rlhf.cli"
+        adder = getattr(module, "add_" + func.__name__.removeprefix("cmd_"), None)
         assert adder is not None, f"rlhf {name}: no add_ function beside {func.__name__}"
         assert len(inspect.getsource(adder).splitlines()) <= 70, f"{adder.__name__} is not small"
         # beside: the adder is the next top-level function after its command
+        lines = inspect.getsource(module).splitlines()
+        tops = [i for i, line in enumerate(lines) if line.startswith("def ")]
         at = lines.index(f"def {func.__name__}(args) -> int:")
         following = lines[min(i for i in tops if i > at)]
         assert following.startswith(f"def {adder.__name__}("), f"{adder.__name__} is not beside {func.__name__}"

@@ -23,11 +23,11 @@ from rlhf.evaluate import (
     ProbeIdentityError,
     bootstrap_differences,
     check_probe_identity,
-    politeness_from_scores,
     population_rows,
     rubric_metrics,
     rubric_rows,
 )
+from rlhf.politeness import politeness_from_scores
 
 pytestmark = pytest.mark.unit
 

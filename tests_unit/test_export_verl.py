@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf.export_verl import LAB_CHAT_TEMPLATE, ROLE_FILES, ExportError, export_verl, hyperparameters, overrides
+from rlhf.export_verl import LAB_CHAT_TEMPLATE, ROLE_FILES, ExportError, export_verl
+from rlhf.verl_launch import hyperparameters, overrides
 
 pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("export_verl")]
 ROOT = Path(__file__).resolve().parents[1]

@@ -121,13 +121,13 @@ def test_the_launch_models_batch_sizes_and_counts_are_the_labs():
     are checked here against the modules that use them."""
     import inspect
 
-    from rlhf import evaluate, judge, shortcut
+    from rlhf import judge, shortcut, tokens
     from rlhf.corpus import Corpus
 
     view = Corpus.build("r001").evaluation_view()
     assert flops.HELD_OUT_ROWS == len(view.prompts("test")) + len(view.prompts("probe")) == 260
     assert flops.PAIRS == len(view.test_pairs())
-    assert flops.ANSWER_BATCH == evaluate.BATCH_SIZE
+    assert flops.ANSWER_BATCH == tokens.BATCH_SIZE
     assert (
         flops.PAIR_BATCH
         == shortcut.BATCH_SIZE

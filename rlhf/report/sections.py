@@ -12,10 +12,9 @@ from rlhf import designs
 from rlhf.report import wording
 from rlhf.report.formatting import fmt, fmt_ci, fmt_signed, is_num
 from rlhf.report.labels import FINISH_LABELS, SUMMARY_LABELS
+from rlhf.report.run_tables import artifacts_table, fingerprint_table, resume_tables, stage_time_table, timings_table
 from rlhf.report.tables import (
-    artifacts_table,
     comparison_table,
-    fingerprint_table,
     finish_examples_table,
     finish_reason_table,
     frequent_outputs_table,
@@ -27,12 +26,9 @@ from rlhf.report.tables import (
     politeness_table,
     probe_outputs_table,
     refresh_table,
-    resume_tables,
     sft_epochs_table,
     sft_vs_ppo,
     shortcut_audit_table,
-    stage_time_table,
-    timings_table,
     token_view_table,
 )
 
