@@ -29,7 +29,7 @@ a run resumed across a refresh equals the uninterrupted one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -40,11 +40,22 @@ from rlhf.io import crash_point
 from rlhf.judge import evaluate_pairs, pair_scores
 from rlhf.optim import adamw, optimizer_step
 from rlhf.ppo_math import bradley_terry_loss
+from rlhf.roles import PpoRoles
 from rlhf.tokens import Tokens, decode_response, finish_reason_counts
 
-if TYPE_CHECKING:  # PPO calls the refresh with its own data and roles
-    from rlhf.ppo import RolloutData
-    from rlhf.roles import PpoRoles
+
+class Pool(Protocol):
+    """What a refresh draws from: PPO's rollout prompts (rlhf.ppo.RolloutData is one)."""
+
+    @property
+    def prompts(self) -> list[dict]: ...  # the rollout prompt records
+    @property
+    def encoded(self) -> list[list[int]]: ...  # their chat-rendered ids
+    @property
+    def by_family(self) -> dict[str, int]: ...  # each train family's action (the labeller's)
+    @property
+    def corpus_pairs(self) -> list | None: ...  # the encoded train pairs the judge keeps training on
+
 
 ANSWERS_PER_PROMPT = 2  # the labeller compares two answers of one prompt
 
@@ -108,9 +119,7 @@ def _draw(n: int, k: int, generator: torch.Generator) -> list[int]:
     return torch.randint(n, (k,), generator=generator, device=generator.device).tolist()
 
 
-def refresh_judge(
-    roles: PpoRoles, data: RefreshData, pool: RolloutData, tokens: Tokens, profile: Profile, done: int
-) -> dict:
+def refresh_judge(roles: PpoRoles, data: RefreshData, pool: Pool, tokens: Tokens, profile: Profile, done: int) -> dict:
     """One refresh after `done` PPO iterations (see the module docstring): the actor answers
     prompts of PPO's pool (its rollout prompts and their ids), the labeller reads each family's
     action (`pool.by_family`), and `roles.judge` is trained in place on the labelled pairs and the
