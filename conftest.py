@@ -237,7 +237,7 @@ E2E_FIXTURES = frozenset(
         "base_study",  # the base-model study (tests_heldout/test_base_study.py)
         "full_width",  # qwen2.5-0.5b at full width, random weights, in a subprocess
         "stopped_run",  # SFT stopped after an epoch, then resumed (tests_reproducibility/test_bad_input.py)
-        "small_frontier",  # a 2-seed frontier on the small budget (tests_heldout/test_frontier.py)
+        "small_frontier",  # a 2-seed frontier on the small budget (tests_heldout/test_frontier*.py)
     }
 )
 
