@@ -33,6 +33,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings as _hypothesis_settings
 
+# The test tier's xdist workers already fill the cores: the protocol's legs run one after the other
+# (rlhf.legs), in every lab and subprocess the tests start, unless a test asks for them side by side.
+os.environ["RLHF_LEGS"] = "sequential"
+
 TIERS = ("unit", "gpu", "benchmark")
 LAYER_OF_FOLDER = {
     "tests_property": "property",

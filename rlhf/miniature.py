@@ -43,6 +43,7 @@ from pathlib import Path
 from rlhf import lab, projection
 from rlhf.config import Profile, override
 from rlhf.io import read_json, write_json
+from rlhf.legs import SIDE_BY_SIDE, default_legs
 from rlhf.models import precision_line
 from rlhf.roles import load_role
 from rlhf.tokens import encode_prompt
@@ -163,7 +164,7 @@ def dry_run(
         "run": str(root),
         "measured_s": time.perf_counter() - t,
         "measured": measured,
-        "projection": projection.project_lab(measured, profile),
+        "projection": projection.project_lab(measured, profile, side_by_side=default_legs() == SIDE_BY_SIDE),
         "arithmetic": read_json(ctx.run / lab.RUN_FILE)["arithmetic"]["note"],
         "precision": ctx.precision,
     }
@@ -248,5 +249,8 @@ def dry_run_lines(record: dict) -> list[str]:
             units = " + ".join(str(leg["units"]) for leg in s["legs"])
             detail = f"  ({units} {'iterations' if stage == 'ppo' else 'updates'} at {s['per_unit_s']:.3f} s)"
         lines.append(f"  {stage:<15} {s['projected_s']:10.1f} s{detail}")
-    lines.append(f"  the lab with its interrupt/resume protocol: {p['lab_s']:.1f} s ({p['lab_s'] / 60:.1f} min)")
+    lines.append(
+        f"  the lab with its interrupt/resume protocol, legs {p['legs']}: {p['lab_s']:.1f} s "
+        f"({p['lab_s'] / 60:.1f} min)"
+    )
     return lines

@@ -17,6 +17,10 @@ validation) and each stage's fixed costs counted (rlhf.costs). Each stage is the
 
 and the lab with its interrupt/resume protocol runs three legs of each training stage: the
 boundary leg to the protocol's boundary, the resumed leg from there, the continuous leg whole.
+With the legs side by side (rlhf.legs: the continuous leg in a second process) the stage takes
+the longer of the two processes instead of their sum:
+
+    stage  = stage fixed + max(boundary leg + resumed leg, continuous leg)
 
 Generation grows with the tokens drawn, so the miniature's cut answers are completed by the
 decode step, measured as the difference of two generation lengths (`decode_step_seconds`):
@@ -166,17 +170,22 @@ def leg_plan(profile: Profile, stage: str, protocol: bool) -> list[dict]:
     return [{"units": (b - a) * per_epoch, "validations": sum(map(counted, range(a, b)))} for a, b in spans]
 
 
-def project_training(fit: dict, profile: Profile, stage: str, protocol: bool, extra_per_unit: float = 0.0) -> dict:
-    """Projected seconds of one training stage of `profile` from its fit."""
+def project_training(
+    fit: dict, profile: Profile, stage: str, protocol: bool, extra_per_unit: float = 0.0, side_by_side: bool = False
+) -> dict:
+    """Projected seconds of one training stage of `profile` from its fit; `side_by_side`: its
+    continuous leg in a second process (the module docstring's max)."""
     per_unit = fit["per_unit"] + extra_per_unit
     per_validation = 0.0
     if stage in ("sft", "judge"):
         full = getattr(profile, stage).max_validation_examples or VALIDATION_ITEMS
         per_validation = fit["per_validation_batch"] * validation_batches(full)
     legs = leg_plan(profile, stage, protocol)
-    seconds = fit["stage_fixed"] + sum(
-        fit["fixed"] + leg["units"] * per_unit + leg["validations"] * per_validation for leg in legs
-    )
+    each = [fit["fixed"] + leg["units"] * per_unit + leg["validations"] * per_validation for leg in legs]
+    if side_by_side and protocol:  # boundary and resumed in this process, continuous in the other
+        seconds = fit["stage_fixed"] + max(each[0] + each[1], each[2])
+    else:
+        seconds = fit["stage_fixed"] + sum(each)
     return {"per_unit_s": per_unit, "per_validation_s": per_validation, "legs": legs, "projected_s": seconds}
 
 
@@ -202,8 +211,9 @@ def project_audit(measured: dict) -> dict:
             "projected_s": measured["seconds"] - measured["scoring_seconds"] + scoring}  # fmt: skip
 
 
-def project_lab(measured: dict, profile: Profile, *, protocol: bool = True) -> dict:
-    """Every stage of `rlhf lab` under `profile` (the full budgets), and the whole command."""
+def project_lab(measured: dict, profile: Profile, *, protocol: bool = True, side_by_side: bool = False) -> dict:
+    """Every stage of `rlhf lab` under `profile` (the full budgets), and the whole command, its
+    legs one after the other or side by side (rlhf.legs)."""
     rollout = max_new_tokens(profile, "ppo")
     stages = {
         stage: project_training(
@@ -214,6 +224,7 @@ def project_lab(measured: dict, profile: Profile, *, protocol: bool = True) -> d
             extra_per_unit=(rollout - measured["ppo_rollout_tokens"]) * measured["decode_step"]["ppo"]
             if stage == "ppo"
             else 0.0,
+            side_by_side=side_by_side,
         )
         for stage in TRAINING
     }
@@ -226,6 +237,7 @@ def project_lab(measured: dict, profile: Profile, *, protocol: bool = True) -> d
     return {
         "profile": profile.name,
         "protocol": protocol,
+        "legs": "side-by-side" if side_by_side and protocol else "sequential",
         "stages": stages,
         "lab_s": sum(s["projected_s"] for s in stages.values()),
     }

@@ -21,7 +21,9 @@ What is measured (each in its own test):
   * TRL's PPO (trl.experimental.ppo.PPOTrainer, trl==1.12.0: the `bench` extra, which
     setup.sh installs) side by side with ours on the same embedded roles: seconds per
     iteration and the ratio, with and without TRL's gc.collect() calls;
-  * peak RSS per stage, each stage in its own process, and the qwen2.5-0.5b memory estimate.
+  * peak RSS per stage, each stage in its own process, and the qwen2.5-0.5b memory estimate;
+  * the embedded SFT stage with its protocol's legs one after the other and side by side (the
+    continuous leg in a second process, rlhf.legs): the stage's wall time over the sum of its legs.
 
 The embedded phases run with 1 torch thread (the profile's setting; rlhf.runtime.configure_torch).
 Only the matmul peak and the full-shape scoring use 2 threads.
@@ -262,6 +264,13 @@ def _print_table(tr):
             f"TRL {t['trl']['mean_s']:.3f}, ratio ours/TRL {t['ratio_ours_over_trl']:.3f} (goal <= 0.5); "
             f"TRL without its gc.collect() calls {t['trl_without_gc_collect']['mean_s']:.3f}, ratio "
             f"{t['ratio_ours_over_trl_without_gc_collect']:.3f}"
+        )
+    if "legs_side_by_side" in SUMMARY:
+        lg = SUMMARY["legs_side_by_side"]
+        tr.write_line(
+            f"SFT stage, legs sequential {lg['sequential']['stage_wall_s']:.1f} s, side by side "
+            f"{lg['side-by-side']['stage_wall_s']:.1f} s: {lg['side_by_side_wall_over_sum_of_legs']:.2f} x the sum of "
+            f"its legs, {lg['side_by_side_wall_over_sequential_wall']:.2f} x sequential"
         )
     for name, g in SUMMARY["goals"].items():
         tr.write_line(
@@ -1511,6 +1520,48 @@ def test_dry_run_projects_the_embedded_lab(benchmark, record_result, tmp_path):
     record_result("dry_run_projection_embedded", measured)
     record_result("goal_dry_run_projection_within_25_percent", goal)
     assert goal, f"the projected lab is {ratios['lab']:.2f} x the measured one: {ratios}"
+
+
+def test_sft_stage_legs_side_by_side_against_sequential(benchmark, record_result, tmp_path):
+    """The embedded lab's SFT stage with its interrupt/resume protocol, both ways in one run on
+    this machine: its legs one after the other, then the continuous leg in a second process beside
+    the other two (rlhf.legs). Reported: each way's stage wall seconds, each leg's seconds, and
+    the side-by-side stage's wall time over the sum of its legs (goal on 2 cores: at most 0.6).
+    Both ways must give the same final state (its SHA-256)."""
+    from rlhf import lab
+    from rlhf.legs import SEQUENTIAL, SIDE_BY_SIDE
+
+    measured: dict = {}
+
+    def run():
+        for mode in (SEQUENTIAL, SIDE_BY_SIDE):
+            with contextlib.redirect_stdout(open(os.devnull, "w")):
+                ctx = lab.open_context(tmp_path / mode, "embedded")  # corpus and base: prepared, not timed
+                ctx.legs = mode
+                t = time.perf_counter()
+                result = lab.stage_sft(ctx)
+            timings = json.loads((ctx.run / "sft" / "timings.json").read_text())
+            measured[mode] = {
+                "stage_wall_s": time.perf_counter() - t,
+                "legs_s": {name: leg["seconds"] for name, leg in timings["legs"].items()},
+                "sha256_final": result.sha256_final,
+            }
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    side, seq = measured[SIDE_BY_SIDE], measured[SEQUENTIAL]
+    assert side["sha256_final"] == seq["sha256_final"], "the legs side by side changed the bytes"
+    _check_seconds("SFT stage", [side["stage_wall_s"], seq["stage_wall_s"], *side["legs_s"].values()])
+    ratio = side["stage_wall_s"] / sum(side["legs_s"].values())
+    measured["side_by_side_wall_over_sum_of_legs"] = ratio
+    measured["side_by_side_wall_over_sequential_wall"] = side["stage_wall_s"] / seq["stage_wall_s"]
+    measured["cores"] = ALL_CORES
+    SUMMARY["legs_side_by_side"] = measured
+    benchmark.extra_info.update(measured)
+    record_result("legs_side_by_side_sft", measured)
+    _record_goal(
+        benchmark, record_result, "legs_side_by_side", "SFT stage wall <= 0.6 x the sum of its legs (2 cores)",
+        ratio, 0.6, ratio <= 0.6,
+    )  # fmt: skip
 
 
 def _stage_seconds(run: Path) -> dict[str, float]:

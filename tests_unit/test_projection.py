@@ -76,6 +76,22 @@ def test_a_training_stage_is_stage_fixed_plus_each_legs_fixed_units_and_validati
     assert ppo["projected_s"] == pytest.approx(3.0 + 3 * 2.0 + 200 * 0.75)
 
 
+def test_with_the_legs_side_by_side_a_stage_takes_the_longer_of_its_two_processes():
+    """Boundary and resumed legs in one process, the continuous leg in the other: stage fixed +
+    max(boundary + resumed, continuous). PPO's 40 + 60 iterations against 100: the first process
+    carries one leg's fixed cost more, so it is the longer one."""
+    qwen = load_profile("qwen2.5-0.5b")
+    fit = {"per_unit": 0.5, "per_validation_batch": 0.05, "fixed": 2.0, "stage_fixed": 3.0}
+    side = projection.project_training(fit, qwen, "ppo", protocol=True, side_by_side=True)
+    assert side["projected_s"] == pytest.approx(3.0 + max((2.0 + 40 * 0.5) + (2.0 + 60 * 0.5), 2.0 + 100 * 0.5))
+    alone = projection.project_training(fit, qwen, "ppo", protocol=False, side_by_side=True)
+    assert alone["projected_s"] == pytest.approx(3.0 + 2.0 + 100 * 0.5)  # no protocol: one leg, nothing beside
+    sft = projection.project_training(fit, qwen, "sft", protocol=True, side_by_side=True)
+    batches = math.ceil(180 / 16)
+    one, two, whole = (2.0 + units * 0.5 + epochs * 0.05 * batches for units, epochs in [(21, 1), (42, 2), (63, 3)])
+    assert sft["projected_s"] == pytest.approx(3.0 + max(one + two, whole))
+
+
 def test_the_evaluation_grows_each_part_by_its_own_count():
     seconds = {
         "load_roles": 1.0,

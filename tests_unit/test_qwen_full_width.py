@@ -320,7 +320,10 @@ def test_dry_run_projection_is_recomputed_from_what_it_measured(full_width, reco
         assert timings["stage_seconds"] >= timings["seconds"] >= leg["seconds"] > 0
     assert measured["evaluation"]["rows"] == 18 and measured["evaluation"]["pairs"] == 10
     assert measured["ppo_rollout_tokens"] == 8 and all(v > 0 for v in measured["decode_step"].values())
-    assert projection.project_lab(measured, full) == dry["projection"]  # the full profile's counts, not the miniature's
+    side = dry["projection"]["legs"] == "side-by-side"
+    assert (
+        projection.project_lab(measured, full, side_by_side=side) == dry["projection"]
+    )  # the full profile's counts, not the miniature's
     assert [leg["units"] for leg in dry["projection"]["stages"]["ppo"]["legs"]] == [40, 60, 100]
     assert [leg["units"] for leg in dry["projection"]["stages"]["sft"]["legs"]] == [21, 42, 63]
     # Printed before the rehearsal starts: the projection does not wait for the protocol's legs.

@@ -10,6 +10,7 @@ from pathlib import Path
 from rlhf import designs
 from rlhf.cli.options import (
     DTYPE_HELP,
+    add_legs,
     add_revision,
     add_run_options,
     profile_of,
@@ -185,6 +186,7 @@ def add_stage(sub) -> None:
         )
         p.add_argument("--run", required=True, help="run folder (corpus, base model, stage outputs)")
         add_run_options(p)
+        add_legs(p)
         p.add_argument("--resume", action="store_true", help="continue from the state saved by --stop-after")
         p.add_argument(
             "--stop-after",
@@ -316,6 +318,7 @@ def add_lab(sub) -> None:
     )
     p.add_argument("--out", default=None, help="run folder (required; with --dry-run: default a new temporary folder)")
     add_run_options(p)
+    add_legs(p)
     p.add_argument(
         "--dry-run",
         action="store_true",

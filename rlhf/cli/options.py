@@ -53,6 +53,18 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin", action="store_true", help=PIN_HELP)
 
 
+def add_legs(p: argparse.ArgumentParser) -> None:
+    """--legs: how the interrupt/resume protocol runs a training stage's three legs."""
+    from rlhf.legs import LEGS, SEQUENTIAL, SIDE_BY_SIDE, default_legs
+
+    p.add_argument(
+        "--legs", choices=LEGS, default=default_legs(),
+        help=f"{SIDE_BY_SIDE}: each training stage's continuous leg runs in a second process beside the "
+        f"interrupted and resumed ones (same bytes, less wall time); {SEQUENTIAL}: one after the other. Default "
+        f"here: {default_legs()} ({SIDE_BY_SIDE} with 2 or more cores, unless RLHF_LEGS={SEQUENTIAL})",
+    )  # fmt: skip
+
+
 def profile_of(args):
     """The profile named by --profile, with --dtype and --reward-design (where the command has
     them) written in."""
@@ -70,9 +82,12 @@ def profile_of(args):
 def run_context(args):
     from rlhf.lab import open_context
 
-    return open_context(
+    ctx = open_context(
         args.run if hasattr(args, "run") else args.out,
         profile_of(args) if hasattr(args, "dtype") else args.profile,
         getattr(args, "model_dir", None),
         getattr(args, "revision", "r001"),
     )
+    if getattr(args, "legs", None):
+        ctx.legs = args.legs
+    return ctx

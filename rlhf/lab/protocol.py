@@ -59,7 +59,7 @@ class ProtocolResult(NamedTuple):
 
 
 class LegRun(NamedTuple):
-    """What one leg of the protocol returns (_run_leg)."""
+    """What one leg of the protocol returns (run_leg)."""
 
     state: dict  # its final state
     timings: dict  # durations from run_fn ({} when its final state was loaded)
@@ -99,6 +99,7 @@ def run_protocol(
     stop_after: int | None = None,
     protocol: bool = True,
     checkpoint_every: int = 1,
+    beside=None,
 ) -> ProtocolResult:
     """Run `stage` with the interrupt/resume protocol (or only its continuous leg), crash-safe.
 
@@ -110,6 +111,9 @@ def run_protocol(
       state-resumed    resumed from state-boundary to the end
       state-continuous the same stage run from scratch to the end, without interruption
     `protocol=False` runs the continuous leg only (resume_check.json says so).
+    `beside` (with the protocol): a callable that starts the continuous leg in a process of its
+    own (rlhf.legs.Beside) while this one runs the other two; its final state is then read
+    from disk and its seconds, clock and timings from what that process wrote.
     `stop_after` alone (stage command with --stop-after): write state-stopNNN and return.
     `resume` alone (stage command with --resume): continue from the last state-stopNNN.
     """
@@ -128,13 +132,32 @@ def run_protocol(
             print_line(f"{stage}: removed what a crash left half-written in {sub}: {', '.join(removed)}")
     t = time.perf_counter()
     legs: dict[str, LegRun] = {}
-    leg = partial(_run_leg, ctx, stage, run_fn=run_fn, identity=identity, every=checkpoint_every)
-    if protocol:
-        legs["boundary"] = leg("boundary", lambda: None, boundary)
-        legs["resumed"] = leg("resumed", lambda: load_state(folder / "state-boundary.pt.gz", identity), None)
-    legs["continuous"] = leg("continuous", lambda: None, None, compared=protocol)
+    leg = partial(run_leg, ctx, stage, run_fn=run_fn, identity=identity, every=checkpoint_every)
+    other = None
+    if protocol and beside is not None and not (folder / "state-continuous.pt.gz").is_file():
+        other = beside()  # the continuous leg, started in its own process
+    try:
+        if protocol:
+            legs["boundary"] = leg("boundary", lambda: None, boundary)
+            legs["resumed"] = leg("resumed", lambda: load_state(folder / "state-boundary.pt.gz", identity), None)
+    except BaseException:
+        if other is not None:  # Ctrl-C reached both; a crash here: the other's checkpoints are kept either way
+            other.process.join()
+        raise
+    if other is not None:
+        measured = other.wait()
+        print_line(
+            f"{stage}: continuous run from scratch, in a process of its own beside the others (compared with "
+            f"the resumed one): {measured['seconds']:.1f} s"
+        )
+        state = load_state(folder / "state-continuous.pt.gz", identity)
+        legs["continuous"] = LegRun(state, measured["timings"], measured["seconds"], measured["clock"])
+    else:
+        legs["continuous"] = leg("continuous", lambda: None, None, compared=protocol)
     check = _resume_check(folder, stage, boundary, legs)
     clocks = {name: {"seconds": run.seconds, "clock": run.clock} for name, run in legs.items()}
+    if protocol:
+        clocks["continuous"]["beside"] = other is not None  # in its own process, beside the other two
     continuous = legs["continuous"]
     return ProtocolResult(
         continuous.state, continuous.timings, time.perf_counter() - t, check["sha256_continuous"], check, clocks
@@ -258,7 +281,7 @@ def also_progress(leg: Leg, progress) -> Leg:
     return replace(leg, progress=both)
 
 
-def _run_leg(
+def run_leg(
     ctx: Context, stage: str, name: str, start, stop, *, run_fn, identity: dict, every: int, compared=False
 ) -> LegRun:
     """One leg of the protocol, crash-safe.

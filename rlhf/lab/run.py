@@ -16,6 +16,7 @@ from rlhf.config import PROFILES, Profile, load_profile, profile_hash
 from rlhf.corpus import load_corpus, prepare
 from rlhf.embedded import build_embedded
 from rlhf.io import output_folder, read_json, sha256_file, sweep_incomplete, write_json
+from rlhf.legs import SEQUENTIAL
 from rlhf.models import check_tokenizer, compute_dtype, directory_identity, load_tokenizer
 from rlhf.roles import new_role
 from rlhf.runtime import configure_determinism, configure_torch, rng_state, set_rng_state
@@ -31,6 +32,7 @@ class Context:
         self.run = Path(run)
         self.trained_in = self.run if trained_in is None else Path(trained_in)
         self.profile = profile
+        self.legs = SEQUENTIAL  # the protocol's legs one after the other, or side by side (rlhf.legs)
         self.device = profile_device(profile)
         self.model_dir = Path(model_dir)
         self.corpus = corpus
@@ -133,12 +135,14 @@ def open_context(run, profile_name: str | Profile = "embedded", model_dir=None, 
     return ctx
 
 
-def read_context(run, profile: Profile, revision: str) -> Context:
-    """A finished run's context, to read it: its corpus and base model hash-checked as they load,
-    nothing prepared, built or written, and run.json not compared (so that a later code version
+def read_context(run, profile: Profile, revision: str, *, model_dir=None, trained_in=None) -> Context:
+    """A run's context, to read it (a finished run) or to run one leg beside the process that
+    opened it (rlhf.legs): its corpus and base model hash-checked as they load, nothing
+    prepared, built, swept or written, and run.json not compared (so that a later code version
     can still read the run's files)."""
     run = Path(run)
-    return Context(run, profile, run / "base_model", _run_corpus(run, revision))
+    model_dir = run / "base_model" if model_dir is None else model_dir
+    return Context(run, profile, model_dir, _run_corpus(run, revision), trained_in=trained_in)
 
 
 def _run_corpus(run: Path, revision: str):

@@ -13,11 +13,12 @@ from pathlib import Path
 from rlhf import costs, designs
 from rlhf.checkpoint import Leg
 from rlhf.config import Profile, override
-from rlhf.io import sha256_file, write_json
+from rlhf.io import crash_point, sha256_file, write_json
 from rlhf.judge import train_judge
 from rlhf.lab.console import bar_line, fired_warnings, ppo_progress, print_line, progress_bar, warning_watch
-from rlhf.lab.protocol import ProtocolResult, also_progress, check_stop_after, run_protocol
-from rlhf.lab.run import Context, mark_complete, stop_rules_identity
+from rlhf.lab.protocol import ProtocolResult, also_progress, check_stop_after, run_leg, run_protocol
+from rlhf.lab.run import Context, mark_complete, read_context, stop_rules_identity
+from rlhf.legs import SIDE_BY_SIDE, Beside
 from rlhf.ppo import STATE_KEYS, train_ppo
 from rlhf.roles import PpoRoles, Role, assert_role_isolation, fingerprint, load_role, save_role
 from rlhf.runtime import seed_system_rngs
@@ -52,16 +53,15 @@ def _epoch_stage(
                 said.add(e["epoch"])
                 bar_line(bar, epoch_line(e))
 
-    def run_fn(leg: Leg):
-        def progress(step, total, history, _timings):
-            bar.total = total
-            tick(step, total, history["updates"][-1]["loss"])
-            if not leg.quiet:
-                say_epochs(history["epochs"])
+    def bar_tick(step, total, loss):
+        bar.total = total
+        tick(step, total, loss)
 
-        return train_role(ctx, kind, train_fn, also_progress(leg, progress)), {}
-
-    result = run_protocol(ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol)
+    run_fn = partial(_epoch_leg, ctx, kind, train_fn, tick=bar_tick, say_epochs=say_epochs)
+    beside = _beside(ctx, stage, identity, 1) if protocol else None
+    result = run_protocol(
+        ctx, stage, 1, run_fn, identity, resume=resume, stop_after=stop_after, protocol=protocol, beside=beside
+    )
     bar.close()
     history = result.state["history"]
     say_epochs(history["epochs"])  # those of legs loaded from disk, not run by this command
@@ -87,6 +87,19 @@ def _epoch_stage(
         )
         mark_complete(ctx, stage, sha256_final=result.sha256_final)
     return result
+
+
+def _epoch_leg(ctx: Context, kind: str, train_fn, leg: Leg, *, tick=None, say_epochs=None):
+    """One leg of SFT or the judge (run_protocol's run_fn): a fresh role trained over the leg; the
+    bar ticked and each epoch's line said (none in a quiet leg), where given."""
+
+    def progress(step, total, history, _timings):
+        if tick is not None:
+            tick(step, total, history["updates"][-1]["loss"])
+        if say_epochs is not None and not leg.quiet:
+            say_epochs(history["epochs"])
+
+    return train_role(ctx, kind, train_fn, also_progress(leg, progress)), {}
 
 
 def _sft_epoch_line(e: dict) -> str:
@@ -208,6 +221,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     bar, tick = progress_bar("PPO", cfg.iterations)
     announced: set[str] = set()  # warnings printed: each once per command, whichever leg fired it first
     run_fn = partial(_ppo_leg, ctx, bar=bar, tick=tick, announced=announced, use_cache=use_cache)
+    beside = _beside(ctx, "ppo", identity, cfg.checkpoint_every, use_cache) if protocol else None
     result = run_protocol(
         ctx,
         "ppo",
@@ -218,6 +232,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
         stop_after=stop_after,
         protocol=protocol,
         checkpoint_every=cfg.checkpoint_every,
+        beside=beside,
     )
     bar.close()
     if stop_after is None:
@@ -230,7 +245,7 @@ def stage_ppo(ctx: Context, *, resume=False, stop_after=None, use_cache=True, pr
     return result
 
 
-def _ppo_leg(ctx: Context, leg: Leg, *, bar, tick, announced: set[str], use_cache: bool):
+def _ppo_leg(ctx: Context, leg: Leg, *, bar=None, tick=None, announced: set[str] | None = None, use_cache: bool = True):
     """One leg of PPO (run_protocol's run_fn): fresh roles, the leg trained, the roles checked.
     A quiet leg (the continuous one that checks the run) ticks the bar and prints nothing."""
     judge_learns = designs.design(ctx.profile.ppo.reward_design).refreshes_judge  # refreshed during PPO (rlhf.refresh)
@@ -239,7 +254,7 @@ def _ppo_leg(ctx: Context, leg: Leg, *, bar, tick, announced: set[str], use_cach
     before = {k: fingerprint(r) for k, r in roles.by_kind().items()}
     seed_system_rngs(ctx.profile.seeds.ppo("torch"))
     watch = warning_watch(ctx.profile.ppo, announced, say=None if leg.quiet else print_line)
-    progress = ppo_progress(bar, tick, quiet=leg.quiet)
+    progress = ppo_progress(bar, tick or (lambda *_: None), quiet=leg.quiet)
     leg = replace(also_progress(leg, progress), watch=watch)
     out, tm = train_ppo(roles, ctx.corpus.learning_view(), ctx.tokens(use_cache), ctx.profile, leg)
     assert_role_isolation(roles)
@@ -295,3 +310,36 @@ def check_fingerprints(before: dict, after: dict, moved: bool = True, judge_lear
         for kind in ("actor", "critic"):
             if before[kind]["learned_sha256"] == after[kind]["learned_sha256"]:
                 raise AssertionError(f"role {kind} did not change during PPO")
+
+
+# ------------------------------------------------------------------ the continuous leg beside
+
+
+def _beside(ctx: Context, stage: str, identity: dict, every: int, use_cache: bool = True):
+    """run_protocol's `beside` where this run asks for its legs side by side (ctx.legs), else None:
+    the continuous leg of `stage` in a process of its own (rlhf.legs)."""
+    if ctx.legs != SIDE_BY_SIDE:
+        return None
+    args = (str(ctx.run), str(ctx.trained_in), ctx.profile, str(ctx.model_dir), ctx.corpus.revision, stage,
+            identity, every, use_cache)  # fmt: skip
+    return lambda: Beside(ctx.run / stage, continuous_leg, args).start()
+
+
+def continuous_leg(run, trained_in, profile: Profile, model_dir, revision: str, stage: str, identity: dict,
+                   every: int, use_cache: bool) -> dict:  # fmt: skip
+    """The continuous leg of `stage` in the other process: the run's context read (nothing
+    prepared, swept or written but the leg's own files), the leg run quiet and crash-safe as in
+    the protocol; returns its seconds, clock and timings."""
+    ctx = read_context(run, profile, revision, model_dir=model_dir, trained_in=trained_in)
+    if stage == "ppo":
+        run_fn = partial(_ppo_leg, ctx, use_cache=use_cache)
+    else:
+        kind, train_fn = ("actor", train_sft) if stage == "sft" else ("judge", train_judge)
+        run_fn = partial(_epoch_leg, ctx, kind, train_fn)
+
+    def with_crash_point(leg: Leg):
+        return run_fn(also_progress(leg, lambda *_: crash_point("beside.progress")))
+
+    out = run_leg(ctx, stage, "continuous", lambda: None, None, run_fn=with_crash_point, identity=identity,
+                  every=every, compared=True)  # fmt: skip
+    return {"seconds": out.seconds, "clock": out.clock, "timings": out.timings}
