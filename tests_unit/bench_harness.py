@@ -1,4 +1,4 @@
-"""The benchmark harness: measurements only the benchmarks (tests_unit/test_benchmarks.py) use.
+"""The benchmark harness: measurements only the benchmarks (tests_unit/test_benchmarks*.py) use.
 
 Not a test module (no tests are collected from it). The FLOP and memory *formulas* stay in
 rlhf.flops, which imports nothing from rlhf; what is here measures:
@@ -6,7 +6,7 @@ rlhf.flops, which imports nothing from rlhf; what is here measures:
 * `matmul_peak`: the CPU's dense-matmul FLOP/s (torch.mm, best of N), the peak the
   utilisations are quoted against;
 * `peak_rss_mib` and `measure_stage_rss`: the peak RSS of one stage of the embedded profile,
-  meant to run alone in a fresh process. test_benchmarks.py runs it as
+  meant to run alone in a fresh process. test_benchmarks_lab.py runs it as
   `python -c "import sys; sys.path.insert(0, HARNESS_DIR); from bench_harness import measure_stage_rss; ..."`.
   Importing this module imports `rlhf` first, so that fresh process pins its CPU arithmetic
   before torch is loaded, as the lab does (a late pin would change the run's identity).

@@ -1,7 +1,7 @@
 """The dry run's cost model (rlhf.projection), its numbers recomputed by hand from made-up
 clocks and timings: a leg's fit, the legs `rlhf lab` runs, each stage's projection and the whole.
 
-The projection of a real miniature against the run it projects: tests_unit/test_benchmarks.py
+The projection of a real miniature against the run it projects: tests_unit/test_benchmarks_lab.py
 (the embedded lab, measured beside its dry run) and tests_unit/test_qwen_full_width.py (the
 full-width dry run's projection.json recomputed from what it measured)."""
 
