@@ -1,0 +1,71 @@
+"""The committed choice of a design (results/choice-r002/), read back and recomputed: its
+declaration follows from the testbed record alone; the chosen point is the rule's on the committed
+selection study's curves; the honest estimate is the estimation study's paired per-seed gains; the
+winner's curse is the naive gain less the honest one; and every step read train and validation
+prompts only, at a recorded commit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhf.studies import choice
+from rlhf.studies.statistics import paired
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "results" / "choice-r002"
+TESTBED = "results/testbed-r002-2/testbed-r002-2.json"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def record():
+    return load(STUDY / "choice.json")
+
+
+def test_the_declaration_is_the_testbed_record_s_nearest_candidate_and_the_declared_constants(record):
+    again = choice.declaration(load(ROOT / TESTBED), TESTBED)
+    assert record["declared"] == again
+    assert not record["declared"]["testbed_qualifies"] and record["declared"]["sft_recipe"] == "sft-demos6"
+    assert load(STUDY / "study.json")["identity"] == again  # what study.json declared before the first run
+
+
+def test_the_chosen_point_is_the_rule_on_the_committed_selection_curves(record):
+    selection = load(STUDY / "selection" / "frontier.json")
+    assert len(selection["seeds"]) == choice.SELECTION_SEEDS
+    again = choice.choose_point(selection)
+    assert record["chosen"] == again
+    # the rule by hand: the largest mean gold over the declared points (ties: smaller d, then order)
+    points = [
+        (row["gold"]["mean"], -row["d"]["mean"], -k, -row["iteration"], name, row["iteration"])
+        for k, name in enumerate(choice.CANDIDATES)
+        for row in selection["arms"][name]["curve"]
+        if row["iteration"] in choice.CHECKPOINTS
+    ]
+    assert max(points)[4:] == (again["arm"], again["iteration"])
+    assert again["naive_gain"]["per_seed"] == choice.per_seed_gains(selection, again["arm"], again["iteration"])
+
+
+def test_the_honest_estimate_is_the_estimation_study_s_paired_gains_and_the_curse_their_difference(record):
+    estimation = load(STUDY / "estimation" / "frontier.json")
+    assert len(estimation["seeds"]) == choice.ESTIMATION_SEEDS
+    arm, it = record["chosen"]["arm"], record["chosen"]["iteration"]
+    again = choice.estimate(estimation, arm, it)
+    assert record["estimate"] == again
+    gains = choice.per_seed_gains(estimation, arm, it)
+    assert record["estimate"]["chosen_minus_sft"] == paired(gains)
+    assert record["curse"] == pytest.approx(record["chosen"]["naive_gain"]["mean"] - paired(gains)["mean"], abs=1e-15)
+
+
+def test_every_step_read_train_and_validation_prompts_only_at_a_recorded_commit(record):
+    assert [s["step"] for s in record["steps"]] == ["selection", "estimation"]
+    for step in record["steps"]:
+        assert step["reads"] == choice.READS and "no test prompt" in step["reads"]
+        assert len(step["commit"]) == 40 and step["seconds"] > 0
