@@ -69,3 +69,16 @@ def test_every_step_read_train_and_validation_prompts_only_at_a_recorded_commit(
     for step in record["steps"]:
         assert step["reads"] == choice.READS and "no test prompt" in step["reads"]
         assert len(step["commit"]) == 40 and step["seconds"] > 0
+
+
+def test_the_verdict_declares_from_the_committed_choice_read_where_it_is_committed(record):
+    """`rlhf confirm-design --choice results/choice-r002/choice.json` reads the selection study
+    committed beside the record (the path recorded in it is where the study ran): the points, and
+    a seed count from the power rule on the estimation's and the selection's spreads."""
+    from rlhf.studies import verdict
+
+    declared = verdict.declaration(record, str(STUDY / "choice.json"))
+    assert declared["points"]["chosen"] == {"arm": record["chosen"]["arm"], "iteration": record["chosen"]["iteration"]}
+    per = declared["power"]["per_comparison"]
+    assert per["chosen_minus_default"]["validation_sd"] == record["estimate"]["chosen_minus_default"]["sd"]
+    assert declared["power"]["seeds"] == max(c["asks"] for c in per.values())

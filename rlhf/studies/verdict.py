@@ -41,7 +41,7 @@ def declaration(choice_record: dict, choice_path: str) -> dict:
     chosen, est = choice_record["chosen"], choice_record["estimate"]
     testbed = read_json(Path(choice_record["declared"]["testbed"]))
     oracle_it = recipe(testbed, choice_record["declared"]["testbed"])["oracle"]["best_iteration"]
-    selection = read_json(Path(choice_record["steps"][0]["study"]) / "frontier.json")
+    selection = read_json(selection_frontier(choice_record, choice_path))
     points = {
         "chosen": heldout.Point(chosen["arm"], chosen["iteration"]),
         "default": heldout.Point("spec-default", LAST_ITERATION),
@@ -70,6 +70,18 @@ def declaration(choice_record: dict, choice_path: str) -> dict:
         "study_seed": VERDICT_STUDY_SEED,
         "reads": "train prompts (training) and test prompts (step 2's evaluation, after this declaration)",
     }
+
+
+def selection_frontier(choice_record: dict, choice_path: str) -> Path:
+    """The choice's selection study (its frontier.json): committed beside the choice record
+    (selection/frontier.json), else where the choice ran it."""
+    for path in (Path(choice_path).parent / "selection" / "frontier.json",
+                 Path(choice_record["steps"][0]["study"]) / "frontier.json"):  # fmt: skip
+        if path.is_file():
+            return path
+    raise StudyError(
+        f"the choice's selection study is neither beside {choice_path} nor in {choice_record['steps'][0]['study']}"
+    )
 
 
 def declared_points(declared: dict) -> dict[str, heldout.Point]:
