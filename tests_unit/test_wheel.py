@@ -101,7 +101,7 @@ import rlhf
 from rlhf import cli
 names = [m.name for m in pkgutil.walk_packages(rlhf.__path__, "rlhf.")]
 for n in names:
-    if n == "rlhf.__main__":  # the command itself (python -m rlhf), run below by its subcommands
+    if n.endswith(".__main__"):  # the command itself (python -m rlhf, python -m rlhf.cli), run below
         continue
     importlib.import_module(n)
 parser = cli.build_parser()
