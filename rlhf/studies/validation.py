@@ -40,9 +40,8 @@ from rlhf.evaluate import policy_draws, policy_responses, prefills
 from rlhf.masks import masked_sum
 from rlhf.roles import Role, reward_scores
 from rlhf.scoring import response_logprobs
-from rlhf.tokens import collate, decode_response, encode_prompt
+from rlhf.tokens import batches, collate, decode_response, encode_prompt
 
-BATCH_SIZE = 32
 KL_ESTIMATOR = (
     "sampled-token estimator of KL(pi || pi_SFT): per prompt, the mean over k temperature-1 samples y ~ pi of "
     "sum_t [log pi(y_t | y_<t) - log pi_SFT(y_t | y_<t)], log pi as each token was drawn, log pi_SFT "
@@ -74,8 +73,8 @@ def answers(model, prompt_ids: list[list[int]], ctx, generator: torch.Generator 
 
 
 def _batched_pairs(prompt_ids, responses, pad_id: int, device):
-    for i in range(0, len(prompt_ids), BATCH_SIZE):
-        yield collate(prompt_ids[i : i + BATCH_SIZE], responses[i : i + BATCH_SIZE], pad_id).to(device)
+    for chunk in batches(list(zip(prompt_ids, responses))):  # rlhf.tokens' one batching, as the evaluation's
+        yield collate([p for p, _ in chunk], [r for _, r in chunk], pad_id).to(device)
 
 
 @torch.no_grad()
