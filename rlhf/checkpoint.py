@@ -50,9 +50,10 @@ class Leg:
 
         state       where it starts: None from scratch, else a saved state to continue from
         stop        stop after this many epochs (SFT, judge) / iterations (PPO); None: the end
-        progress    progress(step, total, history, timings) after each update and epoch (SFT,
-                    judge; timings {}) or iteration (PPO, after its judge refresh; timings: the
-                    iteration's phases in seconds): the history as recorded so far
+        progress    progress(step, total, history, measured) after each update and epoch (SFT,
+                    judge; measured None) or iteration (PPO, after its judge refresh; measured:
+                    rlhf.ppo.Measured, the iteration's seconds and reward sums): the history as
+                    recorded so far
         checkpoint  checkpoint(done, make_state) after each epoch/iteration but the last, which
                     may save make_state() (rlhf.lab's crash-safe legs)
         watch       PPO only: watch(history) after each iteration (and once on a resumed

@@ -18,8 +18,9 @@ checkpoint after a crash, `--resume`) opens its file with TensorBoard's purge st
 state's step: TensorBoard hides whatever an earlier file holds from that step on, so a killed
 run continued by a rerun shows one series, no step twice and none missing.
 
-Every scalar is read from the history the training loop has already recorded (or, for
-`timing_s/`, the leg's own clock), after the update or iteration it describes: the event log
+Every scalar is read from the history the training loop has already recorded, or from what a
+PPO iteration hands its leg beside it (rlhf.ppo.Measured: the sums of the rollout's rewards and
+the leg's own clock, `timing_s/`), after the update or iteration it describes: the event log
 touches no tensor, generator or file the states depend on, so trained bytes are unchanged
 (the golden tests run with it). Scalars are flushed after every update and iteration.
 """
@@ -115,54 +116,15 @@ def epoch_scalars(record: dict) -> dict[str, float]:
     return out
 
 
-def _one_token(values: list[float]):
-    """A batch of one-token answers, float64: (logp [B, 1], zeros [B, 1], mask [B, 1])."""
-    import torch
-
-    logp = torch.tensor(values, dtype=torch.float64).unsqueeze(-1)  # [B, 1]
-    return logp, torch.zeros_like(logp), torch.ones_like(logp, dtype=torch.bool)
-
-
-def summed_penalty(mean_sequence_log_ratio: float, kl_coef: float) -> float:
-    """objective/non_score_reward: ``mean_b sum_t -kl_coef * (logp_old - logp_ref)[b, t]``, by
-    rlhf.ppo_math.log_ratio_penalty, the reward's own penalty. The history keeps the answers'
-    mean summed log-ratio; the penalty is linear, so it is applied to that mean as one token."""
-    from rlhf import ppo_math
-
-    log_ratio, zeros, mask = _one_token([mean_sequence_log_ratio])
-    return float(ppo_math.log_ratio_penalty(log_ratio, zeros, mask, kl_coef)[0, 0])
-
-
-def summed_reward(record: dict, kl_coef: float, truncation_penalty: float) -> float:
-    """objective/rlhf_reward: ``mean_b sum_t r[b, t]``, r = rlhf.ppo_math.token_rewards, the
-    rewards PPO learned from: the paid score (the design's) and the truncation penalty once,
-    the penalty on every token. The history keeps each answer's paid score, the number of
-    truncated answers and the answers' mean summed log-ratio; the mean of sum_t r is linear in
-    the log-ratios and does not depend on which answers were cut, so each answer is one token
-    carrying the mean summed log-ratio, the first `truncations` answers cut."""
-    import torch
-
-    from rlhf import ppo_math
-
-    paid = torch.tensor(record.get("paid_scores", record["scores"]), dtype=torch.float64)  # [B]
-    log_ratio, zeros, mask = _one_token([record["mean_sequence_log_ratio"]] * len(paid))
-    truncated = torch.arange(len(paid)) < record["truncations"]  # [B]
-    penalty = ppo_math.log_ratio_penalty(log_ratio, zeros, mask, kl_coef)  # [B, 1]
-    rewards = ppo_math.token_rewards(penalty, paid, mask, truncated, truncation_penalty=truncation_penalty)  # [B, 1]
-    return float(rewards.sum(-1).mean())
-
-
-def iteration_scalars(record: dict, kl_coef: float, truncation_penalty: float) -> dict[str, float]:
+def iteration_scalars(record: dict) -> dict[str, float]:
     """One PPO iteration (history["iterations"][i]) -> its scalars, at step record["iteration"] + 1.
 
     objective/sampled_log_ratio is an answer's summed sampled-token log-ratio
     (sum_t log pi(a_t|s_t) - log pi_ref(a_t|s_t)), averaged over the answers: TRL's objective/kl,
-    named for what it is (SPEC section 6: it is not the full-vocabulary KL);
-    objective/non_score_reward = -kl_coef * that (summed_penalty); objective/rlhf_reward = an
-    answer's whole reward, sum_t r_t: the score PPO was paid (the design's, paid_scores), the
-    truncation penalty of an answer cut without EOS, and the penalty, averaged over the answers
-    (summed_reward). Both are computed by the rlhf.ppo_math functions the rewards come from; the
-    per-token means and the update statistics are the history's, which rlhf.ppo_math computed."""
+    named for what it is (SPEC section 6: it is not the full-vocabulary KL). The per-token means
+    and the update statistics are the history's, which rlhf.ppo_math computed. The rewards' sums
+    (objective/non_score_reward, objective/rlhf_reward) are no history's: reward_scalars writes
+    them from the rollout's own tensors."""
     n = len(record["scores"])
     paid = record.get("paid_scores", record["scores"])
     return {
@@ -171,8 +133,6 @@ def iteration_scalars(record: dict, kl_coef: float, truncation_penalty: float) -
         "objective/sampled_log_ratio": record["mean_sequence_log_ratio"],
         "objective/sampled_log_ratio_per_token": record["mean_sampled_log_ratio"],
         "objective/log_ratio_penalty_per_token": record["mean_kl_penalty"],
-        "objective/non_score_reward": summed_penalty(record["mean_sequence_log_ratio"], kl_coef),
-        "objective/rlhf_reward": summed_reward(record, kl_coef, truncation_penalty),
         "objective/scores_std": statistics.pstdev(record["scores"]),
         "policy/entropy_avg": record["entropy"],
         "policy/approxkl_avg": _mean(record["update_shift"]),
@@ -190,6 +150,14 @@ def iteration_scalars(record: dict, kl_coef: float, truncation_penalty: float) -
         "actor/grad_norm": _mean(record["actor_grad_norm"]),
         "critic/grad_norm": _mean(record["critic_grad_norm"]),
     }
+
+
+def reward_scalars(rewards: dict[str, float]) -> dict[str, float]:
+    """An iteration's rlhf.ppo.reward_sums, from the tensors PPO learned from:
+    objective/non_score_reward = mean_b sum_t -beta * (logp_old - logp_ref)[b, t] (TRL's name);
+    objective/rlhf_reward = mean_b sum_t r[b, t], the paid score (the design's), the truncation
+    penalty of an answer cut without EOS and the penalty."""
+    return {f"objective/{name}": value for name, value in rewards.items()}
 
 
 def signal_scalars(series: dict[str, list], i: int) -> dict[str, float]:
@@ -303,11 +271,8 @@ class EventLog(ScalarLog):
     rlhf.checkpoint.Leg progress callback: it writes what the history holds beyond what was
     written (or was in the state the leg started from), then flushes."""
 
-    def __init__(
-        self, run, stage: str, start_state: dict | None, kl_coef: float = 0.0, truncation_penalty: float = 0.0
-    ):
+    def __init__(self, run, stage: str, start_state: dict | None):
         super().__init__(run, stage, _start_step(start_state))
-        self.kl_coef, self.truncation_penalty = kl_coef, truncation_penalty
         self.window = signals.frozen_rules()[1]  # the window the frozen warning rules read
         history = (start_state or {}).get("history", {})
         self.done = {key: len(history.get(key, [])) for key in ("updates", "epochs", "iterations", "refreshes")}
@@ -317,7 +282,7 @@ class EventLog(ScalarLog):
         self.done[key] += len(rows)
         return rows
 
-    def sync(self, _step: int, _total: int, history: dict, timings: dict | None = None) -> None:
+    def sync(self, _step: int, _total: int, history: dict, measured=None) -> None:
         for record in self._new(history, "updates"):
             self.write(update_scalars(record), record["step"])
         for record in self._new(history, "epochs"):
@@ -327,13 +292,15 @@ class EventLog(ScalarLog):
         # PPO's step is the iteration counted from 1 (the history's index + 1), as the console, the
         # warnings and the report count it: the evaluation's PPO point then sits at the last iteration.
         for record in iterations:
-            self.write(iteration_scalars(record, self.kl_coef, self.truncation_penalty), record["iteration"] + 1)
+            self.write(iteration_scalars(record), record["iteration"] + 1)
         if iterations:  # causal: a signal's value at an iteration never changes once it is done
             series = signals.signal_series(history, self.window, since=iterations[0]["iteration"])
             for record in iterations:
                 self.write(signal_scalars(series, record["iteration"]), record["iteration"] + 1)
-        if iterations and timings:  # this iteration's phases, as the leg measured them
-            self.write({TIMING_GROUP + k: v for k, v in timings.items()}, iterations[-1]["iteration"] + 1)
+        if iterations and measured is not None:  # the iteration just run (rlhf.ppo.Measured)
+            last = iterations[-1]["iteration"] + 1
+            self.write(reward_scalars(measured.rewards), last)
+            self.write({TIMING_GROUP + k: v for k, v in measured.seconds.items()}, last)
         for record in self._new(history, "refreshes"):
             self.write(refresh_scalars(record), record["after_iteration"])
         self.flush()

@@ -102,10 +102,10 @@ def train_epochs(
             )
             step += 1
             if leg.progress is not None:
-                leg.progress(step, total, history, {})
+                leg.progress(step, total, history, None)
         history["epochs"].append({"epoch": epoch, **epoch_summary(history["updates"][-per_epoch:])})
         if leg.progress is not None:
-            leg.progress(step, total, history, {})
+            leg.progress(step, total, history, None)
         if leg.checkpoint is not None and epoch + 1 < last_epoch:  # the last state is the caller's to save
             leg.checkpoint(
                 epoch + 1, lambda: _epoch_state(stage, key, role, optimizer, order, history, epoch + 1, step)

@@ -353,15 +353,15 @@ def train_ppo(roles: PpoRoles, view, tokens: Tokens, profile: Profile, leg: Leg 
         last = run.start
     for it in range(run.start, last):
         crash_point("ppo.iteration")
-        tm = iteration(roles, run, data, it, tokens, profile)
-        timings["per_iteration"].append(tm)
+        measured = iteration(roles, run, data, it, tokens, profile)
+        timings["per_iteration"].append(measured.seconds)
         for k in PHASES:
-            timings["total"][k] += tm.get(k, 0.0)
+            timings["total"][k] += measured.seconds.get(k, 0.0)
         if refresh.refresh_due(it + 1, profile):
             assert run.refresh is not None  # made for this design
             run.history["refreshes"].append(refresh.refresh_judge(roles, run.refresh, data, tokens, profile, it + 1))
         if leg.progress is not None:
-            leg.progress(it + 1, cfg.iterations, run.history, tm)
+            leg.progress(it + 1, cfg.iterations, run.history, measured)
         if leg.watch is not None and leg.watch(run.history):  # a warning stops PPO here
             last = it + 1
             break
@@ -371,10 +371,29 @@ def train_ppo(roles: PpoRoles, view, tokens: Tokens, profile: Profile, leg: Leg 
     return _ppo_state(roles, run, last), timings
 
 
-def iteration(roles: PpoRoles, run: PpoRun, data: RolloutData, it: int, tokens: Tokens, profile: Profile) -> dict:
+class Measured(NamedTuple):
+    """What one iteration hands its leg besides the history (neither is part of the state)."""
+
+    seconds: dict[str, float]  # its phases (rlhf.costs.PHASES) and the whole iteration
+    rewards: dict[str, float]  # reward_sums of its rollout
+
+
+def reward_sums(ro: Rollout) -> dict[str, float]:
+    """Each answer's summed penalty and its whole reward, averaged over the B answers, from the
+    rollout's own tensors (the rewards GAE read), summed in float64:
+
+        non_score_reward = mean_b sum_t penalty[b, t]      penalty = -beta * (logp_old - logp_ref)
+        rlhf_reward      = mean_b sum_t rewards[b, t]      (paid score, truncation penalty, penalty)"""
+    return {
+        "non_score_reward": float(ro.penalty.double().sum(-1).mean()),
+        "rlhf_reward": float(ro.rewards.double().sum(-1).mean()),
+    }
+
+
+def iteration(roles: PpoRoles, run: PpoRun, data: RolloutData, it: int, tokens: Tokens, profile: Profile) -> Measured:
     """PPO iteration `it` (SPEC §6): draw prompts, roll out with the old policy, then the
     updates of actor and critic on that fixed rollout, recorded in the history. Returns its
-    phases' seconds."""
+    phases' seconds and its rollout's reward sums."""
     cfg = profile.ppo
     t, tm = time.perf_counter(), dict[str, float]()
     idx = run.sampler.draw(cfg.prompts_per_iteration)
@@ -392,7 +411,7 @@ def iteration(roles: PpoRoles, run: PpoRun, data: RolloutData, it: int, tokens: 
     record = _record(it, [data.prompts[i]["document_id"] for i in idx], ro, stats, cfg)
     _append_history(run.history, record, ro, tokens.tokenizer, profile)
     tm["iteration"] = time.perf_counter() - t
-    return tm
+    return Measured(tm, reward_sums(ro))
 
 
 class RolloutData(NamedTuple):

@@ -450,14 +450,14 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
     def once():
         rounds["n"] += 1
         run = tmp_path / f"round-{rounds['n']}"
-        ppo_log = events.EventLog(run, "ppo", None, prof.ppo.kl_coef, prof.ppo.truncation_penalty)
+        ppo_log = events.EventLog(run, "ppo", None)
 
-        def ppo_progress(it, total, history, tm):
-            made["history"], made["timings"] = history, tm
+        def ppo_progress(it, total, history, measured):
+            made["history"], made["measured"] = history, measured
             t = time.perf_counter()
-            ppo_log.sync(it, total, history, tm)
+            ppo_log.sync(it, total, history, measured)
             seconds["ppo_sync"].append(time.perf_counter() - t)
-            seconds["ppo_iteration"].append(tm["iteration"])
+            seconds["ppo_iteration"].append(measured.seconds["iteration"])
 
         roles = lab.ppo_roles(bench_ctx)
         seed_system_rngs(prof.seeds.torch)
@@ -466,9 +466,9 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
         sft_log = events.EventLog(run, "sft", None)
         clock: dict = {"last": None}  # the end of the previous callback: an update lies between two
 
-        def sft_progress(step, total, history, timings):
+        def sft_progress(step, total, history, measured):
             t = time.perf_counter()
-            sft_log.sync(step, total, history, timings)
+            sft_log.sync(step, total, history, measured)
             synced = time.perf_counter() - t
             if clock["last"] is not None and not history["epochs"]:  # not the epoch's callback after the last
                 seconds["sft_update"].append(t - clock["last"])
@@ -506,7 +506,7 @@ def test_event_log_against_training(benchmark, record_result, bench_ctx, tmp_pat
             tmp_path / f"late-{k}", "ppo", {"iterations_done": 99, "history": {"iterations": long[:99]}}
         )
         t = time.perf_counter()
-        log.sync(100, 100, {"iterations": long}, made["timings"])
+        log.sync(100, 100, {"iterations": long}, made["measured"])
         late.append(time.perf_counter() - t)
         log.close()
     _check_seconds("late sync", late)

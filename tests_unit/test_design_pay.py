@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlhf import ppo, rubric
+from rlhf.checkpoint import Leg
 from rlhf.config import override
 from rlhf.designs import NAMES
 from rlhf.tokens import encode_response
@@ -103,7 +104,9 @@ def test_every_registered_design_runs_a_ppo_iteration_and_pays_its_formula(
     roles = PpoRoles(**made, members=members if d.ensemble else ())
     before = {k: fingerprint(r)["learned_sha256"] for k, r in roles.by_kind().items()}
     tok = embedded_base
-    state, _ = ppo.train_ppo(roles, r001_view, tok.tokens, profile)
+    handed: list = []  # what each iteration hands its leg (rlhf.ppo.Measured)
+    leg = Leg(progress=lambda _it, _total, _history, measured: handed.append(measured))
+    state, _ = ppo.train_ppo(roles, r001_view, tok.tokens, profile, leg)
     after = {k: fingerprint(r)["learned_sha256"] for k, r in roles.by_kind().items()}
     its = state["history"]["iterations"]
     assert len(its) == profile.ppo.iterations
@@ -124,6 +127,15 @@ def test_every_registered_design_runs_a_ppo_iteration_and_pays_its_formula(
                                score_mean=profile.ppo.score_mean, score_sd=profile.ppo.score_sd,
                                ensemble_lambda=profile.ppo.ensemble_lambda)  # fmt: skip
             assert paid.tolist() == pytest.approx(designs.paid(design, x).tolist(), abs=1e-6)
+    # TensorBoard's reward sums are the rollout's rewards: this design's pay, the cut answers'
+    # penalty and the log-ratio on every token, as the history's numbers give them by hand.
+    cfg = profile.ppo
+    for it, measured in zip(its, handed, strict=True):
+        n, paid_sum = len(it["scores"]), sum(it.get("paid_scores", it["scores"]))
+        kl = it["mean_sequence_log_ratio"]
+        whole = (paid_sum + cfg.truncation_penalty * it["truncations"]) / n - cfg.kl_coef * kl
+        assert measured.rewards["rlhf_reward"] == pytest.approx(whole, rel=1e-5, abs=1e-6)
+        assert measured.rewards["non_score_reward"] == pytest.approx(-cfg.kl_coef * kl, rel=1e-5, abs=1e-8)
     assert after["actor"] != before["actor"] and after["critic"] != before["critic"]
     assert after["reference"] == before["reference"]
     refreshes = state["history"].get("refreshes", [])

@@ -180,12 +180,11 @@ def test_scalar_names_follow_the_group_metric_convention_and_the_docs_table():
         "actor_grad_norm": [1.0, 1.0],
         "critic_grad_norm": [1.0, 1.0],
     }
-    scalars = events.iteration_scalars(record, 0.02, -1.0)
-    # the paid scores (not the judge's), one of 2 answers cut (-1), -beta * log-ratio
-    assert scalars["objective/rlhf_reward"] == pytest.approx(1.5 - 0.5 - 0.02 * 0.5)
+    scalars = events.iteration_scalars(record)
     assert scalars["objective/scores"] == 2.0 and scalars["response_length/clip_ratio"] == 0.5
     names = [
         *scalars,
+        *events.reward_scalars({"non_score_reward": 0.0, "rlhf_reward": 0.0}),
         *events.update_scalars({"loss": 1, "lr": 1, "grad_norm": 1, "accuracy": 1, "tokens": 1}),
         *events.epoch_scalars({"train_loss": 1, "validation_loss": 1, "train_accuracy": 1, "validation_accuracy": 1}),
         *events.refresh_scalars({"new_pairs": 1, "pairs_so_far": 1, "accuracy_before": 0.5, "accuracy_after": 0.6}),
@@ -238,47 +237,59 @@ def _synthetic_iteration(i: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("kl_coef, truncation_penalty", [(0.02, -1.0), (0.2115622023987596, -2.5)])
-def test_iteration_scalars_equal_their_formulas_recomputed_by_hand(kl_coef, truncation_penalty):
-    """Every PPO scalar of an iteration against conftest.ppo_expected, which writes each formula
-    out from the history by hand (no rlhf.events, no rlhf.ppo_math), in float64 before
-    TensorBoard rounds to float32: a changed formula, in rlhf.events or in the rlhf.ppo_math
-    function a scalar is computed by, fails here. Every term counts in the records: paid scores
-    that differ from the judge's (the synthetic ensemble) and the judge's own (the default design,
-    no paid_scores), answers cut and not, each update's values different."""
+REWARD_SUMS = ("objective/non_score_reward", "objective/rlhf_reward")  # the rollout's tensors', not the history's
+
+
+def test_iteration_scalars_equal_their_formulas_recomputed_by_hand():
+    """Every PPO scalar of an iteration the history gives against conftest.ppo_expected, which
+    writes each formula out from the history by hand (no rlhf.events, no rlhf.ppo_math), in
+    float64 before TensorBoard rounds to float32: a changed formula fails here. Every term counts
+    in the records: paid scores that differ from the judge's (the synthetic ensemble) and the
+    judge's own (the default design, no paid_scores), answers cut and not, each update's values
+    different. The two reward sums come from the rollout (test_the_reward_sums_are_the_rollouts_tensors)."""
     from rlhf import events
 
     records = [_synthetic_iteration(i) for i in range(14)]
     for i in (14, 15, 16):
         default = {k: v for k, v in _synthetic_iteration(i - 13).items() if k != "paid_scores"}
         records.append({**default, "iteration": i})
-    expected = ppo_expected({"iterations": records}, kl_coef, truncation_penalty)
+    expected = ppo_expected({"iterations": records}, 0.02, -1.0)
     assert {r["truncations"] for r in records} == {0, 1, 2}
     for r in records:
-        got = events.iteration_scalars(r, kl_coef, truncation_penalty)
-        want = {tag: by_step[r["iteration"] + 1] for tag, by_step in expected.items() if not tag.startswith("signals/")}
+        got = events.iteration_scalars(r)
+        want = {
+            tag: by_step[r["iteration"] + 1]
+            for tag, by_step in expected.items()
+            if not tag.startswith("signals/") and tag not in REWARD_SUMS
+        }
         assert sorted(got) == sorted(want)
         for tag, value in got.items():
             assert value == pytest.approx(want[tag], rel=1e-12, abs=1e-15), (r["iteration"], tag, value, want[tag])
 
 
-def test_the_reward_scalars_are_computed_by_the_functions_the_rewards_come_from(monkeypatch):
-    """objective/non_score_reward and objective/rlhf_reward come from rlhf.ppo_math's
-    log_ratio_penalty and token_rewards, the rewards PPO learns from: a penalty changed there
-    (doubled) moves both by the penalty, and the per-token scalars stay the history's."""
-    from rlhf import events, ppo_math
+def test_the_reward_sums_are_the_rollouts_tensors():
+    """rlhf.ppo.reward_sums on a rollout's penalty and rewards (conftest.rollout_rewards, as a
+    rollout makes them): three answers of different lengths, one cut without EOS, padding after
+    the shorter ones. Against the sums written out by hand: the padding counts nothing, the paid
+    score and the truncation penalty once per answer, the penalty on every active token."""
+    from types import SimpleNamespace
 
-    record = _synthetic_iteration(5)
-    before = events.iteration_scalars(record, 0.02, -1.0)
-    assert before["objective/non_score_reward"] == -0.02 * record["mean_sequence_log_ratio"]  # bit for bit
-    penalty = ppo_math.log_ratio_penalty
-    monkeypatch.setattr(ppo_math, "log_ratio_penalty", lambda *args: 2 * penalty(*args))
-    after = events.iteration_scalars(record, 0.02, -1.0)
-    assert after["objective/non_score_reward"] == 2 * before["objective/non_score_reward"]
-    moved = after["objective/rlhf_reward"] - before["objective/rlhf_reward"]
-    assert moved == pytest.approx(before["objective/non_score_reward"], rel=1e-12)
-    assert after["objective/log_ratio_penalty_per_token"] == record["mean_kl_penalty"]
-    assert after["objective/sampled_log_ratio_per_token"] == record["mean_sampled_log_ratio"]
+    import torch
+
+    from conftest import rollout_rewards
+    from rlhf import ppo, ppo_math
+
+    logp_old = torch.tensor([[-1.0, -2.0, -0.5], [-0.25, -1.5, 9.0], [-3.0, 7.0, 7.0]])  # [B=3, R=3]
+    logp_ref = torch.tensor([[-1.5, -1.0, -1.0], [-0.75, -1.0, -9.0], [-2.0, -7.0, -7.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False], [True, False, False]])
+    paid, truncated, beta = torch.tensor([2.0, -1.0, 0.5]), torch.tensor([True, False, False]), 0.1
+    rewards = rollout_rewards(logp_old, logp_ref, paid, mask, truncated, kl_coef=beta, truncation_penalty=-1.0)
+    penalty = ppo_math.log_ratio_penalty(logp_old, logp_ref, mask, beta)
+    got = ppo.reward_sums(SimpleNamespace(penalty=penalty, rewards=rewards))
+    log_ratio_sums = [(-1.0 + 1.5) + (-2.0 + 1.0) + (-0.5 + 1.0), (-0.25 + 0.75) + (-1.5 + 1.0), -3.0 + 2.0]
+    assert got["non_score_reward"] == pytest.approx(-beta * sum(log_ratio_sums) / 3, rel=1e-6)
+    whole = [2.0 - 1.0 - beta * log_ratio_sums[0], -1.0 - beta * log_ratio_sums[1], 0.5 - beta * log_ratio_sums[2]]
+    assert got["rlhf_reward"] == pytest.approx(sum(whole) / 3, rel=1e-6)
 
 
 def test_the_evaluation_logs_one_rate_per_finish_reason():
@@ -295,6 +306,20 @@ def test_the_evaluation_logs_one_rate_per_finish_reason():
     assert not any("undecodable" in k for k in scalars)
 
 
+def _measured(record: dict, kl_coef: float, truncation_penalty: float):
+    """What a PPO iteration hands its leg, for a synthetic record: its reward sums by hand (as a
+    rollout with those scores, cuts and summed log-ratio sums them) and no phase timed."""
+    from rlhf.ppo import Measured
+
+    n, paid = len(record["scores"]), record.get("paid_scores", record["scores"])
+    kl = record["mean_sequence_log_ratio"]
+    rewards = {
+        "non_score_reward": -kl_coef * kl,
+        "rlhf_reward": (sum(paid) + truncation_penalty * record["truncations"]) / n - kl_coef * kl,
+    }
+    return Measured({}, rewards)
+
+
 def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):
     """A 14-iteration synthetic PPO history fed to the event log one iteration at a time, as
     PPO's progress callback does (a refresh after iteration 6, an ensemble's member scores):
@@ -305,7 +330,7 @@ def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):
     from rlhf.events import EventLog
 
     history: dict = {"iterations": [], "refreshes": []}
-    log = EventLog(tmp_path, "ppo", None, 0.02, -1.0)
+    log = EventLog(tmp_path, "ppo", None)
     for i in range(14):
         history["iterations"].append(_synthetic_iteration(i))
         if i + 1 == 6:
@@ -318,7 +343,7 @@ def test_every_signal_is_logged_at_its_iteration_as_the_run_goes(tmp_path):
                     "accuracy_after": 1.0,
                 }
             )
-        log.sync(i + 1, 14, history, {})
+        log.sync(i + 1, 14, history, _measured(history["iterations"][-1], 0.02, -1.0))
     log.close()
     got = read_series(tmp_path / "tensorboard" / "ppo")
     assert_series_equal(got, ppo_expected(history, 0.02, -1.0), "synthetic ppo")

@@ -44,7 +44,7 @@ def ppo_progress(bar, tick, *, quiet: bool = False):
     """The progress callback of a PPO leg: the bar, and a line every PRINT_EVERY-th iteration
     (none in a quiet leg)."""
 
-    def progress(it, total, history, _timings):
+    def progress(it, total, history, _measured):
         rec = history["iterations"][-1]
         tick(it, total, rec["policy_loss"][-1])
         if quiet or not (it % PRINT_EVERY == 0 or it == total):

@@ -254,14 +254,9 @@ def adopt_evaluation(ctx: Context, source) -> bool:
     return True
 
 
-def _event_log(ctx: Context, stage: str, start: dict | None) -> events.EventLog:
-    cfg = ctx.profile.ppo
-    return events.EventLog(ctx.run, stage, start, cfg.kl_coef, cfg.truncation_penalty)
-
-
 def _logged(ctx: Context, stage: str, start: dict | None, run_fn, leg: Leg):
     """run_fn(leg) with the leg's event log (a stage command's --stop-after or --resume leg)."""
-    log = _event_log(ctx, stage, start)
+    log = events.EventLog(ctx.run, stage, start)
     try:
         return run_fn(replace(leg, progress=log.sync))
     finally:
@@ -326,13 +321,13 @@ def run_leg(
             )
 
     # The legs that make the run write its event files; the continuous leg that checks them does not.
-    log = _event_log(ctx, stage, state) if name != "continuous" or not compared else None
+    log = events.EventLog(ctx.run, stage, state) if name != "continuous" or not compared else None
     clock: list = []
 
-    def progress(step, total, history, timings) -> None:
+    def progress(step, total, history, measured) -> None:
         clock.append([round(time.perf_counter() - t, 6), step])
         if log is not None:
-            log.sync(step, total, history, timings)
+            log.sync(step, total, history, measured)
 
     try:
         state, timings = run_fn(Leg(state=state, stop=stop, checkpoint=checkpoint, progress=progress, quiet=compared))

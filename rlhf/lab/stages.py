@@ -93,7 +93,7 @@ def _epoch_leg(ctx: Context, kind: str, train_fn, leg: Leg, *, tick=None, say_ep
     """One leg of SFT or the judge (run_protocol's run_fn): a fresh role trained over the leg; the
     bar ticked and each epoch's line said (none in a quiet leg), where given."""
 
-    def progress(step, total, history, _timings):
+    def progress(step, total, history, _measured):
         if tick is not None:
             tick(step, total, history["updates"][-1]["loss"])
         if say_epochs is not None and not leg.quiet:
