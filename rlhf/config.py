@@ -105,6 +105,10 @@ RANGES: dict[tuple[str, str], Range] = {
     ("sft", "demonstration_stride"): AT_LEAST_1,
     ("judge", "pairs_per_update"): AT_LEAST_1,
     ("judge", "head_init_std"): AT_LEAST_0,
+    **{("dpo", k): AT_LEAST_1 for k in ("epochs", "expected_updates", "max_updates_per_epoch",
+                                        "max_validation_examples", "pairs_per_update")},
+    ("dpo", "lr"): POSITIVE,
+    ("dpo", "beta"): POSITIVE,
     **{("ppo", k): AT_LEAST_1 for k in ("iterations", "prompts_per_iteration", "updates_per_iteration",
                                         "resume_stop_iteration", "checkpoint_every", "max_new_tokens",
                                         "refresh_every", "refresh_prompts", "refresh_updates")},
@@ -296,6 +300,17 @@ class Judge(EpochStage):
 
     pairs_per_update: int = doc("preference pairs per optimizer update")
     head_init_std: float = doc("standard deviation of the judge head's initial weight (bias 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dpo(EpochStage):
+    """A DPO arm's budget (rlhf.dpo): declared by the study that runs the arm, not a table of the
+    lab's profiles (the lab trains PPO). Its learning rate is PPO's actor's (`rlhf.dpo.budget`)."""
+
+    TABLE = "dpo"
+
+    beta: float = doc("DPO's beta: how far the implicit reward beta * log(pi / pi_ref) may move")
+    pairs_per_update: int = doc("preference pairs per optimizer update")
 
 
 @dataclass(frozen=True)

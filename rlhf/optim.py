@@ -17,6 +17,8 @@ from rlhf.io import crash_point
 from rlhf.ppo_math import learning_rate
 from rlhf.runtime import rng_state, set_rng_state
 
+STAGE_NAMES = {"sft": "SFT", "judge": "judge", "dpo": "DPO"}  # as a stopped update names its stage
+
 
 class NonFiniteError(FloatingPointError):
     """A loss or gradient became NaN/inf; the run stops here."""
@@ -61,10 +63,18 @@ def epoch_budget(n_items: int, per_update: int, cfg: EpochStage) -> tuple[int, i
 
 
 def train_epochs(
-    role, stage: str, train: list, per_update: int, profile: Profile, update_loss, epoch_summary, leg: Leg
+    role,
+    stage: str,
+    train: list,
+    per_update: int,
+    profile: Profile,
+    update_loss,
+    epoch_summary,
+    leg: Leg,
+    cfg: EpochStage | None = None,
 ) -> dict:
-    """The epoch loop of SFT and the judge (`stage` "sft" or "judge", its profile table): the
-    same order, schedule, step and resume state.
+    """The epoch loop of SFT and the judge (`stage` "sft" or "judge", its profile table), and of
+    a DPO arm ("dpo", its budget `cfg`): the same order, schedule, step and resume state.
 
     Each epoch draws a permutation of `train` from the data-order generator and takes
     ceil(len(train) / per_update) updates of `per_update` items:
@@ -78,9 +88,10 @@ def train_epochs(
     Returns the state to save or resume from (keys: stage, epochs_done, step, the role's kind
     (its learned tensors), optimizer, order_generator, rng, history).
     """
-    cfg: EpochStage = {"sft": profile.sft, "judge": profile.judge}[stage]
+    if cfg is None:
+        cfg = {"sft": profile.sft, "judge": profile.judge}[stage]
     opt_cfg, key = profile.optim, role.kind
-    label = f"{'SFT' if stage == 'sft' else stage} stage, {key} role"  # names where a non-finite loss arose
+    label = f"{STAGE_NAMES[stage]} stage, {key} role"  # names where a non-finite loss arose
     per_epoch, total = epoch_budget(len(train), per_update, cfg)
     params = [p for p in role.learned_parameters() if p.requires_grad]
     optimizer, order, history, first_epoch, step = _start_epochs(
