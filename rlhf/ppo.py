@@ -35,7 +35,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -47,7 +47,7 @@ from rlhf.io import crash_point
 from rlhf.judge import encode_pairs
 from rlhf.masks import last_active_index, masked_sum
 from rlhf.optim import adamw, optimizer_step
-from rlhf.roles import PpoRoles, critic_values, reward_scores
+from rlhf.roles import PpoRoles, Role, critic_values, reward_scores
 from rlhf.runtime import rng_state, set_rng_state
 from rlhf.scoring import response_logprobs
 from rlhf.tokens import Batch, Tokens, collate, decode_response, encode_prompt, token_texts
@@ -104,7 +104,8 @@ def peak_memory() -> dict:
     return mem
 
 
-def _sync():
+def sync_device():
+    """On a GPU, wait for the queued kernels (so a phase is charged its own work); nothing on a CPU."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -152,7 +153,17 @@ class Paid(NamedTuple):
     paid: torch.Tensor  # [B] what the last token receives, before the truncation penalty
 
 
-def pay(roles: PpoRoles, answers: Answers, cfg: Ppo) -> Paid:
+class Judges(Protocol):
+    """What paying reads of the roles: the judge, and an ensemble design's other judges."""
+
+    @property
+    def judge(self) -> Role: ...
+
+    @property
+    def members(self) -> tuple[Role, ...]: ...
+
+
+def pay(roles: Judges, answers: Answers, cfg: Ppo) -> Paid:
     """Pay each answer its design's score (rlhf.designs): the judge's score s always (recorded
     under every design), and what else the design reads, gathered here; then the design's formula."""
     d = designs.design(cfg.reward_design)
@@ -200,7 +211,7 @@ def rollout(
     pay each answer its design's score (`pay`), and compute the per-token penalty (once: the
     rewards, the history and the token view read it), rewards, advantages and returns."""
     cfg = profile.ppo
-    with costs.phase(timings, "generation", _sync):
+    with costs.phase(timings, "generation", sync_device):
         gen = sample_like_ppo(roles.actor.model, prompts.ids, tokens, profile, generator)
     if len(gen.entropies) != len(gen.logps):
         raise ValueError("a PPO rollout is sampled: every drawn token has its distribution's entropy")
@@ -208,13 +219,13 @@ def rollout(
     batch = collate(prompts.ids, gen.responses, tokens.pad_id).to(device)
     mask = batch.response_mask
     logp_old = _per_token(gen.logps, mask)  # [B, R]
-    with costs.phase(timings, "reference", _sync):
+    with costs.phase(timings, "reference", sync_device):
         logp_ref = response_logprobs(roles.reference.model, batch)  # [B, R]
     truncated = torch.tensor([not e for e in gen.ended], device=device)  # [B]
     answers = Answers(batch, gen.responses, truncated, prompts.actions, tokens)
-    with costs.phase(timings, "judge", _sync):
+    with costs.phase(timings, "judge", sync_device):
         scores = pay(roles, answers, cfg)
-    with costs.phase(timings, "critic_values", _sync):
+    with costs.phase(timings, "critic_values", sync_device):
         values = critic_values(roles.critic, batch)  # [B, R]
     penalty = ppo_math.log_ratio_penalty(logp_old, logp_ref, mask, cfg.kl_coef)  # [B, R]
     rewards = ppo_math.token_rewards(penalty, scores.paid, mask, truncated, truncation_penalty=cfg.truncation_penalty)
@@ -264,7 +275,7 @@ def _descend(
     grad_norm = optimizer_step(
         optimizer, params, loss, lr, opt_cfg.grad_clip_norm, f"PPO stage, {kind} role, update {step} ({where})"
     )
-    _sync()
+    sync_device()
     return lr, grad_norm
 
 
