@@ -15,7 +15,8 @@ fresh seeds, with comparisons and a seed count declared before any test prompt i
   2. Those seeds trained and every point evaluated on test against the seed's SFT
      (rlhf.studies.heldout.run_points; a stopped study continues when rerun).
   3. DIR/verdict.json: each comparison's per-seed differences, mean, Student-t interval, exact
-     sign-flip p and seeds up.
+     sign-flip p and seeds up; and the per-seed test success each difference is made of
+     (success_table: SFT's and every point's), from which every comparison can be recomputed.
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ def selection_frontier(choice_record: dict, choice_path: str) -> Path:
     )
 
 
+def success_table(folders: list[Path], points: dict[str, heldout.Point]) -> dict[str, list[float]]:
+    """Test rubric success per seed (in the folders' order): the seed's SFT ("sft") and each
+    declared point's PPO policy, read from the seeds' test files (rlhf.studies.heldout.test_success)."""
+    table: dict[str, list[float]] = {"sft": [heldout.test_success(f, points["chosen"])[0] for f in folders]}
+    for name, point in points.items():
+        table[name] = [heldout.test_success(f, point)[1] for f in folders]
+    return table
+
+
 def declared_points(declared: dict) -> dict[str, heldout.Point]:
     return {k: heldout.Point(**p) for k, p in declared["points"].items()}
 
@@ -112,6 +122,7 @@ def confirm_design(choice_json, out, workers=None, say=print) -> dict:
         "declared": declared,
         "interval": INTERVAL,
         "comparisons": heldout.comparisons(folders, pairs),
+        "test_success": success_table(folders, points),
         "seconds_this_invocation": time.perf_counter() - t0,
         "evaluated_by": ran_with(),
     }

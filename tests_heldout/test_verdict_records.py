@@ -1,0 +1,65 @@
+"""The committed answer on test (results/verdict-r002/), read back and recomputed: its declaration
+follows from the committed choice alone and was committed before any test read (study.json); the
+seed count is the power rule's; every comparison's per-seed differences, interval, sign-flip p
+and seeds up follow from the per-seed test success the seeds' files hold (test_success.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhf.studies import verdict
+from rlhf.studies.statistics import paired
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "results" / "verdict-r002"
+CHOICE = "results/choice-r002/choice.json"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def record():
+    return load(STUDY / "verdict.json")
+
+
+def test_the_declaration_follows_from_the_committed_choice_and_came_first(record):
+    again = verdict.declaration(load(ROOT / CHOICE), str(ROOT / CHOICE))
+    study = load(STUDY / "study.json")
+    assert {**again, "choice": CHOICE} == study["identity"] == record["declared"]
+    assert study["identity"]["choice_commit"] == load(ROOT / CHOICE)["steps"][-1]["commit"]
+    # declared at its own commit, after the choice's, and read on test by a later run of the code
+    assert len(study["commit"]) == 40 and study["commit"] != study["identity"]["choice_commit"]
+    assert "test prompts (step 2's evaluation, after this declaration)" in study["identity"]["reads"]
+
+
+def test_the_seed_count_is_the_power_rules_largest_ask(record):
+    power = record["declared"]["power"]
+    asks = {name: c["asks"] for name, c in power["per_comparison"].items()}
+    assert power["seeds"] == max(asks.values()) and not power["capped"]
+    for name, c in power["per_comparison"].items():
+        assert c["expected_half_width"] <= 0.10, name
+    table = load(STUDY / "test_success.json")["test_success"]
+    assert {len(v) for v in table.values()} == {power["seeds"]}
+    assert all(c["n"] == power["seeds"] for c in record["comparisons"].values())
+
+
+def test_every_comparison_is_recomputed_from_the_per_seed_test_success(record, record_result):
+    table = load(STUDY / "test_success.json")["test_success"]
+    assert set(table) == {"sft", *record["declared"]["points"]}
+    for name, (a, b) in record["declared"]["comparisons"].items():
+        diffs = [x - y for x, y in zip(table[a], table[b])]
+        got = record["comparisons"][name]
+        assert got["per_seed"] == pytest.approx(diffs, abs=1e-15)
+        again = paired(got["per_seed"])
+        assert {k: got[k] for k in again} == again
+        assert got["seeds_up"] == sum(d > 0 for d in diffs)
+        # every success is a share of the 180 test prompts
+        assert all(abs(x * 180 - round(x * 180)) < 1e-9 for x in table[a] + table[b])
+        record_result(name, {k: got[k] for k in ("mean", "t95", "sign_flip_p", "seeds_up", "n")})
