@@ -227,7 +227,7 @@ def test_only_the_confirmation_module_can_read_test_prompts():
     measurements, selection and orchestration cannot read a test prompt. (The small study is built
     with the evaluation view refusing every call: the same, at run time.)"""
     modules = _frontier_modules()
-    assert set(modules) == {"__init__", "arms", "runs", "measure", "selection", "study", "confirmation"}
+    assert set(modules) == {"__init__", "arms", "methods", "runs", "measure", "selection", "study", "confirmation"}
     assert TEST_READERS.search(modules["confirmation"])  # the check sees a reader where there is one
     for name, text in modules.items():
         if name in ("__init__", "confirmation"):

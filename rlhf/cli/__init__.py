@@ -45,6 +45,7 @@ from rlhf.cli.studies import (
     add_choose_design,
     add_choose_sft_budget,
     add_choose_testbed,
+    add_compare_methods,
     add_confirm_design,
     add_confirm_oracle,
     add_frontier,
@@ -77,6 +78,7 @@ ADDERS = (
     add_choose_design,
     add_confirm_design,
     add_nested,
+    add_compare_methods,
     add_reproduce,
     add_export_verl,
 )

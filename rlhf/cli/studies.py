@@ -422,6 +422,40 @@ def add_confirm_design(sub) -> None:
     p.set_defaults(func=cmd_confirm_design)
 
 
+def cmd_compare_methods(args) -> int:
+    from rlhf.studies.compare_methods import compare_methods
+
+    compare_methods(args.choice, args.out, workers=args.workers)
+    print(f"written to {Path(args.out) / 'methods.json'}")
+    return 0
+
+
+def add_compare_methods(sub) -> None:
+    """`rlhf compare-methods`: its options, beside the command it runs."""
+    from rlhf.studies.compare_methods import DPO_BETAS, GRPO_GROUP, SEEDS
+
+    p = subcommand(
+        sub,
+        "compare-methods",
+        "DPO and GRPO beside PPO on the choice's testbed, on validation prompts only",
+        textwrap.fill(
+            f"Run DPO (from the judge's train pairs, beta {', '.join(f'{b:g}' for b in DPO_BETAS)}) and GRPO "
+            f"(G = {GRPO_GROUP} answers per prompt, paid by the judge, no critic) as frontier arms beside PPO's "
+            f"SPEC default, the chosen design and the oracle control (rlhf.studies.compare_methods), on {SEEDS} "
+            f"seeds of the choice's selection study and its testbed, every point measured on the validation "
+            f"prompts. DIR/methods.json: each method's best point, its gain over SFT and share of the oracle's "
+            f"gain, and each arm's seconds per iteration or epoch. A stopped study continues when rerun.",
+            width=100,
+            break_on_hyphens=False,
+        ),
+        "rlhf compare-methods --choice results/choice-r002/choice.json --out runs/methods-r002 --workers 2",
+    )
+    p.add_argument("--choice", required=True, help="the choice record (rlhf choose-design) naming the testbed")
+    p.add_argument("--out", required=True, help="study folder (study.json first, frontier/, methods.json last)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.set_defaults(func=cmd_compare_methods)
+
+
 def cmd_nested(args) -> int:
     from rlhf.studies.nested import run_nested
 

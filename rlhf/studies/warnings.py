@@ -43,11 +43,13 @@ FORMAT = RULES_FORMAT
 
 
 def study_runs(folders: list[Path], per_seed: list[dict], window: int = WINDOW) -> list[dict]:
-    """Every (seed, arm) run of a study: its signals (from its PPO history) and its validation
+    """Every (seed, PPO arm) run of a study: its signals (from its PPO history) and its validation
     gold per checkpoint (iteration >= 1) beside the seed's SFT gold (frontier collect's per-seed data)."""
     runs = []
     for folder, seed in zip(folders, per_seed):
         for arm, data in seed["arms"].items():
+            if data.get("method", "ppo") != "ppo":  # the signals are read from PPO's history
+                continue
             history = read_json(folder / "arms" / arm / "ppo" / "history.json")
             runs.append(
                 {

@@ -7,7 +7,10 @@ best-of-n, chosen on validation prompts, confirmed once on test.
 
 One module per concern, each importing only those above it in this list:
 
-    arms          the arms (a reward design and a KL coefficient each) and the study's settings
+    arms          the arms (a reward design and a KL coefficient each, or DPO's or GRPO's settings)
+                  and the study's settings
+    methods       the arms that are not PPO: DPO and GRPO trained, checkpointed and resumed in the
+                  arm's folder, their actor at each measured point
     runs          the run folders: a seed's SFT and judge, an arm's PPO from them, its actor at a checkpoint
     measure       the validation measurements: per seed the SFT policy, per arm every kept checkpoint
     selection     the stored measurements summarised: curves over seeds, fits, the grid's best c,
@@ -24,10 +27,11 @@ so its seeds are fresh), DIR/seed-i is a lab run folder (its own profile.toml) w
      proxy (iteration 0 of every arm), best-of-n (n = 1..16 temperature-1 samples, the judge's
      favourite kept), the spread sigma of the judge's scores of one temperature-1 SFT sample per
      validation prompt, and mean and SD of its scores of one sample per train (rollout) prompt;
-  3. every arm runs PPO from that same SFT and judge, in seed-i/arms/ARM (its own run folder
-     and profile.toml, `Context.trained_in` = seed-i), keeping the checkpoint PPO saves every
-     `ppo.checkpoint_every` iterations; each checkpoint is measured on the validation prompts
-     (seed-i/arms/ARM/validation/iter-NNNN.json: per-row answers kept).
+  3. every arm runs PPO (or its declared method, DPO or GRPO) from that same SFT and judge, in
+     seed-i/arms/ARM (its own run folder and profile.toml, `Context.trained_in` = seed-i), keeping
+     the checkpoint PPO saves every `ppo.checkpoint_every` iterations (DPO: every epoch); each
+     checkpoint is measured on the validation prompts (seed-i/arms/ARM/validation/iter-NNNN.json:
+     per-row answers kept).
 
 Only `confirmation` reads test prompts. Everything else reads the learning view only: SFT, judge
 and PPO train on it, and every measurement takes it (rlhf.studies.validation). The best (arm,

@@ -22,6 +22,20 @@ from typing import cast
 from rlhf import designs
 from rlhf.studies import StudyError
 
+METHODS = ("ppo", "dpo", "grpo")
+METHOD_SETTINGS = {"dpo": ("beta", "epochs"), "grpo": ("group_size", "beta")}  # what each method may declare
+
+
+def check_method(method: str, settings: dict) -> None:
+    """A known method, declaring only its own settings."""
+    if method not in METHODS:
+        raise StudyError(f"an arm's method is one of {', '.join(METHODS)}, not {method!r}")
+    unknown = sorted(set(settings) - set(METHOD_SETTINGS.get(method, ())))
+    if unknown:
+        allowed = ", ".join(METHOD_SETTINGS.get(method, ())) or "nothing"
+        raise StudyError(f"a {method} arm declares {allowed}, not {', '.join(unknown)}")
+
+
 SPEC_KL = 0.02
 GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 BON_NS = (1, 2, 4, 8, 16)
@@ -40,6 +54,13 @@ class Arm:
     ppo: tuple[tuple[str, object], ...] = ()  # other [ppo] keys of the design (refresh_every, ensemble_size, ...)
     c_from_grid: bool = False  # c is the grid's best (grid_choice), known once the grid's arms are measured
     ppo_offset: int | None = None  # [seeds] ppo_offset: PPO's draws for a nested study's PPO seed (None: none)
+    # The training method (METHODS): PPO, or DPO or GRPO (rlhf.studies.frontier.methods), whose own
+    # settings (METHOD_SETTINGS) are declared here; their profile's [ppo] KL coefficient is not read.
+    method: str = "ppo"
+    method_settings: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self):
+        check_method(self.method, dict(self.method_settings))
 
     def kl_coef(self, sigma: float) -> float:
         if self.raw is not None:
@@ -73,6 +94,10 @@ class Arm:
             beta = "beta = c sigma at the grid's best c" + ("" if self.c is None else f" ({self.c})")
         lr = "" if self.actor_lr is None else f", actor learning rate {self.actor_lr:g}"
         offset = "" if self.ppo_offset is None else f", PPO seeds + {self.ppo_offset}"
+        if self.method != "ppo":
+            own = "".join(f", {key} {value}" for key, value in self.method_settings)
+            paid = ", paid by the judge" if self.method == "grpo" else ", from the judge's train pairs"
+            return f"{self.method.upper()}{paid}{own}{offset}"
         return f"{self.design}, {beta}{lr}" + "".join(f", {key} {value}" for key, value in self.ppo) + offset
 
 
@@ -138,6 +163,8 @@ MORE_ARMS = (
 ARMS = default_arms()
 
 
+OPTIONAL = {"ppo_offset": None, "method": "ppo", "method_settings": ()}  # recorded only when not these
+
 NEEDS_GRID = "arms that take c from the grid's best need grid arms (the plain judge at beta = c sigma)"
 
 
@@ -164,11 +191,13 @@ class Settings:
 
     def record(self) -> dict:
         return {
-            # ppo_offset only where set: the studies recorded before it existed keep their identity
+            # ppo_offset and the method only where not the default: the studies recorded before they
+            # existed keep their identity
             "arms": [
                 {
-                    **{k: v for k, v in dataclasses.asdict(a).items() if k != "ppo_offset" or v is not None},
+                    **{k: v for k, v in dataclasses.asdict(a).items() if k not in OPTIONAL or v != OPTIONAL[k]},
                     "ppo": [list(kv) for kv in a.ppo],
+                    **({"method_settings": [list(kv) for kv in a.method_settings]} if a.method_settings else {}),
                 }
                 for a in self.arms
             ],
@@ -198,8 +227,15 @@ def settings_of(identity: dict) -> Settings:
     """The Settings a study's identity records."""
     rec = identity["settings"]
     return Settings(
-        arms=tuple(Arm(**{**a, "ppo": tuple(tuple(kv) for kv in a.get("ppo", ()))}) for a in rec["arms"]),
+        arms=tuple(
+            Arm(**{**a, "ppo": _pairs(a.get("ppo", ())), "method_settings": _pairs(a.get("method_settings", ()))})
+            for a in rec["arms"]
+        ),
         bon_ns=tuple(rec["bon_ns"]),
         kl_samples=rec["kl_samples_per_prompt"],
         bon_ensembles=tuple(rec.get("bon_ensembles", ())),  # a study made before they were measured: none
     )
+
+
+def _pairs(rows) -> tuple[tuple[str, object], ...]:
+    return tuple((str(k), v) for k, v in rows)

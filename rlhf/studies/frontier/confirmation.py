@@ -90,7 +90,7 @@ def confirm_seed(seed_dir, arms: tuple[tuple[Arm, int | None], ...], revision: s
             # actor_at reads the final state (state-continuous) for the profile's last iteration,
             # which is where a stopped run saved its last state too
             ppo_rows = test_rows(
-                actor_at(ctx, ctx.profile.ppo.iterations if point is None else point).model, sft.model, judge, ctx
+                actor_at(ctx, ctx.profile.ppo.iterations if point is None else point, arm).model, sft.model, judge, ctx
             )
             write_json(
                 out,
@@ -190,13 +190,15 @@ def test_gold_curve(seed_dir: Path, arm: Arm, revision: str) -> list[dict]:
     confirmation seeds (the rules are frozen; nothing here chooses anything)."""
     ctx = arm_context(seed_dir, arm, revision)
     curve = []
-    for it in measured_iterations(ctx.profile):
+    for it in measured_iterations(ctx.profile, arm):
         path = seed_dir / "arms" / arm.name / "test-gold" / f"iter-{it:04d}.json"
         if not path.is_file():
             # Generated as the evaluation generates (probe rows in the same batches), so that the last
             # checkpoint's gold is the confirmation point's own to the bit; only test rows are kept.
             rows = [
-                r for r in rubric_rows(generate_heldout(actor_at(ctx, it).model, ctx), ctx) if r["population"] == "test"
+                r
+                for r in rubric_rows(generate_heldout(actor_at(ctx, it, arm).model, ctx), ctx)
+                if r["population"] == "test"
             ]
             success = [bool(r["rubric"]["rubric_success"]) for r in rows]
             write_json(

@@ -158,7 +158,8 @@ def _seed_ready(seed_dir: Path, ensemble: bool) -> bool:
 
 
 def run_arm(seed_dir, arm: Arm, revision: str, settings: Settings, *, measure: bool = True, log: bool = True) -> str:
-    """PPO of one arm from the seed's SFT and judge, then every kept checkpoint on validation."""
+    """The arm's training from the seed's SFT and judge (PPO, or its method's), then every kept
+    checkpoint on validation."""
     seed_dir = Path(seed_dir)
     arm_dir = seed_dir / "arms" / arm.name
     arm_dir.mkdir(parents=True, exist_ok=True)
@@ -166,24 +167,24 @@ def run_arm(seed_dir, arm: Arm, revision: str, settings: Settings, *, measure: b
         if log:
             log_to(arm_dir / "lab.log", stack)
         ctx = arm_context(seed_dir, arm, revision)
-        if not lab.stage_complete(ctx, "ppo"):
-            lab.stage_ppo(ctx, protocol=False)
+        train_arm(ctx, arm)
         if not measure:
             return str(arm_dir)
         sft, judge = roles_for_measuring(ctx)
         view = ctx.corpus.learning_view()
         curves: events.ScalarLog | None = None
         seed = measurement_seeds(ctx.profile)["kl"]
-        for it in measured_iterations(ctx.profile):
+        points = measured_iterations(ctx.profile, arm)
+        for it in points:
             out = arm_dir / "validation" / f"iter-{it:04d}.json"
             if out.is_file():
                 continue
             t0 = time.perf_counter()
             m = measure_policy(
-                actor_at(ctx, it).model, sft.model, judge, view, ctx, kl_samples=settings.kl_samples, seed=seed
+                actor_at(ctx, it, arm).model, sft.model, judge, view, ctx, kl_samples=settings.kl_samples, seed=seed
             )
             if curves is None:
-                curves = _validation_curves(seed_dir, arm_dir, it, first=it == measured_iterations(ctx.profile)[0])
+                curves = _validation_curves(seed_dir, arm_dir, it, first=it == points[0])
                 stack.enter_context(contextlib.closing(curves))
             curves.write(events.validation_scalars(m), it)
             curves.flush()
@@ -208,5 +209,27 @@ def _validation_curves(seed_dir: Path, arm_dir: Path, it: int, first: bool) -> e
 def arm_complete(seed_dir: Path, arm: Arm, profile) -> bool:
     return all(
         (seed_dir / "arms" / arm.name / "validation" / f"iter-{it:04d}.json").is_file()
-        for it in measured_iterations(profile)
+        for it in measured_iterations(profile, arm)
     )
+
+
+def train_arm(ctx, arm: Arm) -> None:
+    """The arm's training, unless complete: PPO as the lab runs it (one leg), or the arm's method."""
+    if arm.method == "ppo":
+        if not lab.stage_complete(ctx, "ppo"):
+            lab.stage_ppo(ctx, protocol=False)
+        return
+    from rlhf.studies.frontier import methods
+
+    methods.train_method(ctx, arm.method, dict(arm.method_settings))
+
+
+def arm_trained(seed_dir: Path, arm: Arm) -> bool:
+    """The arm's training is complete (its run record names PPO; another method's final state)."""
+    arm_dir = seed_dir / "arms" / arm.name
+    if arm.method != "ppo":
+        from rlhf.studies.frontier import methods
+
+        return methods.method_done(arm_dir, arm.method)
+    path = arm_dir / "run.json"
+    return path.is_file() and "ppo" in read_json(path).get("stages", {})

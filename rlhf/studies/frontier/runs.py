@@ -31,8 +31,13 @@ def frozen_role(ctx: lab.Context, kind: str, path: Path):
     return role
 
 
-def measured_iterations(profile) -> list[int]:
-    """The iterations whose actor is kept: every checkpoint PPO saves, and the last."""
+def measured_iterations(profile, arm: Arm | None = None) -> list[int]:
+    """The points whose actor is kept: every checkpoint PPO saves, and the last; for an arm of
+    another method, its own (rlhf.studies.frontier.methods: DPO's epochs, GRPO's iterations)."""
+    if arm is not None and arm.method != "ppo":
+        from rlhf.studies.frontier import methods
+
+        return methods.measured_points(profile, arm.method, dict(arm.method_settings))
     cfg = profile.ppo
     return [*range(cfg.checkpoint_every, cfg.iterations, cfg.checkpoint_every), cfg.iterations]
 
@@ -64,8 +69,13 @@ def final_iteration(ctx: lab.Context) -> int:
     return len(read_json(ctx.run / "ppo" / "history.json")["iterations"])
 
 
-def actor_at(ctx: lab.Context, iteration: int):
-    """The arm's actor after `iteration` iterations, from its checkpoint or final state."""
+def actor_at(ctx: lab.Context, iteration: int, arm: Arm | None = None):
+    """The arm's actor after `iteration` iterations (a DPO arm's: epochs), from its checkpoint or
+    final state."""
+    if arm is not None and arm.method != "ppo":
+        from rlhf.studies.frontier import methods
+
+        return methods.actor_at(ctx, arm.method, dict(arm.method_settings), iteration)
     folder = ctx.run / "ppo"
     last = ctx.profile.ppo.iterations
     path = (

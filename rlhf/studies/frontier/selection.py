@@ -102,7 +102,7 @@ def _point(m: dict) -> dict:
     }
 
 
-def seed_summary(index: int, folder: Path, arm_list: tuple[Arm, ...], iterations: list[int]) -> dict:
+def seed_summary(index: int, folder: Path, arm_list: tuple[Arm, ...]) -> dict:
     """One seed's stored measurements: its spreads, its SFT point and best-of-n, and per arm its
     KL coefficient, reward design and points (iteration 0 is the SFT policy: d 0), each point's
     proxy standardised by the seed's judge and its gain over the seed's SFT gold."""
@@ -122,7 +122,7 @@ def seed_summary(index: int, folder: Path, arm_list: tuple[Arm, ...], iterations
     for arm in arm_list:
         arm_profile = load_profile(str(folder / "arms" / arm.name / "profile.toml"))
         points = [{**_point(it0), "iteration": 0, "kl": 0.0, "kl_se": 0.0, "d": 0.0}]
-        for it in iterations:
+        for it in measured_iterations(arm_profile, arm):
             m = read_json(folder / "arms" / arm.name / "validation" / f"iter-{it:04d}.json")
             points.append({**_point(m), **{k: m[k] for k in ("iteration", "kl", "kl_se", "d")}})
         for p in points:
@@ -131,6 +131,7 @@ def seed_summary(index: int, folder: Path, arm_list: tuple[Arm, ...], iterations
         seed["arms"][arm.name] = {
             "kl_coef": arm_profile.ppo.kl_coef,
             "reward_design": arm_profile.ppo.reward_design,
+            **({} if arm.method == "ppo" else {"method": arm.method}),
             "points": points,
         }
         if designs.design(arm_profile.ppo.reward_design).refreshes_judge:
@@ -139,14 +140,14 @@ def seed_summary(index: int, folder: Path, arm_list: tuple[Arm, ...], iterations
     return seed
 
 
-def arm_summaries(arm_list: tuple[Arm, ...], per_seed: list[dict], iterations: list[int]) -> dict:
+def arm_summaries(arm_list: tuple[Arm, ...], per_seed: list[dict]) -> dict:
     """Per arm: its curve (each POINT_STATS over seeds at iteration 0 and every kept one), its Gao
     fit over the checkpoints of all seeds (iteration >= 1), its coefficients per seed, and for an
     iterated judge its refreshes over seeds."""
     arms = {}
     for arm in arm_list:
         rows = []
-        for k, it in enumerate([0, *iterations]):
+        for k, it in enumerate(p["iteration"] for p in per_seed[0]["arms"][arm.name]["points"]):
             pts = [s["arms"][arm.name]["points"][k] for s in per_seed]
             rows.append({"iteration": it, **{key: across_seeds([p[key] for p in pts]) for key in POINT_STATS}})
         fit_points = [
@@ -158,6 +159,7 @@ def arm_summaries(arm_list: tuple[Arm, ...], per_seed: list[dict], iterations: l
             "raw": arm.raw,
             "c_from_grid": arm.c_from_grid,
             "describe": arm.describe(),
+            **({} if arm.method == "ppo" else {"method": arm.method, "method_settings": dict(arm.method_settings)}),
             "kl_coef_per_seed": [s["arms"][arm.name]["kl_coef"] for s in per_seed],
             "c_per_seed": [s["arms"][arm.name]["kl_coef"] / s["sigma_validation"] for s in per_seed],
             "curve": rows,
@@ -210,8 +212,8 @@ def collect(folders: list[Path], settings: Settings) -> dict:
     choice = grid_choice(folders, settings.arms)
     arm_list = resolved(settings.arms, choice)
     iterations = measured_iterations(load_profile(str(folders[0] / "profile.toml")))
-    per_seed = [seed_summary(i, f, arm_list, iterations) for i, f in enumerate(folders)]
-    arms = arm_summaries(arm_list, per_seed, iterations)
+    per_seed = [seed_summary(i, f, arm_list) for i, f in enumerate(folders)]
+    arms = arm_summaries(arm_list, per_seed)
     bon = best_of_n_summary(per_seed, settings.bon_ns)
     add_fit_curves(arms, bon)
     sft_level = across_seeds([s["sft"]["gold"] for s in per_seed])

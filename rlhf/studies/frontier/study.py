@@ -17,7 +17,7 @@ from rlhf.io import output_folder, read_json, write_json
 from rlhf.studies import StudyError, worker_pool
 from rlhf.studies.derivation import write_study_profiles
 from rlhf.studies.frontier.arms import GRID, Arm, Settings, default_arms, grid_arms, resolved, settings_of
-from rlhf.studies.frontier.measure import arm_complete, prepare_seed, run_arm
+from rlhf.studies.frontier.measure import arm_complete, arm_trained, prepare_seed, run_arm
 from rlhf.studies.frontier.selection import collect, grid_choice
 from rlhf.studies.record import begin_study, identity_of_study, ran_with, workers_count
 
@@ -112,15 +112,7 @@ def run_tasks(
     measure = not confirm
     ensemble = any(designs.design(a.design).ensemble for a in arms)  # the seed trains the members these arms use
     todo_arms = {
-        i: [
-            a
-            for a in arms
-            if not (
-                arm_complete(f, a, profile)
-                if measure
-                else (f / "arms" / a.name / "run.json").is_file() and _ppo_done(f, a)
-            )
-        ]
+        i: [a for a in arms if not (arm_complete(f, a, profile) if measure else arm_trained(f, a))]
         for i, f in enumerate(folders)
     }
     t0 = time.perf_counter()
@@ -158,11 +150,6 @@ def run_tasks(
                         )
     if failed:
         raise StudyError(f"{', '.join(failed)} failed; the rest is kept. Run the same command again to continue")
-
-
-def _ppo_done(seed_dir: Path, arm: Arm) -> bool:
-    path = seed_dir / "arms" / arm.name / "run.json"
-    return path.is_file() and "ppo" in read_json(path).get("stages", {})
 
 
 def run_frontier(
