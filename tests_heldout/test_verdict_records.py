@@ -63,3 +63,21 @@ def test_every_comparison_is_recomputed_from_the_per_seed_test_success(record, r
         # every success is a share of the 180 test prompts
         assert all(abs(x * 180 - round(x * 180)) < 1e-9 for x in table[a] + table[b])
         record_result(name, {k: got[k] for k in ("mean", "t95", "sign_flip_p", "seeds_up", "n")})
+
+
+def test_reproduce_reads_this_study_s_rows_and_refuses_a_seed_it_did_not_run(tmp_path):
+    """`rlhf reproduce results/verdict-r002 --seed N` compares seed N's row of test_success.json;
+    a seed outside the study is refused before anything is written."""
+    from rlhf.studies import StudyError
+    from rlhf.studies.reproduce import committed_verdict_row, reproduce
+
+    declared, row = committed_verdict_row(STUDY, 3)
+    table = load(STUDY / "test_success.json")["test_success"]
+    assert (
+        row == {name: values[3] for name, values in table.items()}
+        and declared == load(STUDY / "study.json")["identity"]
+    )
+    work = tmp_path / "work"
+    with pytest.raises(StudyError, match="--seed must be between 0 and 14"):
+        reproduce(STUDY, 15, work)
+    assert not work.exists()

@@ -122,14 +122,20 @@ def add_reproduce(sub) -> None:
     p = subcommand(
         sub,
         "reproduce",
-        "recompute one seed of a committed seed study and compare its row byte for byte",
+        "recompute one seed of a committed study and compare its row byte for byte",
         "Run `rlhf lab` on seed N's run profile of the seed study in RESULTS_DIR (rlhf seeds) with\n"
-        "today's code, and compare its row with the committed one in canonical JSON: exit 0 when they\n"
-        "are the same bytes, 1 naming the first difference. Same CPU arithmetic expected (the CPU\n"
-        "pin; `rlhf arithmetic` says whether this machine computes like the verified ones).",
-        "rlhf reproduce results/seeds-r001 --seed 0 --work runs/reproduce-r001-0",
+        "today's code, or seed N's SFT, judge and declared points of an answer on test (rlhf\n"
+        "confirm-design: its test_success.json), and compare its row with the committed one in\n"
+        "canonical JSON: exit 0 when they are the same bytes, 1 naming the first difference. Same CPU\n"
+        "arithmetic expected (the CPU pin; `rlhf arithmetic` says whether this machine computes like\n"
+        "the verified ones).",
+        "rlhf reproduce results/seeds-r001 --seed 0 --work runs/reproduce-r001-0\n"
+        "rlhf reproduce results/verdict-r002 --seed 0 --work runs/reproduce-verdict-0",
     )
-    p.add_argument("results", help="the committed study's folder (its study.json and seeds.json)")
+    p.add_argument(
+        "results",
+        help="the committed study's folder (study.json and seeds.json, or an answer on test's test_success.json)",
+    )
     p.add_argument("--seed", type=int, required=True, help="the run of the study to recompute (0 to n - 1)")
     p.add_argument("--work", default=None, help="the run folder's parent (default: a new temporary folder)")
     p.add_argument("--profile", default=None, help="the profile file of a study made with one (default: the study's)")

@@ -1,5 +1,11 @@
-"""`rlhf reproduce RESULTS_DIR --seed N [--work DIR]`: one seed of a committed seed study,
-recomputed with today's code and compared byte for byte with the committed row.
+"""`rlhf reproduce RESULTS_DIR --seed N [--work DIR]`: one seed of a committed seed study, or
+of a committed answer on test (`rlhf confirm-design`), recomputed with today's code and compared
+byte for byte with the committed row.
+
+An answer on test's row of seed N is its test success of SFT and of each declared point
+(test_success.json, rlhf.studies.verdict.success_table): the seed's SFT, judge and the points'
+PPO arms are trained from its run profile as the study trained them, evaluated on test, and
+the same table made of the one seed.
 
 A seed study's row (rlhf.studies.seeds.seed_row: the run's seeds, every held-out number, the
 shortcut audit, the politeness counts, the hashes of its trained states and data order) holds
@@ -19,7 +25,7 @@ from pathlib import Path
 
 from rlhf import runtime
 from rlhf.config import load_profile, profile_hash
-from rlhf.io import dumps_json, output_folder, read_json_of_kind, write_json
+from rlhf.io import dumps_json, output_folder, read_json, read_json_of_kind, write_json
 from rlhf.studies import StudyError
 from rlhf.studies.derivation import profile_source, write_study_profiles
 from rlhf.studies.record import ran_with
@@ -58,6 +64,38 @@ def committed_row(results: Path, seed: int, profile_name: str | None = None) -> 
     return identity, found[0]
 
 
+def committed_verdict_row(results: Path, seed: int) -> tuple[dict, dict]:
+    """(the answer on test's declaration, its committed row of `seed`: {sft, each point: test
+    success}), each argument checked."""
+    try:
+        declared = read_json_of_kind(results / "study.json", "study record", {"identity": dict}, "key",
+                                     "`rlhf confirm-design --out DIR` writes it")["identity"]  # fmt: skip
+        table = read_json_of_kind(results / "test_success.json", "per-seed test success", {"test_success": dict},
+                                  "key", "rlhf.studies.verdict.success_table makes it")["test_success"]  # fmt: skip
+    except ValueError as err:
+        raise StudyError(f"RESULTS_DIR: {err}") from None
+    n = declared["power"]["seeds"]
+    if not 0 <= seed < n:
+        raise StudyError(f"--seed must be between 0 and {n - 1} (the study's seeds), not {seed}")
+    return declared, {name: values[seed] for name, values in table.items()}
+
+
+def reproduce_verdict_seed(results: Path, seed: int, work: Path, say) -> tuple[dict, dict]:
+    """(committed row, recomputed row) of seed `seed` of the answer on test in `results`."""
+    from rlhf.studies import heldout, verdict
+
+    declared, row = committed_verdict_row(results, seed)
+    n, recipe = declared["power"]["seeds"], declared["sft_recipe"]
+    folders = write_study_profiles(work, declared["profile"], n, verdict.VERDICT_STUDY_SEED, recipe)
+    points = verdict.declared_points(declared)
+    say(
+        f"reproducing seed {seed} of {results} in {folders[seed]} (points: {', '.join(p.key for p in points.values())})"
+    )
+    heldout.run_points([folders[seed]], tuple(points.values()), declared["revision"], 1, say)
+    table = verdict.success_table([folders[seed]], points)
+    return row, {name: values[0] for name, values in table.items()}
+
+
 def first_difference(committed, recomputed, path: str = "row") -> str | None:
     """None when the two are equal in canonical JSON (rlhf.io.dumps_json), else the first path
     where they part, with both values."""
@@ -84,21 +122,31 @@ def reproduce(results, seed: int, work=None, profile_name: str | None = None, sa
     folder) and compare its row with the committed one; returns (and writes to
     work/reproduce-seed-N.json) {identical, first_difference, ...}. `profile_name`: the profile
     file of a study made with one (default: the profile the study names)."""
-    identity, row = committed_row(Path(results), seed, profile_name)
+    results = Path(results)
+    verdict_study = (results / "test_success.json").is_file()
+    if verdict_study:
+        committed_verdict_row(results, seed)  # checked before anything is written
+    else:
+        identity, row = committed_row(results, seed, profile_name)
     work = output_folder(work) if work is not None else Path(tempfile.mkdtemp(prefix="rlhf-reproduce-"))
     t0 = time.perf_counter()
-    folders = write_study_profiles(
-        work, profile_name or identity["profile"], identity["n"], identity["study_seed"], identity["sft_budget"]
-    )
-    say(f"reproducing seed {seed} of {results} in {folders[seed]} (protocol: {row['protocol']})")
-    run_seed(folders[seed], identity["revision"], row["protocol"], log=False)
-    first = first_difference(row, seed_row(folders[seed], seed))
+    if verdict_study:
+        row, recomputed = reproduce_verdict_seed(results, seed, work, say)
+        study_code = read_json(results / "verdict.json")["evaluated_by"]["code"]
+    else:
+        folders = write_study_profiles(
+            work, profile_name or identity["profile"], identity["n"], identity["study_seed"], identity["sft_budget"]
+        )
+        say(f"reproducing seed {seed} of {results} in {folders[seed]} (protocol: {row['protocol']})")
+        run_seed(folders[seed], identity["revision"], row["protocol"], log=False)
+        recomputed, study_code = seed_row(folders[seed], seed), identity["code"]
+    first = first_difference(row, recomputed)
     out = {
         "results": str(results),
         "seed": seed,
         "identical": first is None,
         "first_difference": first,
-        "study_code": identity["code"],
+        "study_code": study_code,
         **ran_with(),
         "arithmetic": runtime.identity_tag(),
         "seconds": time.perf_counter() - t0,
