@@ -92,26 +92,52 @@ def run_difference(folder: Path, point: heldout.Point) -> tuple[float, float]:
     return sum(diffs) / len(diffs), statistics.variance(diffs) / len(diffs)
 
 
-def run_nested(choice_json, out, workers=None, say=print) -> dict:
-    """The nested study (module docstring); DIR/nested.json written last and returned."""
-    from rlhf.studies.derivation import write_study_profiles
-    from rlhf.studies.frontier.arms import default_arms
-    from rlhf.studies.verdict import declaration, declared_points
+def run_table(folders: list[Path], points: dict, nested_points: dict) -> dict:
+    """Per point label, per pipeline, per PPO seed: the run's difference from its pipeline's SFT
+    and that difference's prompt variance (run_difference), from which the split is recomputed."""
+    return {
+        label: [
+            [dict(zip(("difference", "prompt_variance"), run_difference(f, nested_points[(label, j)])))
+             for j in range(PPO_SEEDS)]
+            for f in folders
+        ]
+        for label in points
+    }  # fmt: skip
 
-    choice_path = str(choice_json)
-    verdict = declaration(read_json(Path(choice_json)), choice_path)
-    points = declared_points(verdict)
-    declared = {
+
+def split_inputs(rows: list[list[dict]]) -> tuple[list[list[float]], list[list[float]]]:
+    """variance_split's (y, prompt_var) from one label's run_table rows."""
+    return [[r["difference"] for r in row] for row in rows], [[r["prompt_variance"] for r in row] for row in rows]
+
+
+def declaration(choice_record: dict, choice_path: str) -> dict:
+    """What the study runs, from the choice record alone: the answer on test's points
+    (rlhf.studies.verdict.declaration), PIPELINES x PPO_SEEDS runs of each, the study seed."""
+    from rlhf.studies import verdict
+
+    points = verdict.declaration(choice_record, choice_path)
+    return {
         "choice": choice_path,
-        "points": verdict["points"],
+        "points": points["points"],
         "pipelines": PIPELINES,
         "ppo_seeds": PPO_SEEDS,
         "offset_stride": OFFSET_STRIDE,
         "study_seed": NESTED_STUDY_SEED,
-        "sft_recipe": verdict["sft_recipe"],
-        "revision": verdict["revision"],
-        "profile": verdict["profile"],
+        "sft_recipe": points["sft_recipe"],
+        "revision": points["revision"],
+        "profile": points["profile"],
     }
+
+
+def run_nested(choice_json, out, workers=None, say=print) -> dict:
+    """The nested study (module docstring); DIR/nested.json written last and returned."""
+    from rlhf.studies.derivation import write_study_profiles
+    from rlhf.studies.frontier.arms import default_arms
+    from rlhf.studies.verdict import declared_points
+
+    choice_path = str(choice_json)
+    declared = declaration(read_json(Path(choice_json)), choice_path)
+    points = declared_points(declared)
     workers = workers_count(workers)
     out = output_folder(out)
     open_record(out, declared)
@@ -132,12 +158,11 @@ def run_nested(choice_json, out, workers=None, say=print) -> dict:
     t0 = time.perf_counter()
     say(f"nested: {PIPELINES} pipelines x {PPO_SEEDS} PPO seeds x {len(points)} points")
     heldout.run_points(folders, tuple(nested_points.values()), declared["revision"], workers, say, arms=tuple(arms))
-    split = {}
-    for label in points:
-        runs = [[run_difference(f, nested_points[(label, j)]) for j in range(PPO_SEEDS)] for f in folders]
-        split[label] = variance_split([[d for d, _ in row] for row in runs], [[v for _, v in row] for row in runs])
+    runs = run_table(folders, points, nested_points)
+    split = {label: variance_split(*split_inputs(rows)) for label, rows in runs.items()}
     record = {
         "declared": declared,
+        "runs": runs,
         "split": split,
         "seconds_this_invocation": time.perf_counter() - t0,
         "evaluated_by": ran_with(),

@@ -1,0 +1,58 @@
+"""The committed variance split (results/nested-r002/), read back and recomputed: its declaration
+follows from the committed choice alone; the split is the one-way random-effects split of the
+committed runs' differences, written out here by hand; each run's difference is a share of the
+180 test prompts."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rlhf.studies import nested
+from rlhf.studies.statistics import t975
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "results" / "nested-r002"
+CHOICE = "results/choice-r002/choice.json"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_the_declaration_follows_from_the_committed_choice():
+    again = nested.declaration(load(ROOT / CHOICE), CHOICE)
+    assert load(STUDY / "study.json")["identity"] == again == load(STUDY / "nested.json")["declared"]
+    assert again["points"] == load(ROOT / "results" / "verdict-r002" / "study.json")["identity"]["points"]
+
+
+def test_the_split_is_recomputed_from_the_committed_runs_by_hand(record_result):
+    record, runs = load(STUDY / "nested.json"), load(STUDY / "runs.json")["runs"]
+    for label, rows in runs.items():
+        y = [[r["difference"] for r in row] for row in rows]
+        n, k = len(y), len(y[0])
+        assert (n, k) == (nested.PIPELINES, nested.PPO_SEEDS)
+        assert all(abs(v * 180 - round(v * 180)) < 1e-9 for row in y for v in row)
+        means = [sum(row) / k for row in y]
+        grand = sum(means) / n
+        ms_pipeline = k * sum((m - grand) ** 2 for m in means) / (n - 1)
+        ms_ppo = sum((v - m) ** 2 for row, m in zip(y, means) for v in row) / (n * (k - 1))
+        got = record["split"][label]
+        assert got["mean"] == pytest.approx(grand, abs=1e-15)
+        assert got["var_ppo"] == pytest.approx(ms_ppo, rel=1e-12)
+        assert got["var_pipeline"] == pytest.approx(max(0.0, (ms_pipeline - ms_ppo) / k), rel=1e-12)
+        prompts = sum(r["prompt_variance"] for row in rows for r in row) / (n * k)
+        assert got["var_prompts"] == pytest.approx(prompts, rel=1e-12)
+        half = t975(n - 1) * math.sqrt(ms_pipeline / (n * k))
+        assert got["over_the_whole_pipeline"]["t95"] == pytest.approx([grand - half, grand + half], rel=1e-12)
+        for row, m, p in zip(y, means, got["from_one_sft_and_judge"]):
+            sd = math.sqrt(sum((v - m) ** 2 for v in row) / (k - 1))
+            h = t975(k - 1) * sd / math.sqrt(k)
+            assert p["per_ppo_seed"] == row and p["t95"] == pytest.approx([m - h, m + h], rel=1e-12, abs=1e-15)
+        assert got == nested.variance_split(*nested.split_inputs(rows))
+        record_result(label, {key: got[key] for key in ("mean", "var_ppo", "var_pipeline", "var_prompts")})
