@@ -81,3 +81,12 @@ def test_reproduce_reads_this_study_s_rows_and_refuses_a_seed_it_did_not_run(tmp
     with pytest.raises(StudyError, match="--seed must be between 0 and 14"):
         reproduce(STUDY, 15, work)
     assert not work.exists()
+
+
+def test_the_committed_reproduction_names_a_seed_of_this_study_and_a_later_code():
+    """reproduce-seed-0.json: `rlhf reproduce results/verdict-r002 --seed 0` run by a later commit
+    than the one that evaluated the study, on the pinned arithmetic."""
+    rec = load(STUDY / "reproduce-seed-0.json")
+    assert rec["results"] == "results/verdict-r002" and rec["seed"] == 0 and rec["identical"] is True
+    assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
+    assert rec["study_code"] == load(STUDY / "verdict.json")["evaluated_by"]["code"] != rec["code"]
