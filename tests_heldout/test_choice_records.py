@@ -82,3 +82,17 @@ def test_the_verdict_declares_from_the_committed_choice_read_where_it_is_committ
     per = declared["power"]["per_comparison"]
     assert per["chosen_minus_default"]["validation_sd"] == record["estimate"]["chosen_minus_default"]["sd"]
     assert declared["power"]["seeds"] == max(c["asks"] for c in per.values())
+
+
+def test_reproduce_reads_a_frontier_seeds_summary_and_refuses_a_seed_it_did_not_run(tmp_path):
+    """`rlhf reproduce results/choice-r002/estimation --seed N` compares seed N's summary in
+    frontier.json; a seed outside the study is refused before anything is written."""
+    from rlhf.studies import StudyError
+    from rlhf.studies.reproduce import committed_frontier_row, reproduce
+
+    result = load(STUDY / "estimation" / "frontier.json")
+    identity, row = committed_frontier_row(STUDY / "estimation", 5)
+    assert row == result["seeds"][5] and identity == result["study"]
+    with pytest.raises(StudyError, match="--seed must be between 0 and 5"):
+        reproduce(STUDY / "estimation", 6, tmp_path / "work")
+    assert not (tmp_path / "work").exists()

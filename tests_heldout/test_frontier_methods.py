@@ -215,3 +215,15 @@ def test_each_arms_cost_is_read_from_its_timings(method_study):
     assert got["grpo-g2"]["seconds_per_iteration"] == pytest.approx(sum(r["iteration"] for r in its) / len(its))
     assert "critic_update" not in got["grpo-g2"]["phases"] and "critic_update" in got["spec-default"]["phases"]
     assert got["grpo-g2"]["iterations"] == 8 and got["spec-default"]["method"] == "ppo"
+
+
+def test_reproduce_refuses_one_seed_of_a_study_with_arms_at_the_grids_best(small_frontier, tmp_path):
+    """The small frontier's ensemble arm takes c from the grid's best over both seeds: one seed
+    alone cannot redo it, and nothing is written."""
+    from rlhf.studies import StudyError
+    from rlhf.studies.reproduce import reproduce
+
+    out, _ = small_frontier
+    with pytest.raises(StudyError, match="grid's best c, which needs every seed's grid"):
+        reproduce(out, 0, tmp_path / "work")
+    assert not (tmp_path / "work").exists()

@@ -56,3 +56,15 @@ def test_the_split_is_recomputed_from_the_committed_runs_by_hand(record_result):
             assert p["per_ppo_seed"] == row and p["t95"] == pytest.approx([m - h, m + h], rel=1e-12, abs=1e-15)
         assert got == nested.variance_split(*nested.split_inputs(rows))
         record_result(label, {key: got[key] for key in ("mean", "var_ppo", "var_pipeline", "var_prompts")})
+
+
+def test_reproduce_reads_a_pipelines_runs_and_refuses_one_the_study_did_not_run(tmp_path):
+    from rlhf.studies import StudyError
+    from rlhf.studies.reproduce import committed_nested_row, reproduce
+
+    declared, row = committed_nested_row(STUDY, 4)
+    runs = load(STUDY / "runs.json")["runs"]
+    assert row == {label: rows[4] for label, rows in runs.items()} and declared["pipelines"] == 5
+    with pytest.raises(StudyError, match="--seed must be between 0 and 4"):
+        reproduce(STUDY, 5, tmp_path / "work")
+    assert not (tmp_path / "work").exists()

@@ -123,14 +123,17 @@ def add_reproduce(sub) -> None:
         sub,
         "reproduce",
         "recompute one seed of a committed study and compare its row byte for byte",
-        "Run `rlhf lab` on seed N's run profile of the seed study in RESULTS_DIR (rlhf seeds) with\n"
-        "today's code, or seed N's SFT, judge and declared points of an answer on test (rlhf\n"
-        "confirm-design: its test_success.json), and compare its row with the committed one in\n"
-        "canonical JSON: exit 0 when they are the same bytes, 1 naming the first difference. Same CPU\n"
-        "arithmetic expected (the CPU pin; `rlhf arithmetic` says whether this machine computes like\n"
-        "the verified ones).",
+        "Recompute seed N of the committed study in RESULTS_DIR with today's code: `rlhf lab` on a seed\n"
+        "study's (rlhf seeds) run profile; the SFT, judge and arms of an answer on test (rlhf\n"
+        "confirm-design), of a nested study's pipeline (rlhf nested) or of a frontier study's seed\n"
+        "(rlhf frontier, rlhf choose-design's selection and estimation). Its row is compared with the\n"
+        "committed one in canonical JSON: exit 0 when they are the same bytes, 1 naming the first\n"
+        "difference. Same CPU arithmetic expected (the CPU pin; `rlhf arithmetic` says whether this\n"
+        "machine computes like the verified ones).",
         "rlhf reproduce results/seeds-r001 --seed 0 --work runs/reproduce-r001-0\n"
-        "rlhf reproduce results/verdict-r002 --seed 0 --work runs/reproduce-verdict-0",
+        "rlhf reproduce results/verdict-r002 --seed 0 --work runs/reproduce-verdict-0\n"
+        "rlhf reproduce results/nested-r002 --seed 0 --work runs/reproduce-nested-0\n"
+        "rlhf reproduce results/choice-r002/estimation --seed 0 --work runs/reproduce-estimation-0",
     )
     p.add_argument(
         "results",

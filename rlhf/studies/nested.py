@@ -129,10 +129,26 @@ def declaration(choice_record: dict, choice_path: str) -> dict:
     }
 
 
+def nested_arms(points: dict[str, heldout.Point]) -> tuple[tuple, dict]:
+    """(the arms: each point's arm once per PPO seed j, its PPO draws offset by j * OFFSET_STRIDE;
+    {(label, j): that run's point})."""
+    from rlhf.studies.frontier.arms import default_arms
+
+    by_name = {a.name: a for a in default_arms()}
+    arms, nested_points = [], {}
+    for label, p in points.items():
+        for j in range(PPO_SEEDS):
+            arm = dataclasses.replace(
+                by_name[p.arm], name=nested_arm_name(p.arm, j), ppo_offset=j * OFFSET_STRIDE if j else None
+            )
+            arms.append(arm)
+            nested_points[(label, j)] = heldout.Point(arm.name, p.iteration)
+    return tuple(arms), nested_points
+
+
 def run_nested(choice_json, out, workers=None, say=print) -> dict:
     """The nested study (module docstring); DIR/nested.json written last and returned."""
     from rlhf.studies.derivation import write_study_profiles
-    from rlhf.studies.frontier.arms import default_arms
     from rlhf.studies.verdict import declared_points
 
     choice_path = str(choice_json)
@@ -145,19 +161,11 @@ def run_nested(choice_json, out, workers=None, say=print) -> dict:
     if done.is_file():
         say(f"the nested study is already complete in {done}: nothing recomputed")
         return read_json(done)
-    by_name = {a.name: a for a in default_arms()}
-    arms, nested_points = [], {}
-    for label, p in points.items():
-        for j in range(PPO_SEEDS):
-            arm = dataclasses.replace(
-                by_name[p.arm], name=nested_arm_name(p.arm, j), ppo_offset=j * OFFSET_STRIDE if j else None
-            )
-            arms.append(arm)
-            nested_points[(label, j)] = heldout.Point(arm.name, p.iteration)
+    arms, nested_points = nested_arms(points)
     folders = write_study_profiles(out, declared["profile"], PIPELINES, NESTED_STUDY_SEED, declared["sft_recipe"])
     t0 = time.perf_counter()
     say(f"nested: {PIPELINES} pipelines x {PPO_SEEDS} PPO seeds x {len(points)} points")
-    heldout.run_points(folders, tuple(nested_points.values()), declared["revision"], workers, say, arms=tuple(arms))
+    heldout.run_points(folders, tuple(nested_points.values()), declared["revision"], workers, say, arms=arms)
     runs = run_table(folders, points, nested_points)
     split = {label: variance_split(*split_inputs(rows)) for label, rows in runs.items()}
     record = {

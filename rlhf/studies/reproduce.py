@@ -1,11 +1,17 @@
-"""`rlhf reproduce RESULTS_DIR --seed N [--work DIR]`: one seed of a committed seed study, or
-of a committed answer on test (`rlhf confirm-design`), recomputed with today's code and compared
-byte for byte with the committed row.
+"""`rlhf reproduce RESULTS_DIR --seed N [--work DIR]`: one seed of a committed study, recomputed
+with today's code and compared byte for byte with the committed row. The row, by what the folder
+holds (KINDS):
 
-An answer on test's row of seed N is its test success of SFT and of each declared point
-(test_success.json, rlhf.studies.verdict.success_table): the seed's SFT, judge and the points'
-PPO arms are trained from its run profile as the study trained them, evaluated on test, and
-the same table made of the one seed.
+  seeds.json         a seed study's row of run N (below)
+  test_success.json  an answer on test (`rlhf confirm-design`): seed N's test success of SFT and
+                     of each declared point (rlhf.studies.verdict.success_table)
+  runs.json          a nested study (`rlhf nested`): pipeline N's runs, each one's difference from
+                     SFT on test and its prompt variance (rlhf.studies.nested.run_table)
+  frontier.json      a frontier study (`rlhf frontier`, and the choice's selection and estimation):
+                     seed N's summary, every arm's validation points (frontier.json's seeds[N])
+
+Each seed's SFT, judge and arms are trained from its run profile as the study trained them, and
+measured as it measured them.
 
 A seed study's row (rlhf.studies.seeds.seed_row: the run's seeds, every held-out number, the
 shortcut audit, the politeness counts, the hashes of its trained states and data order) holds
@@ -96,6 +102,88 @@ def reproduce_verdict_seed(results: Path, seed: int, work: Path, say) -> tuple[d
     return row, {name: values[0] for name, values in table.items()}
 
 
+def committed_nested_row(results: Path, seed: int) -> tuple[dict, dict]:
+    """(a nested study's declaration, its committed row of pipeline `seed`: per point, its PPO
+    seeds' differences and prompt variances (runs.json, rlhf.studies.nested.run_table))."""
+    try:
+        declared = read_json_of_kind(results / "study.json", "study record", {"identity": dict}, "key",
+                                     "`rlhf nested --out DIR` writes it")["identity"]  # fmt: skip
+        runs = read_json_of_kind(results / "runs.json", "nested runs", {"runs": dict}, "key",
+                                 "rlhf.studies.nested.run_table makes it")["runs"]  # fmt: skip
+    except ValueError as err:
+        raise StudyError(f"RESULTS_DIR: {err}") from None
+    n = declared["pipelines"]
+    if not 0 <= seed < n:
+        raise StudyError(f"--seed must be between 0 and {n - 1} (the study's pipelines), not {seed}")
+    return declared, {label: rows[seed] for label, rows in runs.items()}
+
+
+def reproduce_nested_seed(results: Path, seed: int, work: Path, say) -> tuple[dict, dict]:
+    """(committed row, recomputed row) of pipeline `seed` of the nested study in `results`."""
+    from rlhf.studies import heldout, nested
+    from rlhf.studies.verdict import declared_points
+
+    declared, row = committed_nested_row(results, seed)
+    folders = write_study_profiles(work, declared["profile"], declared["pipelines"], declared["study_seed"],
+                                   declared["sft_recipe"])  # fmt: skip
+    points = declared_points(declared)
+    arms, runs = nested.nested_arms(points)
+    say(f"reproducing pipeline {seed} of {results} in {folders[seed]} ({len(runs)} PPO runs)")
+    heldout.run_points([folders[seed]], tuple(runs.values()), declared["revision"], 1, say, arms=arms)
+    table = nested.run_table([folders[seed]], points, runs)
+    return row, {label: rows[0] for label, rows in table.items()}
+
+
+def committed_frontier_row(results: Path, seed: int) -> tuple[dict, dict]:
+    """(a frontier study's identity, its committed summary of seed `seed`: frontier.json's seeds[seed])."""
+    from rlhf.studies.frontier.arms import settings_of
+
+    try:
+        result = read_json_of_kind(results / "frontier.json", "frontier summary", {"study": dict, "seeds": list},
+                                   "key", "`rlhf frontier --out DIR` writes it")  # fmt: skip
+    except ValueError as err:
+        raise StudyError(f"RESULTS_DIR: {err}") from None
+    identity = result["study"]
+    if not 0 <= seed < identity["n"]:
+        raise StudyError(f"--seed must be between 0 and {identity['n'] - 1} (the study's seeds), not {seed}")
+    if any(a.c_from_grid for a in settings_of(identity).arms):
+        raise StudyError(f"{results} has arms at the grid's best c, which needs every seed's grid: not one seed")
+    return identity, result["seeds"][seed]
+
+
+def reproduce_frontier_seed(results: Path, seed: int, work: Path, say) -> tuple[dict, dict]:
+    """(committed row, recomputed row) of seed `seed` of the frontier study in `results`: the
+    seed's SFT, judge and arms trained and measured on validation, summarised as the study was."""
+    from rlhf.studies.frontier.arms import settings_of
+    from rlhf.studies.frontier.selection import seed_summary
+    from rlhf.studies.frontier.study import run_tasks
+
+    identity, row = committed_frontier_row(results, seed)
+    settings = settings_of(identity)
+    folders = write_study_profiles(work, identity["profile"], identity["n"], identity["study_seed"],
+                                   identity["sft_budget"])  # fmt: skip
+    say(f"reproducing seed {seed} of {results} in {folders[seed]} ({len(settings.arms)} arms)")
+    run_tasks([folders[seed]], settings.arms, identity["revision"], settings, 1, say)
+    return row, seed_summary(seed, folders[seed], settings.arms)
+
+
+# What RESULTS_DIR holds, by the file that says so: a study rlhf reproduce recomputes one seed of
+# (anything else is read as a seed study, whose checks name what is missing).
+KINDS = {
+    "test_success.json": (committed_verdict_row, reproduce_verdict_seed),
+    "runs.json": (committed_nested_row, reproduce_nested_seed),
+    "frontier.json": (committed_frontier_row, reproduce_frontier_seed),
+}
+
+
+def code_that_ran(results: Path) -> str:
+    """The code that trained and evaluated the committed study's runs."""
+    for name in ("verdict.json", "nested.json"):
+        if (results / name).is_file():
+            return read_json(results / name)["evaluated_by"]["code"]
+    return read_json(results / "frontier.json")["study"]["code"]
+
+
 def first_difference(committed, recomputed, path: str = "row") -> str | None:
     """None when the two are equal in canonical JSON (rlhf.io.dumps_json), else the first path
     where they part, with both values."""
@@ -123,16 +211,16 @@ def reproduce(results, seed: int, work=None, profile_name: str | None = None, sa
     work/reproduce-seed-N.json) {identical, first_difference, ...}. `profile_name`: the profile
     file of a study made with one (default: the profile the study names)."""
     results = Path(results)
-    verdict_study = (results / "test_success.json").is_file()
-    if verdict_study:
-        committed_verdict_row(results, seed)  # checked before anything is written
+    kind = next((KINDS[f] for f in KINDS if (results / f).is_file()), None)
+    if kind is not None:
+        kind[0](results, seed)  # checked before anything is written
     else:
         identity, row = committed_row(results, seed, profile_name)
     work = output_folder(work) if work is not None else Path(tempfile.mkdtemp(prefix="rlhf-reproduce-"))
     t0 = time.perf_counter()
-    if verdict_study:
-        row, recomputed = reproduce_verdict_seed(results, seed, work, say)
-        study_code = read_json(results / "verdict.json")["evaluated_by"]["code"]
+    if kind is not None:
+        row, recomputed = kind[1](results, seed, work, say)
+        study_code = code_that_ran(results)
     else:
         folders = write_study_profiles(
             work, profile_name or identity["profile"], identity["n"], identity["study_seed"], identity["sft_budget"]
