@@ -227,3 +227,33 @@ def test_reproduce_refuses_one_seed_of_a_study_with_arms_at_the_grids_best(small
     with pytest.raises(StudyError, match="grid's best c, which needs every seed's grid"):
         reproduce(out, 0, tmp_path / "work")
     assert not (tmp_path / "work").exists()
+
+
+def test_the_methods_confirmation_declares_from_the_methods_record_and_the_answers_seed_count():
+    from pathlib import Path
+
+    from rlhf.config import load_profile
+    from rlhf.studies import compare_methods
+    from rlhf.studies.derivation import check_study_seed
+
+    root = Path(__file__).resolve().parents[1]
+    record = {
+        "best": {"dpo": {"arm": "dpo-b0.5", "iteration": 2}, "grpo": {"arm": "grpo", "iteration": 40}},
+        "declared": {"sft_recipe": "sft-demos6", "revision": "r002", "profile": "embedded",
+                     "arms": ["spec-default", "standardised-judge", "oracle", "dpo-b0.1", "dpo-b0.5", "grpo"]},
+        "ran_with": {"commit": "c" * 40},
+    }  # fmt: skip
+    declared = compare_methods.confirm_declaration(record, "m.json", str(root / compare_methods.VERDICT_STUDY))
+    verdict = json.loads((root / compare_methods.VERDICT_STUDY).read_text())["identity"]
+    assert declared["seeds"] == verdict["power"]["seeds"] == 15
+    assert declared["points"] == {"dpo": {"arm": "dpo-b0.5", "iteration": 2}, "grpo": {"arm": "grpo", "iteration": 40},
+                                  "default": {"arm": "spec-default", "iteration": 100}}  # fmt: skip
+    assert set(declared["comparisons"]) == {
+        "dpo_minus_sft",
+        "dpo_minus_default",
+        "grpo_minus_sft",
+        "grpo_minus_default",
+    }
+    assert declared["study_seed"] not in (0, 1, 2, 3, 4, 5, 6)  # fresh: no earlier study's seeds
+    check_study_seed(load_profile("embedded"), declared["study_seed"])
+    assert declared["methods_commit"] == "c" * 40 and "test prompts" in declared["reads"]

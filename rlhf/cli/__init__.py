@@ -47,6 +47,7 @@ from rlhf.cli.studies import (
     add_choose_testbed,
     add_compare_methods,
     add_confirm_design,
+    add_confirm_methods,
     add_confirm_oracle,
     add_frontier,
     add_nested,
@@ -79,6 +80,7 @@ ADDERS = (
     add_confirm_design,
     add_nested,
     add_compare_methods,
+    add_confirm_methods,
     add_reproduce,
     add_export_verl,
 )

@@ -465,6 +465,42 @@ def add_compare_methods(sub) -> None:
     p.set_defaults(func=cmd_compare_methods)
 
 
+def cmd_confirm_methods(args) -> int:
+    from rlhf.studies.compare_methods import confirm_methods
+
+    confirm_methods(args.methods, args.out, workers=args.workers)
+    print(f"written to {Path(args.out) / 'confirmation.json'}")
+    return 0
+
+
+def add_confirm_methods(sub) -> None:
+    """`rlhf confirm-methods`: its options, beside the command it runs."""
+    from rlhf.studies.compare_methods import CONFIRM_STUDY_SEED, VERDICT_STUDY
+
+    p = subcommand(
+        sub,
+        "confirm-methods",
+        "DPO's and GRPO's best points on test, under the answer on test's protocol",
+        textwrap.fill(
+            f"Read DPO's and GRPO's best validation points (DIR/methods.json of rlhf compare-methods) on test "
+            f"(rlhf.studies.compare_methods): first OUT/study.json declares the points, each method - SFT and each "
+            f"method - the SPEC's default (paired by seed) and the seed count of the committed answer on test "
+            f"({VERDICT_STUDY}); then that many fresh seeds (study seed {CONFIRM_STUDY_SEED}) are trained and "
+            f"read on test. OUT/confirmation.json: per comparison the per-seed differences, mean, Student-t "
+            f"interval, exact sign-flip p and seeds up. A stopped study continues when rerun.",
+            width=100,
+            break_on_hyphens=False,
+        ),
+        "rlhf confirm-methods --methods runs/methods-r002/methods.json --out runs/methods-r002-test --workers 2",
+    )
+    p.add_argument("--methods", required=True, help="the methods record (rlhf compare-methods) naming the points")
+    p.add_argument(
+        "--out", required=True, help="study folder (study.json, the declaration, first; confirmation.json last)"
+    )
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.set_defaults(func=cmd_confirm_methods)
+
+
 def cmd_nested(args) -> int:
     from rlhf.studies.nested import run_nested
 

@@ -16,8 +16,17 @@
      (PPO, GRPO, with GRPO's phases beside PPO's, the critic's included) or per epoch (DPO), as
      measured on this machine while the study ran.
 
-Nothing here reads a test prompt. The confirmation on test is a later study, declared from this
-record's choices.
+Nothing in steps 1 to 3 reads a test prompt. The confirmation on test is a later study
+(`rlhf confirm-methods --methods DIR/methods.json --out DIR2`), declared from this record alone
+before any test prompt is read, under the answer on test's protocol (rlhf.studies.verdict):
+
+  4. DIR2/study.json: the points (DPO's and GRPO's best on validation, the SPEC's default at its
+     last iteration), the comparisons (each method - SFT, each method - the SPEC's default, paired
+     by seed) and the seed count of the committed answer on test (VERDICT_STUDY), on fresh seeds
+     (study seed CONFIRM_STUDY_SEED).
+  5. Those seeds trained (SFT, judge, the three points' arms) and read on test; DIR2/confirmation.json:
+     each comparison's per-seed differences, mean, Student-t interval, exact sign-flip p, seeds up,
+     and each seed's test success of SFT and of every point.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ DPO_BETAS = (0.1, 0.5)  # TRL's default, and five times it
 DPO_EPOCHS = 3
 GRPO_GROUP = 4  # G: a PPO iteration's 4 answers as one group
 GRPO_BETA = 0.04  # the published method's
+CONFIRM_STUDY_SEED = 7  # fresh: 0 seeds, 1 frontier, 2 its confirmation, 3 room, 4 choice, 5 verdict, 6 nested
+VERDICT_STUDY = "results/verdict-r002/study.json"  # whose seed count the confirmation runs
 READS = "train prompts (SFT, judge, PPO, GRPO training; DPO's pairs) and validation prompts (every measurement)"
 
 
@@ -156,5 +167,77 @@ def compare_methods(choice_json, out, workers=None, say=print) -> dict:
         say(
             f"{method}: best {p['arm']} at {p['iteration']}, gold {p['mean_validation_gold']:.3f}, over SFT "
             f"{g['mean']:+.3f} [{g['t95'][0]:+.3f}, {g['t95'][1]:+.3f}]"
+        )
+    return record
+
+
+def confirm_declaration(methods_record: dict, methods_path: str, verdict_study: str = VERDICT_STUDY) -> dict:
+    """Step 4 from the methods record (and the answer on test's declared seed count) alone."""
+    from rlhf.studies.verdict import LAST_ITERATION
+
+    best, declared = methods_record["best"], methods_record["declared"]
+    return {
+        "methods": methods_path,
+        "methods_commit": methods_record["ran_with"]["commit"],
+        "seeds": read_json(Path(verdict_study))["identity"]["power"]["seeds"],
+        "seeds_as": verdict_study,
+        "points": {
+            "dpo": {"arm": best["dpo"]["arm"], "iteration": best["dpo"]["iteration"]},
+            "grpo": {"arm": best["grpo"]["arm"], "iteration": best["grpo"]["iteration"]},
+            "default": {"arm": "spec-default", "iteration": LAST_ITERATION},
+        },
+        "comparisons": {
+            "dpo_minus_sft": ["dpo", "sft"],
+            "dpo_minus_default": ["dpo", "default"],
+            "grpo_minus_sft": ["grpo", "sft"],
+            "grpo_minus_default": ["grpo", "default"],
+        },
+        "study_seed": CONFIRM_STUDY_SEED,
+        "sft_recipe": declared["sft_recipe"],
+        "revision": declared["revision"],
+        "profile": declared["profile"],
+        "arms": declared["arms"],
+        "reads": "train prompts (training) and test prompts (step 5's evaluation, after this declaration)",
+    }
+
+
+def confirm_methods(methods_json, out, workers=None, say=print) -> dict:
+    """Steps 4 and 5 (module docstring); DIR/confirmation.json written last and returned."""
+    from rlhf.studies import heldout
+    from rlhf.studies.derivation import write_study_profiles
+    from rlhf.studies.statistics import INTERVAL
+    from rlhf.studies.verdict import declared_points, success_table
+
+    declared = confirm_declaration(read_json(Path(methods_json)), str(methods_json))
+    workers = workers_count(workers)
+    out = output_folder(out)
+    open_record(out, declared)
+    done = out / "confirmation.json"
+    if done.is_file():
+        say(f"the methods are already confirmed in {done}: nothing recomputed")
+        return read_json(done)
+    points = declared_points(declared)
+    by_name = {a.name: a for a in arms(declared["arms"][1])}
+    folders = write_study_profiles(out, declared["profile"], declared["seeds"], CONFIRM_STUDY_SEED,
+                                   declared["sft_recipe"])  # fmt: skip
+    say(f"declared: {declared['seeds']} fresh seeds; points " + ", ".join(p.key for p in points.values()))
+    t0 = time.perf_counter()
+    heldout.run_points(folders, tuple(points.values()), declared["revision"], workers, say,
+                       arms=tuple(by_name[p.arm] for p in points.values()))  # fmt: skip
+    pairs = {name: (points[a], None if b == "sft" else points[b]) for name, (a, b) in declared["comparisons"].items()}
+    comparisons = heldout.comparisons(folders, pairs)
+    record = {
+        "declared": declared,
+        "interval": INTERVAL,
+        "comparisons": comparisons,
+        "test_success": success_table(folders, points),
+        "seconds_this_invocation": time.perf_counter() - t0,
+        "evaluated_by": ran_with(),
+    }
+    write_json(done, record)
+    for name, c in comparisons.items():
+        say(
+            f"{name} on test over {c['n']} seeds: {c['mean']:+.3f} [{c['t95'][0]:+.3f}, {c['t95'][1]:+.3f}], "
+            f"sign-flip p {c['sign_flip_p']:.4f}, {c['seeds_up']} of {c['n']} up"
         )
     return record

@@ -88,7 +88,8 @@ def selection_frontier(choice_record: dict, choice_path: str) -> Path:
 def success_table(folders: list[Path], points: dict[str, heldout.Point]) -> dict[str, list[float]]:
     """Test rubric success per seed (in the folders' order): the seed's SFT ("sft") and each
     declared point's PPO policy, read from the seeds' test files (rlhf.studies.heldout.test_success)."""
-    table: dict[str, list[float]] = {"sft": [heldout.test_success(f, points["chosen"])[0] for f in folders]}
+    first = next(iter(points.values()))  # every point's file holds the seed's SFT too
+    table: dict[str, list[float]] = {"sft": [heldout.test_success(f, first)[0] for f in folders]}
     for name, point in points.items():
         table[name] = [heldout.test_success(f, point)[1] for f in folders]
     return table
