@@ -257,3 +257,38 @@ def test_the_methods_confirmation_declares_from_the_methods_record_and_the_answe
     assert declared["study_seed"] not in (0, 1, 2, 3, 4, 5, 6)  # fresh: no earlier study's seeds
     check_study_seed(load_profile("embedded"), declared["study_seed"])
     assert declared["methods_commit"] == "c" * 40 and "test prompts" in declared["reads"]
+
+
+def test_a_method_arms_point_is_read_on_test_from_its_own_actor(method_study, tmp_path):
+    """confirm_seed on a copy of seed 0 for the DPO arm after epoch 1 and the GRPO arm after
+    iteration 2: each test file holds that method's actor's answers (not PPO's, not SFT's), and the
+    per-seed table reads them."""
+    from rlhf.studies import heldout
+    from rlhf.studies.frontier.confirmation import confirm_seed, test_file
+    from rlhf.studies.frontier.runs import actor_at, arm_context
+    from rlhf.studies.verdict import success_table
+
+    study, settings, _ = method_study
+    seed = tmp_path / "seed-0"
+    shutil.copytree(study / "seed-0", seed)
+    dpo, grpo = settings.arms[1], settings.arms[2]
+    confirm_seed(seed, ((dpo, 1), (grpo, 2)), "r002", log=False)
+    points = {"dpo": heldout.Point(dpo.name, 1), "grpo": heldout.Point(grpo.name, 2)}
+    table = success_table([seed], points)
+    for arm, it in ((dpo, 1), (grpo, 2)):
+        rec = json.loads(test_file(seed, arm, it).read_text())
+        assert rec["arm"] == arm.name and rec["iteration"] == it
+        assert table[arm.name.split("-")[0]] == [rec["metrics"]["ppo"]["test"]["rubric_success"]]
+    # the DPO point's answers are its own actor's: generated again from actor_at, the first test answer matches
+    import torch
+
+    from rlhf.studies.frontier.confirmation import generate_heldout
+
+    ctx = arm_context(seed, dpo, "r002")
+    with torch.no_grad():
+        rows = generate_heldout(actor_at(ctx, 1, dpo).model, ctx)
+    first = next(r for r in rows if r["population"] == "test")
+    committed = next(
+        r for r in json.loads(test_file(seed, dpo, 1).read_text())["ppo_rows"] if r["population"] == "test"
+    )
+    assert first["response"] == committed["response"]
