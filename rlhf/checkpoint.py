@@ -12,7 +12,8 @@ is refused with a message naming each part that changed.
 
 Stopping on request: Ctrl-C in the `rlhf` command calls `request_stop()`; the training loops
 check `stop_requested()` at their next boundary (an epoch, a PPO iteration), save a checkpoint
-and raise `Interrupted`, whose message says how to continue.
+and raise `Interrupted`, whose message says how to continue. A study's worker processes ignore
+Ctrl-C: the study asks them through a stop file (rlhf.studies.StudyPool).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -72,12 +74,20 @@ class Leg:
     quiet: bool = False
 
 
+STOP_FILE = "RLHF_STOP_FILE"  # a study's worker: a stop is requested once this file exists
+
+
 def request_stop() -> None:
     _stop["requested"] = True
 
 
 def stop_requested() -> bool:
-    return _stop["requested"]
+    """A stop was asked for: Ctrl-C in this process (request_stop), or, in a study's worker
+    process, by the study (the file its environment names under STOP_FILE exists)."""
+    if _stop["requested"]:
+        return True
+    path = os.environ.get(STOP_FILE)
+    return path is not None and os.path.exists(path)
 
 
 def flatten_state(state) -> dict:

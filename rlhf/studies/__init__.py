@@ -29,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import tempfile
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 # What a process reads from its environment when the lab is imported (the CPU pin before torch
@@ -53,7 +55,86 @@ def log_to(path: Path, stack: contextlib.ExitStack) -> None:
     stack.enter_context(contextlib.redirect_stderr(f))
 
 
-def worker_pool(workers: int) -> ProcessPoolExecutor:
+class StudyPool(ProcessPoolExecutor):
+    """A study's worker processes, which Ctrl-C reaches through the study, not the terminal.
+
+    The workers ignore SIGINT. Ctrl-C in the study's process requests a stop there
+    (rlhf.checkpoint.request_stop); at its next `wait` the pool creates its stop file, which the
+    workers' training loops see at their next boundary (rlhf.checkpoint.stop_requested): each
+    saves a checkpoint and stops with rlhf.checkpoint.Interrupted. The tasks not yet started are
+    cancelled and no new one is queued (`stopping`). A second Ctrl-C leaves the `with` block at
+    once and ends the workers."""
+
+    def __init__(self, workers: int, mp_context, environment: dict):
+        from rlhf.checkpoint import STOP_FILE
+
+        self.stop_file = Path(tempfile.mkdtemp(prefix="rlhf-study-")) / "stop"
+        environment = {**environment, STOP_FILE: str(self.stop_file)}
+        super().__init__(max_workers=workers, mp_context=mp_context, max_tasks_per_child=1,
+                         initializer=_start_worker, initargs=(environment,))  # fmt: skip
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        """`fn(*args, **kwargs)` in a worker, unless a stop was requested before it starts (the
+        executor hands a task to a worker before the previous one ends: cancelling cannot catch it)."""
+        return super().submit(_unless_stopped, fn, args, kwargs)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_file.exists()
+
+    def wait(self, pending, timeout: float = 1.0) -> set[Future]:
+        """The tasks of `pending` finished within `timeout` seconds (cancelled ones included),
+        after passing a stop requested here on to the workers."""
+        from rlhf.checkpoint import stop_requested
+
+        if stop_requested() and not self.stopping:
+            self.stop_file.touch()
+            for fut in pending:
+                fut.cancel()  # a task not yet started; a running one stops at its next checkpoint
+        done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+        return done
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is KeyboardInterrupt:  # the second Ctrl-C: now
+            for process in list(getattr(self, "_processes", {}).values()):
+                process.kill()
+            self.shutdown(wait=False, cancel_futures=True)
+            return False
+        return super().__exit__(exc_type, exc, tb)
+
+
+def _unless_stopped(fn, args: tuple, kwargs: dict):
+    from rlhf.checkpoint import Interrupted, stop_requested
+
+    if stop_requested():
+        raise Interrupted("not started: the study was asked to stop")
+    return fn(*args, **kwargs)
+
+
+def outcome(fut: Future) -> str | None:
+    """None for a task that finished; "stopped" for one cancelled or stopped at a checkpoint on
+    request; else its error, named."""
+    from rlhf.checkpoint import Interrupted
+
+    if fut.cancelled():
+        return "stopped"
+    err = fut.exception()
+    if err is None:
+        return None
+    if isinstance(err, Interrupted):
+        return "stopped"
+    return f"{type(err).__name__}: {err}"
+
+
+def stopped_error(what: str) -> Exception:
+    from rlhf.checkpoint import Interrupted
+
+    return Interrupted(
+        f"stopped on request: {what} saved a checkpoint or had not started. Run the same command again to continue"
+    )
+
+
+def worker_pool(workers: int) -> StudyPool:
     """`workers` processes for a study's runs, each running one task and exiting (nothing passes
     from one run to the next), in this process's environment. They fork from a server that has
     imported the lab once (multiprocessing's forkserver, preloaded), so a task starts without
@@ -69,18 +150,13 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
         ctx = server
     else:
         ctx = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=ctx,
-        max_tasks_per_child=1,
-        initializer=_take_environment,
-        initargs=(dict(os.environ),),
-    )
+    return StudyPool(workers, ctx, dict(os.environ))
 
 
-def _take_environment(environment: dict) -> None:
-    """A forked task's environment is the study process's when it queued the task, not the
-    server's from when the server started."""
+def _start_worker(environment: dict) -> None:
+    """A forked task's environment is the study process's when it queued the task (not the
+    server's from when the server started), with the pool's stop file; Ctrl-C is the study's."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update(environment)
 

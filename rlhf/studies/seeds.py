@@ -24,14 +24,13 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 
 from rlhf import lab
 from rlhf.config import load_profile
 from rlhf.io import dumps_json, output_folder, read_json, sha256_text, write_json
 from rlhf.report.study import write_study_report
-from rlhf.studies import StudyError, log_to, worker_pool
+from rlhf.studies import StudyError, log_to, outcome, stopped_error, worker_pool
 from rlhf.studies.changed_answer import answer_kinds, changed_answer_view, study_answers
 from rlhf.studies.derivation import DERIVATION, FIXED_SEEDS, TRAINING_SEEDS, profile_value, write_study_profiles
 from rlhf.studies.record import begin_study, identity_of_study, workers_count
@@ -180,13 +179,16 @@ def run_all(folders: list[Path], revision: str, workers: int, say=print) -> None
         for i, f in todo:
             say(f"seed {i}: queued in {f} (log: {f / 'lab.log'})")
         while pending:
-            done, _ = wait(pending, timeout=10, return_when=FIRST_COMPLETED)
+            done = pool.wait(pending)
             _report_progress(folders, seen, t0, say)
             for fut in done:
                 i = pending.pop(fut)
-                if fut.exception() is not None:
+                result = outcome(fut)
+                if result is not None and result != "stopped":
                     failed.append(i)
-                    say(f"seed {i}: FAILED: {fut.exception()} (see {folders[i] / 'lab.log'})")
+                    say(f"seed {i}: FAILED: {result} (see {folders[i] / 'lab.log'})")
+        if pool.stopping:
+            raise stopped_error("each running seed")
     if failed:
         raise StudyError(f"runs {failed} failed; the others are kept. Run the same command again to continue")
 

@@ -36,7 +36,6 @@ measurers get the corpus's learning view only, and step 3 is the frontier's vali
 from __future__ import annotations
 
 import time
-from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +43,7 @@ from rlhf.config import load_profile, override, profile_hash
 from rlhf.identities import code_sha256
 from rlhf.io import output_folder, read_json, write_json
 from rlhf.runtime import configure_torch
-from rlhf.studies import StudyError, worker_pool
+from rlhf.studies import StudyError, outcome, stopped_error, worker_pool
 from rlhf.studies.derivation import DERIVATION, budget_changes, seed_changes
 from rlhf.studies.record import ran_with, workers_count
 from rlhf.studies.statistics import across_seeds
@@ -232,11 +231,17 @@ def measure_sft(
             say(f"  {c} seed {i}: validation {row['validation']['rubric_success']:.3f}")
     elif todo:
         with worker_pool(workers) as pool:
-            futures = {pool.submit(sft_task, str(work), revision, profile_name, c, i): (c, i) for c, i in todo}
-            for f in as_completed(futures):
-                row = f.result()
-                success = row["validation"]["rubric_success"]
-                say(f"  {row['candidate']} seed {row['seed_index']}: validation {success:.3f}")
+            pending = {pool.submit(sft_task, str(work), revision, profile_name, c, i): (c, i) for c, i in todo}
+            while pending:
+                for f in pool.wait(pending):
+                    pending.pop(f)
+                    if outcome(f) == "stopped":
+                        continue
+                    row = f.result()  # a failed SFT run raises here
+                    success = row["validation"]["rubric_success"]
+                    say(f"  {row['candidate']} seed {row['seed_index']}: validation {success:.3f}")
+            if pool.stopping:
+                raise stopped_error("each running SFT run")
     return {c: [read_json(work / "sft" / c / f"seed-{i}.json") for i in range(SEEDS)] for c in candidates}
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from rlhf import events, lab
+from rlhf.checkpoint import Interrupted, stop_requested
 from rlhf.config import load_profile
 from rlhf.io import read_json, write_json
 from rlhf.studies import StudyError, log_to
@@ -179,6 +180,8 @@ def run_arm(seed_dir, arm: Arm, revision: str, settings: Settings, *, measure: b
             out = arm_dir / "validation" / f"iter-{it:04d}.json"
             if out.is_file():
                 continue
+            if stop_requested():  # each measurement is written whole: a rerun measures the rest
+                raise Interrupted(f"{arm.name}: stopped on request before measuring {it}. Run again to continue")
             t0 = time.perf_counter()
             m = measure_policy(
                 actor_at(ctx, it, arm).model, sft.model, judge, view, ctx, kl_samples=settings.kl_samples, seed=seed

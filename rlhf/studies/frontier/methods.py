@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rlhf.checkpoint import Leg, StateWriter, load_state, save_state
+from rlhf.checkpoint import Interrupted, Leg, StateWriter, load_state, save_state, stop_requested
 from rlhf.identities import sha256_file
 from rlhf.io import write_json
 from rlhf.roles import load_role
@@ -99,10 +99,14 @@ def train_method(ctx, method: str, settings: dict) -> None:
 
     points = measured_points(ctx.profile, method, settings)
 
-    def checkpoint(n: int, make_state) -> None:  # each measured point's actor is kept
+    def checkpoint(n: int, make_state) -> None:  # each measured point's actor is kept, and where a stop is asked
+        interrupt = stop_requested()
         path = folder / "checkpoints" / f"{n:04d}.pt.gz"
-        if n in points and not path.exists():
+        if (n in points or interrupt) and not path.exists():
             writer.save(path, make_state(), identity)
+        if interrupt:
+            writer.wait()
+            raise Interrupted(f"{method}: stopped on request after {n}; checkpoint {path}. Run again to continue")
 
     _, run = _trainer(ctx, method, settings)
     try:

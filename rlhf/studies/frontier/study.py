@@ -6,7 +6,6 @@ written to frontier.json and report.html, or recomputed into a new folder."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import cast
 
@@ -14,7 +13,7 @@ from rlhf import designs
 from rlhf.config import load_profile
 from rlhf.identities import code_sha256
 from rlhf.io import output_folder, read_json, write_json
-from rlhf.studies import StudyError, worker_pool
+from rlhf.studies import StudyError, outcome, stopped_error, worker_pool
 from rlhf.studies.derivation import write_study_profiles
 from rlhf.studies.frontier.arms import GRID, Arm, Settings, default_arms, grid_arms, resolved, settings_of
 from rlhf.studies.frontier.measure import arm_complete, arm_trained, prepare_seed, run_arm
@@ -124,7 +123,7 @@ def run_tasks(
                 run_arm(f, a, revision, settings, measure=measure, log=False)
                 say(f"seed {i}, arm {a.name}: done at {time.perf_counter() - t0:.0f} s")
         return
-    failed = []
+    failed, stopped = [], []
     with worker_pool(workers) as pool:
         pending: dict = {
             pool.submit(prepare_seed, str(f), revision, settings, confirm=confirm, ensemble=ensemble): ("seed", i, None)
@@ -132,22 +131,27 @@ def run_tasks(
         }
         say(f"{len(folders)} seed(s) queued; logs in seed-i/frontier.log and seed-i/arms/ARM/lab.log")
         while pending:
-            done, _ = wait(pending, timeout=30, return_when=FIRST_COMPLETED)
-            for fut in done:
+            for fut in pool.wait(pending):
                 kind, i, arm = pending.pop(fut)
                 what = f"seed {i}" + (f", arm {arm.name}" if arm else ": SFT, judge and the SFT measurements")
-                if fut.exception() is not None:
+                result = outcome(fut)
+                if result == "stopped":
+                    stopped.append(what)
+                    continue
+                if result is not None:
                     failed.append(what)
-                    say(f"{what}: FAILED: {fut.exception()}")
+                    say(f"{what}: FAILED: {result}")
                     continue
                 say(f"{what}: done at {time.perf_counter() - t0:.0f} s")
-                if kind == "seed":
+                if kind == "seed" and not pool.stopping:
                     for a in todo_arms[i]:
                         pending[pool.submit(run_arm, str(folders[i]), a, revision, settings, measure=measure)] = (
                             "arm",
                             i,
                             a,
                         )
+        if pool.stopping:
+            raise stopped_error(f"the study's running tasks ({len(stopped)} stopped)")
     if failed:
         raise StudyError(f"{', '.join(failed)} failed; the rest is kept. Run the same command again to continue")
 
