@@ -68,3 +68,12 @@ def test_reproduce_reads_a_pipelines_runs_and_refuses_one_the_study_did_not_run(
     with pytest.raises(StudyError, match="--seed must be between 0 and 4"):
         reproduce(STUDY, 5, tmp_path / "work")
     assert not (tmp_path / "work").exists()
+
+
+def test_the_committed_reproduction_names_a_pipeline_of_this_study_and_a_later_code():
+    """reproduce-seed-0.json: `rlhf reproduce results/nested-r002 --seed 0` (pipeline 0's SFT, judge
+    and 9 PPO runs, read on test) run by a later commit than the study's, on the pinned arithmetic."""
+    rec = load(STUDY / "reproduce-seed-0.json")
+    assert rec["results"] == "results/nested-r002" and rec["seed"] == 0 and rec["identical"] is True
+    assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
+    assert rec["study_code"] == load(STUDY / "nested.json")["evaluated_by"]["code"] != rec["code"]
