@@ -203,10 +203,7 @@ def confirm_declaration(methods_record: dict, methods_path: str, verdict_study: 
 
 def confirm_methods(methods_json, out, workers=None, say=print) -> dict:
     """Steps 4 and 5 (module docstring); DIR/confirmation.json written last and returned."""
-    from rlhf.studies import heldout
-    from rlhf.studies.derivation import write_study_profiles
-    from rlhf.studies.statistics import INTERVAL
-    from rlhf.studies.verdict import declared_points, success_table
+    from rlhf.studies.verdict import read_on_test
 
     declared = confirm_declaration(read_json(Path(methods_json)), str(methods_json))
     workers = workers_count(workers)
@@ -216,28 +213,6 @@ def confirm_methods(methods_json, out, workers=None, say=print) -> dict:
     if done.is_file():
         say(f"the methods are already confirmed in {done}: nothing recomputed")
         return read_json(done)
-    points = declared_points(declared)
     by_name = {a.name: a for a in arms(declared["arms"][1])}
-    folders = write_study_profiles(out, declared["profile"], declared["seeds"], CONFIRM_STUDY_SEED,
-                                   declared["sft_recipe"])  # fmt: skip
-    say(f"declared: {declared['seeds']} fresh seeds; points " + ", ".join(p.key for p in points.values()))
-    t0 = time.perf_counter()
-    heldout.run_points(folders, tuple(points.values()), declared["revision"], workers, say,
-                       arms=tuple(by_name[p.arm] for p in points.values()))  # fmt: skip
-    pairs = {name: (points[a], None if b == "sft" else points[b]) for name, (a, b) in declared["comparisons"].items()}
-    comparisons = heldout.comparisons(folders, pairs)
-    record = {
-        "declared": declared,
-        "interval": INTERVAL,
-        "comparisons": comparisons,
-        "test_success": success_table(folders, points),
-        "seconds_this_invocation": time.perf_counter() - t0,
-        "evaluated_by": ran_with(),
-    }
-    write_json(done, record)
-    for name, c in comparisons.items():
-        say(
-            f"{name} on test over {c['n']} seeds: {c['mean']:+.3f} [{c['t95'][0]:+.3f}, {c['t95'][1]:+.3f}], "
-            f"sign-flip p {c['sign_flip_p']:.4f}, {c['seeds_up']} of {c['n']} up"
-        )
-    return record
+    used = tuple(by_name[p["arm"]] for p in declared["points"].values())
+    return read_on_test(out, declared, declared["seeds"], CONFIRM_STUDY_SEED, workers, say, done=done, arms=used)

@@ -101,8 +101,6 @@ def declared_points(declared: dict) -> dict[str, heldout.Point]:
 
 def confirm_design(choice_json, out, workers=None, say=print) -> dict:
     """Steps 1 to 3 (module docstring); DIR/verdict.json written last and returned."""
-    from rlhf.studies.derivation import write_study_profiles
-
     choice_path = str(choice_json)
     declared = declaration(read_json(Path(choice_json)), choice_path)
     workers = workers_count(workers)
@@ -112,23 +110,34 @@ def confirm_design(choice_json, out, workers=None, say=print) -> dict:
     if done.is_file():
         say(f"the verdict is already read in {done}: nothing recomputed")
         return read_json(done)
-    n = declared["power"]["seeds"]
+    return read_on_test(out, declared, declared["power"]["seeds"], VERDICT_STUDY_SEED, workers, say, done=done)
+
+
+def read_on_test(out: Path, declared: dict, n: int, study_seed: int, workers: int, say, *, done: Path,
+                 arms: tuple = ()) -> dict:  # fmt: skip
+    """Steps 2 and 3 of a declared confirmation (this one's, and rlhf.studies.compare_methods'):
+    `n` fresh seeds of `study_seed` trained (SFT, judge, the declared points' arms: `arms` by name,
+    else the frontier's) and read on test; `done` (verdict.json, confirmation.json) written with
+    each declared comparison and each seed's test success, and returned."""
+    from rlhf.studies.derivation import write_study_profiles
+
     points = declared_points(declared)
     say(f"declared: {n} fresh seeds; points " + ", ".join(p.key for p in points.values()))
-    folders = write_study_profiles(out, declared["profile"], n, VERDICT_STUDY_SEED, declared["sft_recipe"])
+    folders = write_study_profiles(out, declared["profile"], n, study_seed, declared["sft_recipe"])
     t0 = time.perf_counter()
-    heldout.run_points(folders, tuple(points.values()), declared["revision"], workers, say)
+    heldout.run_points(folders, tuple(points.values()), declared["revision"], workers, say, arms=arms)
     pairs = {name: (points[a], None if b == "sft" else points[b]) for name, (a, b) in declared["comparisons"].items()}
+    comparisons = heldout.comparisons(folders, pairs)
     record: dict = {
         "declared": declared,
         "interval": INTERVAL,
-        "comparisons": heldout.comparisons(folders, pairs),
+        "comparisons": comparisons,
         "test_success": success_table(folders, points),
         "seconds_this_invocation": time.perf_counter() - t0,
         "evaluated_by": ran_with(),
     }
     write_json(done, record)
-    for name, c in record["comparisons"].items():
+    for name, c in comparisons.items():
         say(
             f"{name} on test over {c['n']} seeds: {c['mean']:+.3f} [{c['t95'][0]:+.3f}, {c['t95'][1]:+.3f}], "
             f"sign-flip p {c['sign_flip_p']:.4f}, {c['seeds_up']} of {c['n']} up"
