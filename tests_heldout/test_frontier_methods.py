@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -254,7 +255,7 @@ def test_the_methods_confirmation_declares_from_the_methods_record_and_the_answe
         "grpo_minus_sft",
         "grpo_minus_default",
     }
-    assert declared["study_seed"] not in (0, 1, 2, 3, 4, 5, 6)  # fresh: no earlier study's seeds
+    assert declared["study_seed"] == compare_methods.CONFIRM_STUDY_SEED
     check_study_seed(load_profile("embedded"), declared["study_seed"])
     assert declared["methods_commit"] == "c" * 40 and "test prompts" in declared["reads"]
 
@@ -292,3 +293,27 @@ def test_a_method_arms_point_is_read_on_test_from_its_own_actor(method_study, tm
         r for r in json.loads(test_file(seed, dpo, 1).read_text())["ppo_rows"] if r["population"] == "test"
     )
     assert first["response"] == committed["response"]
+
+
+def test_every_study_draws_its_seeds_from_a_study_seed_of_its_own():
+    """The study seeds of docs/studies.md's table, one per study: two studies that shared one would
+    train the same seeds and call them fresh."""
+    from rlhf.studies import choice, compare_methods, nested, room, seeds, verdict
+    from rlhf.studies.frontier import confirmation, study
+
+    used = {
+        "rlhf seeds": 0,
+        "rlhf frontier": study.STUDY_SEED,
+        "the frontier's confirmation": confirmation.CONFIRM_STUDY_SEED,
+        "rlhf confirm-oracle": room.ROOM_STUDY_SEED,
+        "rlhf choose-design's estimation": choice.ESTIMATION_STUDY_SEED,
+        "rlhf confirm-design": verdict.VERDICT_STUDY_SEED,
+        "rlhf nested": nested.NESTED_STUDY_SEED,
+        "rlhf confirm-oracle --replicate": room.REPLICATION_STUDY_SEED,
+        "rlhf confirm-methods": compare_methods.CONFIRM_STUDY_SEED,
+    }
+    assert len(set(used.values())) == len(used), used
+    assert seeds.run_study.__kwdefaults__["study_seed"] == used["rlhf seeds"]
+    table = (Path(__file__).resolve().parents[1] / "docs" / "studies.md").read_text()
+    for name, seed in used.items():
+        assert f"| {seed} |" in table, (name, seed)

@@ -45,7 +45,9 @@ DPO_BETAS = (0.1, 0.5)  # TRL's default, and five times it
 DPO_EPOCHS = 3
 GRPO_GROUP = 4  # G: a PPO iteration's 4 answers as one group
 GRPO_BETA = 0.04  # the published method's
-CONFIRM_STUDY_SEED = 7  # fresh: 0 seeds, 1 frontier, 2 its confirmation, 3 room, 4 choice, 5 verdict, 6 nested
+CONFIRM_STUDY_SEED = (
+    8  # fresh: 0 seeds, 1 frontier, 2 its confirmation, 3 room, 4 choice, 5 verdict, 6 nested, 7 room again
+)
 VERDICT_STUDY = "results/verdict-r002/study.json"  # whose seed count the confirmation runs
 READS = "train prompts (SFT, judge, PPO, GRPO training; DPO's pairs) and validation prompts (every measurement)"
 
