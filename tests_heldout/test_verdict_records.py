@@ -90,3 +90,15 @@ def test_the_committed_reproduction_names_a_seed_of_this_study_and_a_later_code(
     assert rec["results"] == "results/verdict-r002" and rec["seed"] == 0 and rec["identical"] is True
     assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
     assert rec["study_code"] == load(STUDY / "verdict.json")["evaluated_by"]["code"] != rec["code"]
+
+
+def test_reproduce_reads_the_room_studys_rows_and_refuses_a_seed_it_did_not_run(tmp_path):
+    from rlhf.studies import StudyError
+    from rlhf.studies.reproduce import committed_room_row, reproduce
+
+    room = ROOT / "results" / "room-r002"
+    declared, row = committed_room_row(room, 2)
+    assert row == load(room / "room.json")["per_seed"][2] and row["seed"] == 2 and declared["seeds"] == 6
+    with pytest.raises(StudyError, match="--seed must be between 0 and 5"):
+        reproduce(room, 6, tmp_path / "work")
+    assert not (tmp_path / "work").exists()

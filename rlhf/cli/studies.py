@@ -125,11 +125,11 @@ def add_reproduce(sub) -> None:
         "recompute one seed of a committed study and compare its row byte for byte",
         "Recompute seed N of the committed study in RESULTS_DIR with today's code: `rlhf lab` on a seed\n"
         "study's (rlhf seeds) run profile; the SFT, judge and arms of an answer on test (rlhf\n"
-        "confirm-design), of a nested study's pipeline (rlhf nested) or of a frontier study's seed\n"
-        "(rlhf frontier, rlhf choose-design's selection and estimation). Its row is compared with the\n"
-        "committed one in canonical JSON: exit 0 when they are the same bytes, 1 naming the first\n"
-        "difference. Same CPU arithmetic expected (the CPU pin; `rlhf arithmetic` says whether this\n"
-        "machine computes like the verified ones).",
+        "confirm-design), of the room on test (rlhf confirm-oracle), of a nested study's pipeline\n"
+        "(rlhf nested) or of a frontier study's seed (rlhf frontier, rlhf choose-design's selection\n"
+        "and estimation). Its row is compared with the committed one in canonical JSON: exit 0 when\n"
+        "they are the same bytes, 1 naming the first difference. Same CPU arithmetic expected (the\n"
+        "CPU pin; `rlhf arithmetic` says whether this machine computes like the verified ones).",
         "rlhf reproduce results/seeds-r001 --seed 0 --work runs/reproduce-r001-0\n"
         "rlhf reproduce results/verdict-r002 --seed 0 --work runs/reproduce-verdict-0\n"
         "rlhf reproduce results/nested-r002 --seed 0 --work runs/reproduce-nested-0\n"
@@ -137,7 +137,7 @@ def add_reproduce(sub) -> None:
     )
     p.add_argument(
         "results",
-        help="the committed study's folder (study.json and seeds.json, or an answer on test's test_success.json)",
+        help="the committed study's folder (seeds.json, test_success.json, runs.json, room.json or frontier.json)",
     )
     p.add_argument("--seed", type=int, required=True, help="the run of the study to recompute (0 to n - 1)")
     p.add_argument("--work", default=None, help="the run folder's parent (default: a new temporary folder)")

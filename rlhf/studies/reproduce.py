@@ -7,6 +7,8 @@ holds (KINDS):
                      of each declared point (rlhf.studies.verdict.success_table)
   runs.json          a nested study (`rlhf nested`): pipeline N's runs, each one's difference from
                      SFT on test and its prompt variance (rlhf.studies.nested.run_table)
+  room.json          the room on test (`rlhf confirm-oracle`): seed N's test success of SFT and of
+                     the oracle control, and their difference
   frontier.json      a frontier study (`rlhf frontier`, and the choice's selection and estimation):
                      seed N's summary, every arm's validation points (frontier.json's seeds[N])
 
@@ -167,18 +169,46 @@ def reproduce_frontier_seed(results: Path, seed: int, work: Path, say) -> tuple[
     return row, seed_summary(seed, folders[seed], settings.arms)
 
 
+def committed_room_row(results: Path, seed: int) -> tuple[dict, dict]:
+    """(a room study's declaration, its committed row of `seed`: room.json's per_seed[seed], SFT's
+    and the oracle's test success and their difference)."""
+    try:
+        room = read_json_of_kind(results / "room.json", "room study", {"declared": dict, "per_seed": list}, "key",
+                                 "`rlhf confirm-oracle --out DIR` writes it")  # fmt: skip
+    except ValueError as err:
+        raise StudyError(f"RESULTS_DIR: {err}") from None
+    n = room["declared"]["seeds"]
+    if not 0 <= seed < n:
+        raise StudyError(f"--seed must be between 0 and {n - 1} (the study's seeds), not {seed}")
+    return room["declared"], room["per_seed"][seed]
+
+
+def reproduce_room_seed(results: Path, seed: int, work: Path, say) -> tuple[dict, dict]:
+    """(committed row, recomputed row) of seed `seed` of the room study in `results`."""
+    from rlhf.studies import heldout, room
+
+    declared, row = committed_room_row(results, seed)
+    folders = write_study_profiles(work, declared["profile"], declared["seeds"], declared["study_seed"],
+                                   declared["sft_recipe"])  # fmt: skip
+    it = declared["oracle_iteration"]
+    say(f"reproducing seed {seed} of {results} in {folders[seed]} (the oracle at {it})")
+    heldout.run_points([folders[seed]], (heldout.Point("oracle", it),), declared["revision"], 1, say)
+    return row, {**room.summarise([folders[seed]], it)["per_seed"][0], "seed": seed}
+
+
 # What RESULTS_DIR holds, by the file that says so: a study rlhf reproduce recomputes one seed of
 # (anything else is read as a seed study, whose checks name what is missing).
 KINDS = {
     "test_success.json": (committed_verdict_row, reproduce_verdict_seed),
     "runs.json": (committed_nested_row, reproduce_nested_seed),
+    "room.json": (committed_room_row, reproduce_room_seed),
     "frontier.json": (committed_frontier_row, reproduce_frontier_seed),
 }
 
 
 def code_that_ran(results: Path) -> str:
     """The code that trained and evaluated the committed study's runs."""
-    for name in ("verdict.json", "nested.json"):
+    for name in ("verdict.json", "nested.json", "room.json"):
         if (results / name).is_file():
             return read_json(results / name)["evaluated_by"]["code"]
     return read_json(results / "frontier.json")["study"]["code"]
