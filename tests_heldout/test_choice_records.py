@@ -96,3 +96,12 @@ def test_reproduce_reads_a_frontier_seeds_summary_and_refuses_a_seed_it_did_not_
     with pytest.raises(StudyError, match="--seed must be between 0 and 5"):
         reproduce(STUDY / "estimation", 6, tmp_path / "work")
     assert not (tmp_path / "work").exists()
+
+
+def test_the_committed_reproduction_names_an_estimation_seed_and_a_later_code():
+    """estimation/reproduce-seed-0.json: `rlhf reproduce results/choice-r002/estimation --seed 0`
+    (its SFT, judge, two PPO arms and their validation measurements) by a later commit."""
+    rec = load(STUDY / "estimation" / "reproduce-seed-0.json")
+    assert rec["results"] == "results/choice-r002/estimation" and rec["seed"] == 0 and rec["identical"] is True
+    assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
+    assert rec["study_code"] == load(STUDY / "estimation" / "frontier.json")["study"]["code"] != rec["code"]
