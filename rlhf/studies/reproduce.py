@@ -193,7 +193,7 @@ def reproduce_room_seed(results: Path, seed: int, work: Path, say) -> tuple[dict
     it = declared["oracle_iteration"]
     say(f"reproducing seed {seed} of {results} in {folders[seed]} (the oracle at {it})")
     heldout.run_points([folders[seed]], (heldout.Point("oracle", it),), declared["revision"], 1, say)
-    return row, {**room.summarise([folders[seed]], it)["per_seed"][0], "seed": seed}
+    return row, {**room.seed_rows([folders[seed]], it)[0], "seed": seed}
 
 
 # What RESULTS_DIR holds, by the file that says so: a study rlhf reproduce recomputes one seed of

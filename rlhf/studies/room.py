@@ -128,16 +128,24 @@ def replication_of(room_json: str, testbed_path: str, chosen: str, it: int) -> d
     }
 
 
+def seed_rows(folders: list[Path], it: int) -> list[dict]:
+    """Per seed: SFT's and the oracle's test rubric success and their difference (a row of
+    room.json's per_seed, what `rlhf reproduce` recomputes)."""
+    point = heldout.Point("oracle", it)
+    rows = []
+    for i, f in enumerate(folders):
+        sft, oracle = heldout.test_success(f, point)
+        rows.append({"seed": i, "folder": f.name, "sft": sft, "oracle": oracle, COMPARISON: oracle - sft})
+    return rows
+
+
 def summarise(folders: list[Path], it: int) -> dict:
     """Step 3's numbers: per seed SFT's and the oracle's test rubric success, and the comparison."""
     point = heldout.Point("oracle", it)
-    per_seed = [dict(zip(("sft", "oracle"), heldout.test_success(f, point))) for f in folders]
+    per_seed = seed_rows(folders, it)
     diff = heldout.comparisons(folders, {COMPARISON: (point, None)})[COMPARISON]
     return {
-        "per_seed": [
-            {"seed": i, "folder": f.name, **r, COMPARISON: d}
-            for i, (f, r, d) in enumerate(zip(folders, per_seed, diff["per_seed"]))
-        ],
+        "per_seed": per_seed,
         "sft": across_seeds([r["sft"] for r in per_seed], (0.0, 1.0)),
         "oracle": across_seeds([r["oracle"] for r in per_seed], (0.0, 1.0)),
         COMPARISON: diff,
