@@ -313,6 +313,9 @@ class Dpo(EpochStage):
     pairs_per_update: int = doc("preference pairs per optimizer update")
 
 
+STUDY_TABLES = (Dpo,)  # tables a study declares beside the profile, range-checked as its tables are
+
+
 @dataclass(frozen=True)
 class Ppo(Table):
     TABLE = "ppo"

@@ -14,17 +14,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 from property_budget import examples
 
-from rlhf.config import RANGES, Profile, ProfileError, load_profile, override, profile_hash, profile_text_with
+from rlhf.config import (
+    RANGES,
+    STUDY_TABLES,
+    Profile,
+    ProfileError,
+    load_profile,
+    override,
+    profile_hash,
+    profile_text_with,
+)
 
 pytestmark = pytest.mark.unit
 
 EMBEDDED = load_profile("embedded")
 
 
-def numeric_keys() -> dict[tuple[str, str], type]:
-    """(table, key) -> int or float, for every numeric key of every table."""
+def numeric_keys(tables) -> dict[tuple[str, str], type]:
+    """(table, key) -> int or float, for every numeric key of every (name, table class)."""
     out = {}
-    for table, cls in typing.get_type_hints(Profile).items():
+    for table, cls in tables:
         if not dataclasses.is_dataclass(cls):
             continue
         for f in dataclasses.fields(cls):
@@ -35,11 +44,27 @@ def numeric_keys() -> dict[tuple[str, str], type]:
     return out
 
 
-NUMERIC = numeric_keys()
+NUMERIC = numeric_keys(typing.get_type_hints(Profile).items())  # the profile's tables
+STUDY_NUMERIC = numeric_keys((cls.TABLE, cls) for cls in STUDY_TABLES)  # those a study declares beside it
+DPO = {"epochs": 1, "lr": 1e-4, "expected_updates": 1, "beta": 0.1, "pairs_per_update": 8}  # a valid [dpo]
 
 
 def test_every_number_of_a_profile_has_a_declared_range_and_no_range_names_a_missing_key():
-    assert set(NUMERIC) == set(RANGES)
+    assert not set(NUMERIC) & set(STUDY_NUMERIC)
+    assert set(NUMERIC) | set(STUDY_NUMERIC) == set(RANGES)
+
+
+def test_a_study_table_refuses_a_value_outside_its_range_naming_key_range_and_value():
+    from rlhf.config import Dpo
+
+    assert {t for t, _ in STUDY_NUMERIC} == {"dpo"} and Dpo(**DPO).beta == 0.1
+    for (table, key), kind in STUDY_NUMERIC.items():
+        for value in outside(RANGES[(table, key)], kind):
+            with pytest.raises(ProfileError) as err:
+                Dpo(**{**DPO, key: value})
+            assert str(err.value).startswith(f"[{table}] {key} must be ") and str(RANGES[(table, key)]) in str(
+                err.value
+            )
 
 
 def outside(valid, kind):
@@ -105,6 +130,8 @@ def test_valid_profiles_load_unchanged():
     assert profile_hash(EMBEDDED) == "41ec2214c4e7d5d737b770809120388f5104ba22158e20ed4b354183143df4c2"
     qwen = load_profile("qwen2.5-0.5b")
     for (table, key), valid in RANGES.items():
+        if (table, key) in STUDY_NUMERIC:
+            continue
         for p in (EMBEDDED, qwen):
             value = getattr(getattr(p, table), key)
             assert value is None or valid.holds(value), (p.name, table, key, value)

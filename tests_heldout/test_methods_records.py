@@ -1,0 +1,73 @@
+"""The committed comparison of DPO and GRPO with PPO on validation (results/methods-r002/) and the
+declaration of their reading on test (results/methods-r002-test/study.json), read back and
+recomputed: both declarations follow from the committed records alone; each method's best point
+follows from the committed frontier's curves; the PPO arms are, point for point, the choice's own
+selection seeds; every arm's cost names its phases (GRPO's without a critic)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhf.studies import compare_methods
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "results" / "methods-r002"
+CHOICE = "results/choice-r002/choice.json"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def record():
+    return load(STUDY / "methods.json")
+
+
+def test_the_declarations_follow_from_the_committed_records(record):
+    again = compare_methods.declaration(load(ROOT / CHOICE), CHOICE)
+    assert load(STUDY / "study.json")["identity"] == again == record["declared"]
+    confirm = compare_methods.confirm_declaration(record, "results/methods-r002/methods.json",
+                                                  str(ROOT / compare_methods.VERDICT_STUDY))  # fmt: skip
+    committed = load(ROOT / "results" / "methods-r002-test" / "study.json")["identity"]
+    assert committed == {**confirm, "seeds_as": compare_methods.VERDICT_STUDY}
+    assert committed["methods_commit"] == record["ran_with"]["commit"]
+
+
+def test_each_methods_best_point_follows_from_the_committed_frontier(record):
+    frontier = load(STUDY / "frontier" / "frontier.json")
+    assert len(frontier["seeds"]) == compare_methods.SEEDS
+    assert record["best"] == compare_methods.best_points(frontier)
+    for method in ("dpo", "grpo"):
+        best = record["best"][method]
+        assert frontier["arms"][best["arm"]]["method"] == method
+        rows = [r for name, a in frontier["arms"].items() if a.get("method") == method for r in a["curve"][1:]]
+        assert best["mean_validation_gold"] == max(r["gold"]["mean"] for r in rows)
+
+
+def test_the_ppo_arms_are_the_choices_selection_seeds_point_for_point():
+    """The same study seed, recipe and code path: seeds 0 to 2 of the choice's selection study,
+    measured again here beside DPO and GRPO, come out byte for byte the same."""
+    ours = load(STUDY / "frontier" / "frontier.json")["seeds"]
+    theirs = load(ROOT / "results" / "choice-r002" / "selection" / "frontier.json")["seeds"]
+    for arm in ("spec-default", "standardised-judge", "oracle"):
+        for i in range(compare_methods.SEEDS):
+            assert ours[i]["arms"][arm]["points"] == theirs[i]["arms"][arm]["points"], (arm, i)
+    assert [s["sft"] for s in ours] == [s["sft"] for s in theirs[: compare_methods.SEEDS]]
+
+
+def test_each_arms_cost_names_its_phases_and_grpo_has_no_critic(record):
+    costs = record["costs"]
+    assert set(costs) == set(record["declared"]["arms"])
+    for name, c in costs.items():
+        if c["method"] == "dpo":
+            assert c["seconds_per_epoch"] > 0 and c["epochs"] == compare_methods.SEEDS * compare_methods.DPO_EPOCHS
+            continue
+        assert c["iterations"] == 300 and c["seconds_per_iteration"] > sum(c["phases"].values()) * 0.5
+        critic = {"critic_values", "critic_update"} & set(c["phases"])
+        assert bool(critic) == (c["method"] == "ppo"), name
