@@ -78,3 +78,17 @@ def test_the_docs_table_states_each_room_study():
     row = next(line for line in text.splitlines() if line.startswith("| both pooled"))
     lo, hi = pooled["t95"]
     assert f"{pooled['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]".replace("-", "−") in row, row
+
+
+def test_the_committed_reproduction_names_a_seed_of_the_room_study_and_a_later_code():
+    """room-r002/reproduce-seed-0.json: `rlhf reproduce results/room-r002 --seed 0` (its SFT, judge,
+    the oracle's PPO and their test evaluation) by a later commit, on the pinned arithmetic; the
+    row it compared is the committed one's shape (room.seed_rows)."""
+    folder = ROOT / "results" / "room-r002"
+    rec = load(folder / "reproduce-seed-0.json")
+    assert rec["results"] == "results/room-r002" and rec["seed"] == 0 and rec["identical"] is True
+    assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
+    assert rec["study_code"] == load(folder / "room.json")["evaluated_by"]["code"] != rec["code"]
+    row = load(folder / "room.json")["per_seed"][0]
+    assert set(row) == {"seed", "folder", "sft", "oracle", room.COMPARISON}
+    assert row[room.COMPARISON] == row["oracle"] - row["sft"]
