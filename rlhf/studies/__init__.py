@@ -14,12 +14,13 @@
     heldout         declared comparisons read on test on fresh seeds (what room, verdict, nested use)
     verdict         `rlhf confirm-design`: the answer on test, comparisons and seeds declared first
     nested          `rlhf nested`: PPO seeds nested in pipeline seeds, variance split by source
+    compare_methods `rlhf compare-methods`, `rlhf confirm-methods`: DPO and GRPO beside PPO
     validation      measurements on validation prompts only (what the SFT budget and the frontier read)
     frontier/       `rlhf frontier`: the over-optimisation frontier, one module per concern (its docstring)
     warnings        over-optimisation warning rules chosen on one frontier study, scored on any
     base            `rlhf base-study`: can the embedded base carry the lab?
     record          a study's arguments checked before anything is written; its study.json
-    reproduce       `rlhf reproduce`: one seed of a committed seed study recomputed and compared
+    reproduce       `rlhf reproduce`: one seed of a committed study recomputed and compared
 
 A study's page is written by rlhf.report.study, a run profile's TOML by rlhf.config.profile_text_with.
 """
