@@ -317,3 +317,16 @@ def test_every_study_draws_its_seeds_from_a_study_seed_of_its_own():
     table = (Path(__file__).resolve().parents[1] / "docs" / "studies.md").read_text()
     for name, seed in used.items():
         assert f"| {seed} |" in table, (name, seed)
+
+
+def test_a_study_with_method_arms_names_the_command_that_runs_them():
+    from rlhf.studies.frontier.arms import Settings
+    from rlhf.studies.frontier.study import frontier_command, study_identity
+
+    identity = study_identity("embedded", "r002", 3, "sft-demos6", Settings(arms=method_arms()), 1)
+    assert (
+        frontier_command(Path("D"), identity)
+        == "no rlhf frontier command runs DPO or GRPO arms (rlhf compare-methods does)"
+    )
+    ppo_only = study_identity("embedded", "r002", 3, "sft-demos6", Settings(arms=method_arms()[:1]), 1)
+    assert "rlhf compare-methods" not in frontier_command(Path("D"), ppo_only)

@@ -257,6 +257,8 @@ def frontier_command(out: Path, identity: dict) -> str:
     cmd += f" --sft-budget {identity['sft_budget']}"
     cmd += "" if identity["profile"] == "embedded" else " --profile PROFILE.toml"
     settings = settings_of(identity)
+    if any(a.method != "ppo" for a in settings.arms):
+        return "no rlhf frontier command runs DPO or GRPO arms (rlhf compare-methods does)"
     grid = tuple(cast(float, a.c) for a in grid_arms(settings.arms))
     if not grid or settings != Settings(arms=default_arms(grid)):
         names = ", ".join(a.name for a in settings.arms)
