@@ -52,7 +52,8 @@ def _sft_actor(ctx, *, frozen: bool):
 
 
 def _trainer(ctx, method: str, settings: dict):
-    """leg -> (state, seconds per epoch or iteration): the method's training from the seed's SFT."""
+    """leg -> (state, seconds per epoch or iteration this leg ran): the method's training from the
+    seed's SFT (a resumed leg's seconds are its own)."""
     from rlhf import dpo, grpo
 
     view, tokens, profile = ctx.corpus.learning_view(), ctx.tokens(), ctx.profile
@@ -74,14 +75,14 @@ def _trainer(ctx, method: str, settings: dict):
                                   cfg, Leg(state=leg.state, checkpoint=leg.checkpoint, progress=progress))  # fmt: skip
             return state, {"per_epoch": seconds}
 
-        return actor, run_dpo
+        return run_dpo
     judge = ctx.role("judge")
     load_role(judge, ctx.trained_in / "judge" / "judge.safetensors")
     judge.freeze()
     roles = grpo.GrpoRoles(actor, reference, judge)
     gs = grpo.Settings(int(settings.get("group_size", grpo.GROUP_SIZE)), float(settings.get("beta", grpo.BETA)))
     gs.check(profile.ppo.prompts_per_iteration)
-    return actor, lambda leg: grpo.train_grpo(roles, view, tokens, profile, gs, leg)
+    return lambda leg: grpo.train_grpo(roles, view, tokens, profile, gs, leg)
 
 
 def train_method(ctx, method: str, settings: dict) -> None:
@@ -108,7 +109,7 @@ def train_method(ctx, method: str, settings: dict) -> None:
             writer.wait()
             raise Interrupted(f"{method}: stopped on request after {n}; checkpoint {path}. Run again to continue")
 
-    _, run = _trainer(ctx, method, settings)
+    run = _trainer(ctx, method, settings)
     try:
         state, seconds = run(Leg(state=state, checkpoint=checkpoint))
         writer.wait()
