@@ -71,3 +71,22 @@ def test_each_arms_cost_names_its_phases_and_grpo_has_no_critic(record):
         assert c["iterations"] == 300 and c["seconds_per_iteration"] > sum(c["phases"].values()) * 0.5
         critic = {"critic_values", "critic_update"} & set(c["phases"])
         assert bool(critic) == (c["method"] == "ppo"), name
+
+
+def test_the_methods_confirmation_is_recomputed_from_its_per_seed_test_success(record_result):
+    """results/methods-r002-test/confirmation.json: the declaration committed before the read, the
+    answer's seed count, and every comparison's per-seed differences and statistics from the
+    per-seed test success of SFT and of each point."""
+    from rlhf.studies.statistics import paired
+
+    folder = ROOT / "results" / "methods-r002-test"
+    rec = load(folder / "confirmation.json")
+    assert rec["declared"] == load(folder / "study.json")["identity"]
+    table = rec["test_success"]
+    assert set(table) == {"sft", "dpo", "grpo", "default"} and {len(v) for v in table.values()} == {15}
+    for name, (a, b) in rec["declared"]["comparisons"].items():
+        got = rec["comparisons"][name]
+        diffs = [x - y for x, y in zip(table[a], table[b])]
+        assert got["per_seed"] == pytest.approx(diffs, abs=1e-15)
+        assert {k: got[k] for k in paired(got["per_seed"])} == paired(got["per_seed"])
+        record_result(name, {k: got[k] for k in ("mean", "t95", "sign_flip_p", "seeds_up", "n")})
