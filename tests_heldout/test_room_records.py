@@ -92,3 +92,14 @@ def test_the_committed_reproduction_names_a_seed_of_the_room_study_and_a_later_c
     row = load(folder / "room.json")["per_seed"][0]
     assert set(row) == {"seed", "folder", "sft", "oracle", room.COMPARISON}
     assert row[room.COMPARISON] == row["oracle"] - row["sft"]
+
+
+def test_the_testbeds_oracle_study_has_a_seed_recomputed_byte_for_byte():
+    """testbed-r002-2/oracle-sft-demos6/reproduce-seed-0.json: seed 0 of the nearest testbed's oracle
+    study (its SFT, judge, the oracle's PPO and 10 validation measurements) recomputed by a later
+    commit: its frontier.json summary byte for byte."""
+    folder = ROOT / "results" / "testbed-r002-2" / "oracle-sft-demos6"
+    rec = load(folder / "reproduce-seed-0.json")
+    assert rec["results"] == "results/testbed-r002-2/oracle-sft-demos6" and rec["seed"] == 0
+    assert rec["identical"] is True and rec["first_difference"] is None
+    assert rec["study_code"] == load(folder / "frontier.json")["study"]["code"] != rec["code"]
