@@ -219,6 +219,16 @@ def generate_heldout(actor_model, ctx) -> list[dict]:
 
 
 @torch.no_grad()
+def score_batch(batch, actor_model, reference_model, judge_role) -> tuple[torch.Tensor, torch.Tensor]:
+    """The judge's score and the mean sampled log-ratio of each answer of a collated batch: ([B], [B]),
+    three teacher-forced passes (the judge, the actor, the reference)."""
+    reward = reward_scores(judge_role, batch)
+    logp_actor = response_logprobs(actor_model, batch)
+    logp_ref = response_logprobs(reference_model, batch)
+    return reward, mean_sampled_log_ratio(logp_actor, logp_ref, batch.response_mask)
+
+
+@torch.no_grad()
 def score_rows(rows: list[dict], ctx, actor_model, reference_model, judge_role) -> list[dict]:
     """New rows with `learned_reward` (frozen judge, read at the last response token, EOS
     included) and `sampled_log_ratio` (mean over the generated tokens of the teacher-forced
@@ -232,10 +242,7 @@ def score_rows(rows: list[dict], ctx, actor_model, reference_model, judge_role) 
         if any(len(ids) == 0 for ids in responses):  # generation always emits >= 1 token
             raise ValueError("a generated response has no token; it cannot be scored")
         batch = collate(prompts, responses, ctx.pad_id).to(device)
-        reward = reward_scores(judge_role, batch)
-        logp_actor = response_logprobs(actor_model, batch)
-        logp_ref = response_logprobs(reference_model, batch)
-        ratio = mean_sampled_log_ratio(logp_actor, logp_ref, batch.response_mask)
+        reward, ratio = score_batch(batch, actor_model, reference_model, judge_role)
         for r, s, lr in zip(chunk, reward.tolist(), ratio.tolist()):
             out.append({**r, "learned_reward": float(s), "sampled_log_ratio": float(lr)})
     return out

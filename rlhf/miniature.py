@@ -133,9 +133,10 @@ def dry_run(
     run folders:
 
         measure/    the whole lab once at the miniature's budgets (every stage, no protocol,
-                    each leg clocked), then the decode step measured on its SFT actor; from
-                    them the projection of every stage of `rlhf lab` (rlhf.projection), printed
-                    and written to projection.json (and dry_run.json) before the rehearsal
+                    each leg clocked), then the decode and scoring steps measured on its
+                    trained roles; from them the projection of every stage of `rlhf lab`
+                    (rlhf.projection), printed and written to projection.json (and
+                    dry_run.json) before the rehearsal
         rehearsal/  the whole lab with the interrupt/resume protocol (rlhf.lab.run_lab), its
                     continuous legs taken over from measure/ (rlhf.lab.adopt_continuous_leg:
                     identity-checked, not computed twice), and so the evaluation of the same
@@ -155,7 +156,11 @@ def dry_run(
     say(precision_line(ctx.precision))
     lab.run_stages(ctx, protocol=False, done=lambda stage: _say_measured(ctx.run, stage, say))
     lab.run_lab(ctx, protocol=False)  # the report
-    measured = projection.measured_miniature(ctx.run, mini, measure_decode_steps(ctx), time.perf_counter() - t)
+    wall_s = time.perf_counter() - t  # the lab's own seconds: the step measurements below are not the lab's
+    measured = projection.measured_miniature(
+        ctx.run, mini, measure_decode_steps(ctx), measure_scoring_steps(ctx), wall_s
+    )
+    steps_s = time.perf_counter() - t - wall_s
     record = {
         "profile": profile.name,
         "miniature": mini.name,
@@ -163,6 +168,7 @@ def dry_run(
         "model_dir": str(ctx.model_dir),
         "run": str(root),
         "measured_s": time.perf_counter() - t,
+        "step_measurements_s": steps_s,  # the decode and scoring steps' timing (not projected)
         "measured": measured,
         "projection": projection.project_lab(measured, profile, side_by_side=default_legs() == SIDE_BY_SIDE),
         "arithmetic": read_json(ctx.run / lab.RUN_FILE)["arithmetic"]["note"],
@@ -218,6 +224,61 @@ def measure_decode_steps(ctx: lab.Context) -> dict[str, float]:
     }
 
 
+def measure_scoring_steps(ctx: lab.Context) -> dict[str, float]:
+    """Seconds one more answer token adds to the teacher-forced passes (rlhf.projection.
+    scoring_step_seconds), on rollout prompts with the miniature's own trained roles: the
+    evaluation's scoring of a batch of 32 (judge, actor, reference), and a PPO iteration's passes
+    over its rollout (`ppo_passes`)."""
+    from rlhf.evaluate import evaluation_roles, score_batch
+    from rlhf.lab.stages import ppo_roles
+
+    records = ctx.corpus.learning_view().rollout_prompts()
+    prompts = [
+        encode_prompt(ctx.tokenizer, r["prompt"], ctx.profile.limits) for r in records[: projection.EVALUATION_BATCH]
+    ]
+    step = partial(projection.scoring_step_seconds, pad_id=ctx.pad_id, token_id=ctx.eos_id)
+
+    def evaluation() -> float:  # each measurement's roles are freed before the next one's load
+        roles = evaluation_roles(ctx)
+        device = next(roles.ppo.model.parameters()).device
+        return step(
+            lambda batch: score_batch(batch, roles.ppo.model, roles.reference.model, roles.judge),
+            prompts,
+            device=device,
+        )
+
+    def ppo() -> float:
+        roles = ppo_roles(ctx)
+        device = next(roles.actor.model.parameters()).device
+        updates, rows = ctx.profile.ppo.updates_per_iteration, ctx.profile.ppo.prompts_per_iteration
+        return step(lambda batch: ppo_passes(roles, batch, updates), prompts[:rows], device=device)
+
+    return {"evaluation": evaluation(), "ppo": ppo()}
+
+
+def ppo_passes(roles, batch, updates: int) -> None:
+    """A PPO iteration's passes over a rollout of `batch` (rlhf.ppo.rollout, rlhf.ppo.ppo_update)
+    without its optimizer steps: reference log-probs, the judges' scores and the critic's values,
+    then per update the actor's log-probs and the critic's values with their backward passes.
+    The gradients are dropped; no weight moves."""
+    import torch
+
+    from rlhf.roles import critic_values, reward_scores
+    from rlhf.scoring import response_logprobs
+
+    with torch.no_grad():
+        response_logprobs(roles.reference.model, batch)
+        for judge in (roles.judge, *roles.members):
+            reward_scores(judge, batch)
+        critic_values(roles.critic, batch)
+    for _ in range(updates):
+        response_logprobs(roles.actor.model, batch).sum().backward()
+        critic_values(roles.critic, batch).sum().backward()
+    for role in (roles.actor, roles.critic):
+        for p in role.learned_parameters():
+            p.grad = None
+
+
 def _say_measured(run: Path, stage: str, say) -> None:
     if stage in projection.TRAINING:
         legs = read_json(run / stage / "timings.json")["legs"]["continuous"]
@@ -239,7 +300,9 @@ def dry_run_lines(record: dict) -> list[str]:
         f"arithmetic: {record['arithmetic']}",
         precision_line(record["precision"]),
         f"decode step: {m['decode_step']['ppo'] * 1e3:.2f} ms (PPO's batch, sampling), "
-        f"{m['decode_step']['evaluation'] * 1e3:.2f} ms (the evaluation's batch of 32, greedy)",
+        f"{m['decode_step']['evaluation'] * 1e3:.2f} ms (the evaluation's batch of 32, greedy); "
+        f"scoring step: {m['scoring_step']['evaluation'] * 1e3:.2f} ms (one answer token more, the evaluation's batch "
+        f"of 32), {m['scoring_step']['ppo'] * 1e3:.2f} ms (PPO's rollout: its passes and backward passes)",
         f"projected time of `rlhf lab` with the {record['profile']} profile on this machine "
         f"(fixed + units x per unit, per leg; every answer at the 64-token limit):",
     ]

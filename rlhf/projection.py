@@ -23,14 +23,23 @@ the longer of the two processes instead of their sum:
     stage  = stage fixed + max(boundary leg + resumed leg, continuous leg)
 
 Generation grows with the tokens drawn, so the miniature's cut answers are completed by the
-decode step, measured as the difference of two generation lengths (`decode_step_seconds`):
+decode step, measured as the difference of two generation lengths (`decode_step_seconds`), and
+their teacher-forced passes by the scoring step, the difference of two answer lengths passed
+(`scoring_step_seconds`: the evaluation's scoring of a batch of 32, and a PPO iteration's
+passes over its rollout, backward passes included); the judge's scoring of fixed answers (probe
+candidates, test pairs) runs at the judge's own rate, read from its validation
+(`judge_row_seconds`):
 
-    PPO iteration   = the miniature's iteration + (64 - its rollout tokens) x decode step
-    evaluation      = load, politeness, bootstrap (fixed)
+    PPO iteration   = the miniature's iteration
+                      + (64 - its rollout tokens) x (decode step + PPO's scoring step)
+    evaluation      = load, bootstrap (fixed)
+                      + politeness: the miniature's + the other probe answers x judge's rate
                       + per policy: batches x (the miniature's prefill and first steps
                         + (64 - its answer tokens) x decode step at the evaluation's batch size)
-                      + scoring and rubric per batch of rows, the judge's test accuracy per pair
-    shortcut audit  = its fixed part + its scoring per pair (5 sets of the test pairs)
+                      + per policy: scoring and rubric per row
+                        + batches of 32 x (64 - its answer tokens) x scoring step
+                      + the judge's test accuracy: the miniature's + the other answers x judge's rate
+    shortcut audit  = its fixed part + its scoring + the other pairs' answers x judge's rate
     report, setup   = as measured (the corpus, the base, opening the run)
 
 Every answer is counted at the 64-token limit: an answer that ends at EOS earlier costs less,
@@ -55,7 +64,8 @@ HELDOUT_ROWS = 260  # per policy: 180 test prompts + 80 probe rows (SPEC §8)
 TEST_PAIRS = 180
 VALIDATION_ITEMS = 180  # SFT validates on the 180 validation pairs' chosen answers, the judge on the pairs
 EPOCH_BOUNDARY = 1  # the protocol stops SFT and the judge after epoch 1 (rlhf.lab)
-AUDIT_SETS = 5  # the revision's own prompts and four counterfactual sets (rlhf.shortcut)
+PROBE_CANDIDATES = 4  # per probe context: correct or not x polite or not (rlhf.politeness)
+PROBE_ANSWERS = 80  # 20 probe contexts x 4 candidates (SPEC §8)
 
 
 # ------------------------------------------------------------------------- fitting a leg
@@ -126,9 +136,9 @@ def decode_step_seconds(
 
     device = next(model.parameters()).device
 
-    def timed(n: int) -> float:
+    def timed(n: int, times: int) -> float:
         seconds = []
-        for r in range(repeats):
+        for r in range(times):
             gen = None if greedy else torch.Generator(device=device).manual_seed(r)
             t = time.perf_counter()
             generate(
@@ -147,8 +157,35 @@ def decode_step_seconds(
         return min(seconds)
 
     short, long = lengths
-    timed(short)  # warm-up: first calls, graph captures
-    return max(0.0, (timed(long) - timed(short)) / (long - short))
+    timed(short, 1)  # warm-up: first calls, graph captures
+    return max(0.0, (timed(long, repeats) - timed(short, repeats)) / (long - short))
+
+
+def scoring_step_seconds(
+    score, prompts: list[list[int]], *, pad_id: int, token_id: int, device="cpu", lengths=(8, 40), repeats: int = 3
+) -> float:
+    """Seconds one more answer token adds to scoring a batch of `prompts` (`score(batch)`: the
+    evaluation's teacher-forced passes, rlhf.evaluate.score_batch): the difference of two answer
+    lengths (every answer `token_id` repeated), over their difference; each length timed
+    `repeats` times, the fastest kept. The prompts' passes and every fixed cost cancel."""
+    import torch
+
+    from rlhf.tokens import collate
+
+    def timed(n: int, times: int) -> float:
+        batch = collate(prompts, [[token_id] * n for _ in prompts], pad_id).to(device)
+        seconds = []
+        for _ in range(times):
+            t = time.perf_counter()
+            score(batch)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - t)
+        return min(seconds)
+
+    short, long = lengths
+    timed(short, 1)  # warm-up
+    return max(0.0, (timed(long, repeats) - timed(short, repeats)) / (long - short))
 
 
 # ------------------------------------------------------------------------- the projection
@@ -189,26 +226,47 @@ def project_training(
     return {"per_unit_s": per_unit, "per_validation_s": per_validation, "legs": legs, "projected_s": seconds}
 
 
-def project_evaluation(measured: dict, decode_step: float, full_tokens: int) -> dict:
+def judge_row_seconds(measured: dict) -> float:
+    """Seconds of the frozen judge scoring one answer, from the judge's validation (rlhf.judge.
+    evaluate_pairs: a batch of 16 pairs is 32 answers), measured over every epoch of its leg: the
+    rate of the evaluation's and the audit's judge scoring, whose miniature calls are too short
+    to time."""
+    return measured["stages"]["judge"]["per_validation_batch"] / (2 * VALIDATION_BATCH)
+
+
+def project_evaluation(
+    measured: dict, decode_step: float, full_tokens: int, scoring_step: float, judge_row: float
+) -> dict:
     """Projected seconds of the held-out evaluation from the miniature's (`measured`: its results'
-    seconds, rows per policy, test pairs and answer tokens)."""
+    seconds, rows per policy, probe answers, test pairs and answer tokens): what the miniature
+    measured, and what the full sets add at the rates measured apart (the decode step, the
+    scoring step, the judge's seconds per answer)."""
     s, rows, pairs, tokens = measured["seconds"], measured["rows"], measured["pairs"], measured["tokens"]
     batches, full_batches = math.ceil(rows / EVALUATION_BATCH), math.ceil(HELDOUT_ROWS / EVALUATION_BATCH)
-    out = {"fixed_s": s["load_roles"] + s["politeness"] + s["bootstrap"]}
+    out = {"fixed_s": s["load_roles"] + s["bootstrap"]}
+    # the probe answers the judge scores (the rest of the exercise, hashing, is fixed)
+    out["politeness_s"] = s["politeness"] + (PROBE_ANSWERS - measured["probe_answers"]) * judge_row
     for policy in ("sft", "ppo"):
         per_batch = s[f"{policy}_generation"] / batches + (full_tokens - tokens) * decode_step
         out[f"{policy}_generation_s"] = full_batches * per_batch
-        out[f"{policy}_scoring_s"] = (s[f"{policy}_scoring"] + s[f"{policy}_rubric"]) * full_batches / batches
-    out["judge_test_accuracy_s"] = s["judge_test_accuracy"] * TEST_PAIRS / pairs
+        # scoring grows with the rows and with each answer's tokens: a batch of 32 answers of
+        # full_tokens costs (full_tokens - tokens) scoring steps more than the miniature's
+        out[f"{policy}_scoring_s"] = (s[f"{policy}_scoring"] + s[f"{policy}_rubric"]) * HELDOUT_ROWS / rows + (
+            HELDOUT_ROWS / EVALUATION_BATCH
+        ) * (full_tokens - tokens) * scoring_step
+    out["judge_test_accuracy_s"] = s["judge_test_accuracy"] + 2 * (TEST_PAIRS - pairs) * judge_row
     out["projected_s"] = sum(out.values())
     return out
 
 
-def project_audit(measured: dict) -> dict:
-    """The shortcut audit: its scoring grows with the test pairs, the rest (the judge, the hashes) is fixed."""
-    scoring = measured["scoring_seconds"] * TEST_PAIRS / measured["pairs"]
-    return {"fixed_s": measured["seconds"] - measured["scoring_seconds"], "scoring_s": scoring,
-            "projected_s": measured["seconds"] - measured["scoring_seconds"] + scoring}  # fmt: skip
+def project_audit(measured: dict, judge_row: float) -> dict:
+    """The shortcut audit: the miniature's, and the rest of the full audit's pairs (each set of
+    the test pairs, in the miniature's proportions) at the judge's seconds per answer; loading
+    and hashing are fixed."""
+    full_pairs = measured["audit_pairs"] * TEST_PAIRS / measured["pairs"]
+    scoring = measured["scoring_seconds"] + 2 * (full_pairs - measured["audit_pairs"]) * judge_row
+    fixed = measured["seconds"] - measured["scoring_seconds"]
+    return {"fixed_s": fixed, "scoring_s": scoring, "projected_s": fixed + scoring}
 
 
 def project_lab(measured: dict, profile: Profile, *, protocol: bool = True, side_by_side: bool = False) -> dict:
@@ -221,17 +279,23 @@ def project_lab(measured: dict, profile: Profile, *, protocol: bool = True, side
             profile,
             stage,
             protocol,
-            extra_per_unit=(rollout - measured["ppo_rollout_tokens"]) * measured["decode_step"]["ppo"]
+            extra_per_unit=(rollout - measured["ppo_rollout_tokens"])
+            * (measured["decode_step"]["ppo"] + measured["scoring_step"]["ppo"])
             if stage == "ppo"
             else 0.0,
             side_by_side=side_by_side,
         )
         for stage in TRAINING
     }
+    judge_row = judge_row_seconds(measured)
     stages["evaluate"] = project_evaluation(
-        measured["evaluation"], measured["decode_step"]["evaluation"], max_new_tokens(profile, "evaluation")
+        measured["evaluation"],
+        measured["decode_step"]["evaluation"],
+        max_new_tokens(profile, "evaluation"),
+        measured["scoring_step"]["evaluation"],
+        judge_row,
     )
-    stages["shortcut_audit"] = project_audit(measured["shortcut_audit"])
+    stages["shortcut_audit"] = project_audit(measured["shortcut_audit"], judge_row)
     stages["report"] = {"projected_s": measured["report_s"]}
     stages["setup"] = {"projected_s": measured["setup_s"]}
     return {
@@ -243,10 +307,11 @@ def project_lab(measured: dict, profile: Profile, *, protocol: bool = True, side
     }
 
 
-def measured_miniature(run: Path, mini: Profile, decode_step: dict, wall_s: float) -> dict:
+def measured_miniature(run: Path, mini: Profile, decode_step: dict, scoring_step: dict, wall_s: float) -> dict:
     """What the projection reads from a miniature's run folder (every stage run once, without
     the protocol): each training stage's fit, the evaluation's and the audit's seconds and
-    counts, the report's seconds, and the rest of the run's `wall_s` (setup)."""
+    counts, the report's seconds, and the rest of the run's `wall_s` (setup); with the decode
+    and scoring steps measured on its actor."""
     stages = {stage: stage_fit(run, stage, mini) for stage in TRAINING}
     record = read_json(run / "run.json")["stages"]
     evaluation = read_json(run / "evaluation" / "results.json")
@@ -255,9 +320,11 @@ def measured_miniature(run: Path, mini: Profile, decode_step: dict, wall_s: floa
         "stages": stages,
         "ppo_rollout_tokens": max_new_tokens(mini, "ppo"),
         "decode_step": decode_step,
+        "scoring_step": scoring_step,
         "evaluation": {
             "seconds": evaluation["seconds"],
             "rows": len(evaluation["policies"]["sft"]["rows"]),
+            "probe_answers": PROBE_CANDIDATES * evaluation["politeness"]["counts"]["contexts"],
             "pairs": evaluation["judge_test"]["pairs"],
             "tokens": max_new_tokens(mini, "evaluation"),
         },
@@ -265,6 +332,7 @@ def measured_miniature(run: Path, mini: Profile, decode_step: dict, wall_s: floa
         "shortcut_audit": {
             "seconds": audit["seconds"],
             "scoring_seconds": audit["scoring_seconds"],
+            "audit_pairs": sum(summary["pairs"] for summary in audit["counterfactuals"].values()),
             "pairs": evaluation["judge_test"]["pairs"],
         },
         "report_s": record["report"]["seconds"],

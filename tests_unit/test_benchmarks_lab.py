@@ -178,8 +178,14 @@ def test_full_width_scoring_bf16_against_fp32(benchmark, record_result):
 def test_dry_run_projects_the_embedded_lab(benchmark, record_result, tmp_path):
     """`rlhf lab --dry-run` on the embedded profile (rlhf.miniature.dry_run: the lab once at the
     miniature's budgets, the projection of `rlhf lab`), then `rlhf lab` itself with its protocol,
-    one after the other in this process on this machine: each stage's projected seconds beside
-    its measured ones, and the whole. The projection's goal: the whole lab within 25%."""
+    then the dry run again, one after the other in this process on this machine: each stage's
+    projected seconds beside its measured ones, and the whole.
+
+    A shared machine's speed drifts by itself (minutes at a time, up to a third), so one dry run
+    samples the machine at one moment and the lab at another; the two dry runs on either side of
+    the lab sample it at both ends, and the projection checked is their mean (each one's ratios
+    are reported too, with the drift between them). The goal: every stage and the whole lab
+    within 25% of measured."""
     from rlhf import lab
     from rlhf.config import load_profile
     from rlhf.miniature import dry_run
@@ -191,32 +197,45 @@ def test_dry_run_projects_the_embedded_lab(benchmark, record_result, tmp_path):
         try:
             with contextlib.redirect_stdout(open(os.devnull, "w")):
                 t = time.perf_counter()
-                dry = dry_run(load_profile("embedded"), out=tmp_path / "dry-run")
-                measured["dry_run_s"] = time.perf_counter() - t
+                before = dry_run(load_profile("embedded"), out=tmp_path / "dry-run-before")
+                measured["dry_run_before_s"] = time.perf_counter() - t
                 t = time.perf_counter()
                 ctx = lab.open_context(tmp_path / "lab", "embedded")
                 lab.run_lab(ctx, protocol=True)
                 measured["lab_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                after = dry_run(load_profile("embedded"), out=tmp_path / "dry-run-after")
+                measured["dry_run_after_s"] = time.perf_counter() - t
         finally:
             torch.set_num_threads(threads)
-        measured["projection"] = dry["projection"]
+        measured["projection_before"] = before["projection"]
+        measured["projection_after"] = after["projection"]
         measured["stages_s"] = _stage_seconds(tmp_path / "lab")
 
     benchmark.pedantic(run, rounds=1, iterations=1)
-    projected = measured["projection"]
-    ratios = {
-        stage: projected["stages"][stage]["projected_s"] / seconds for stage, seconds in measured["stages_s"].items()
-    }
-    ratios["lab"] = projected["lab_s"] / measured["lab_s"]
+    stages_s = {**measured["stages_s"], "lab": measured["lab_s"]}
+
+    def projected(projection: dict) -> dict[str, float]:
+        out = {stage: projection["stages"][stage]["projected_s"] for stage in measured["stages_s"]}
+        return {**out, "lab": projection["lab_s"]}
+
+    before, after = projected(measured["projection_before"]), projected(measured["projection_after"])
+    mean = {stage: (before[stage] + after[stage]) / 2 for stage in stages_s}
+    ratios = {stage: mean[stage] / stages_s[stage] for stage in stages_s}
+    measured["projected_mean_s"] = mean
     measured["projected_over_measured"] = ratios
-    _check_seconds("embedded lab", [measured["lab_s"], measured["dry_run_s"]])
+    measured["projected_over_measured_before"] = {s: before[s] / stages_s[s] for s in stages_s}
+    measured["projected_over_measured_after"] = {s: after[s] / stages_s[s] for s in stages_s}
+    measured["drift_after_over_before"] = measured["dry_run_after_s"] / measured["dry_run_before_s"]
+    _check_seconds("embedded lab", [measured["lab_s"], measured["dry_run_before_s"], measured["dry_run_after_s"]])
     assert all(math.isfinite(r) and r > 0 for r in ratios.values()), ratios
-    goal = 0.75 <= ratios["lab"] <= 1.25
+    outside = {stage: round(r, 3) for stage, r in ratios.items() if not 0.75 <= r <= 1.25}
+    goal = not outside
     SUMMARY["dry_run_projection"] = measured
     benchmark.extra_info.update({"projected_over_measured": ratios, "goal_within_25_percent": goal})
     record_result("dry_run_projection_embedded", measured)
     record_result("goal_dry_run_projection_within_25_percent", goal)
-    assert goal, f"the projected lab is {ratios['lab']:.2f} x the measured one: {ratios}"
+    assert goal, f"projected over measured outside 0.75-1.25: {outside} (every stage: {ratios})"
 
 
 def test_sft_stage_legs_side_by_side_against_sequential(benchmark, record_result, tmp_path):

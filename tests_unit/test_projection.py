@@ -105,19 +105,33 @@ def test_the_evaluation_grows_each_part_by_its_own_count():
         "ppo_rubric": 0.1,
         "judge_test_accuracy": 0.2,
     }
-    measured = {"seconds": seconds, "rows": 18, "pairs": 10, "tokens": 2}
-    got = projection.project_evaluation(measured, decode_step=0.01, full_tokens=64)
+    measured = {"seconds": seconds, "rows": 18, "probe_answers": 8, "pairs": 10, "tokens": 2}
+    got = projection.project_evaluation(measured, decode_step=0.01, full_tokens=64, scoring_step=0.002, judge_row=0.004)
     batches = math.ceil(260 / 32)  # 260 rows per policy in batches of 32; the miniature's 18 rows: 1 batch
+    assert got["fixed_s"] == pytest.approx(1.25)  # loading and the bootstrap
+    assert got["politeness_s"] == pytest.approx(0.5 + (80 - 8) * 0.004)  # 72 more probe answers at the judge's rate
     assert got["sft_generation_s"] == pytest.approx(batches * (2.0 + 62 * 0.01))
     assert got["ppo_generation_s"] == pytest.approx(batches * (3.0 + 62 * 0.01))
-    assert got["sft_scoring_s"] == pytest.approx(0.5 * batches)
-    assert got["judge_test_accuracy_s"] == pytest.approx(0.2 * 180 / 10)
-    assert got["projected_s"] == pytest.approx(1.75 + batches * (5.0 + 124 * 0.01) + (0.5 + 0.7) * batches + 0.2 * 18)
+    # per row as measured (0.5 s for 18 rows), and 62 more tokens per answer: 260 / 32 batch-loads x 62 steps
+    assert got["sft_scoring_s"] == pytest.approx(0.5 * 260 / 18 + 260 / 32 * 62 * 0.002)
+    assert got["ppo_scoring_s"] == pytest.approx(0.7 * 260 / 18 + 260 / 32 * 62 * 0.002)
+    assert got["judge_test_accuracy_s"] == pytest.approx(0.2 + 2 * 170 * 0.004)  # 170 more pairs, 2 answers each
+    parts = ("fixed_s", "politeness_s", "sft_generation_s", "ppo_generation_s", "sft_scoring_s", "ppo_scoring_s")
+    assert got["projected_s"] == pytest.approx(sum(got[k] for k in parts) + got["judge_test_accuracy_s"])
 
 
-def test_the_audit_grows_its_scoring_by_pairs_and_keeps_the_rest():
-    got = projection.project_audit({"seconds": 3.0, "scoring_seconds": 2.0, "pairs": 10})
-    assert got["projected_s"] == pytest.approx(1.0 + 2.0 * 18)
+def test_the_audit_adds_the_full_sets_pairs_at_the_judges_rate_and_keeps_the_rest():
+    """The miniature scored 46 pairs (10 of 180 test pairs in four sets, 6 in the fifth); the full
+    audit scores 46 x 18 = 828, so 782 pairs more, 2 answers each."""
+    got = projection.project_audit({"seconds": 3.0, "scoring_seconds": 2.0, "audit_pairs": 46, "pairs": 10}, 0.004)
+    assert got["fixed_s"] == pytest.approx(1.0)
+    assert got["scoring_s"] == pytest.approx(2.0 + 2 * 782 * 0.004)
+    assert got["projected_s"] == pytest.approx(1.0 + 2.0 + 2 * 782 * 0.004)
+
+
+def test_the_judges_rate_per_answer_is_its_validation_batch_over_its_32_answers():
+    measured = {"stages": {"judge": {"per_validation_batch": 0.128}}}
+    assert projection.judge_row_seconds(measured) == pytest.approx(0.004)  # 16 pairs, chosen and rejected
 
 
 def test_the_lab_is_the_sum_of_its_stages():
@@ -144,16 +158,22 @@ def test_the_lab_is_the_sum_of_its_stages():
                 0.1,
             ),
             "rows": 18,
+            "probe_answers": 8,
             "pairs": 10,
             "tokens": 2,
         },
-        "shortcut_audit": {"seconds": 1.0, "scoring_seconds": 0.5, "pairs": 10},
+        "scoring_step": {"evaluation": 0.001, "ppo": 0.004},
+        "shortcut_audit": {"seconds": 1.0, "scoring_seconds": 0.5, "audit_pairs": 46, "pairs": 10},
         "report_s": 0.7,
         "setup_s": 4.0,
     }
     lab = projection.project_lab(measured, qwen)
     stages = lab["stages"]
-    assert stages["ppo"]["per_unit_s"] == pytest.approx(0.1 + (64 - 8) * 0.002)
+    # 56 more rollout tokens, each a decode step and a step of PPO's passes
+    assert stages["ppo"]["per_unit_s"] == pytest.approx(0.1 + (64 - 8) * (0.002 + 0.004))
+    # the evaluation's scoring reads the evaluation's step, not PPO's
+    scoring = 0.2 * 260 / 18 + 260 / 32 * (64 - 2) * 0.001
+    assert stages["evaluate"]["sft_scoring_s"] == pytest.approx(scoring)
     assert lab["lab_s"] == pytest.approx(sum(s["projected_s"] for s in stages.values()))
     assert set(stages) == {"sft", "judge", "ppo", "evaluate", "shortcut_audit", "report", "setup"}
     assert stages["report"]["projected_s"] == 0.7 and stages["setup"]["projected_s"] == 4.0
@@ -181,4 +201,70 @@ def test_the_decode_step_is_the_difference_of_two_lengths_over_their_difference_
         torch.nn.Linear(2, 2), [[1, 2, 3]], pad_id=0, greedy=True, last_logits_only=False, repeats=2
     )
     assert step == pytest.approx(0.1)
-    assert calls == [8, 8, 24, 24, 8, 8]  # a warm-up of the short length, then each length twice
+    assert calls == [8, 24, 24, 8, 8]  # one warm-up call of the short length, then each length twice
+
+
+def test_the_scoring_step_is_the_difference_of_two_answer_lengths_over_their_difference_in_tokens(monkeypatch):
+    """Scoring a batch whose answers have n tokens costs, on a made-up clock, a call's fixed 3 s,
+    the prompts' 1 s and 0.05 s an answer token: the step is (4 + 2.0 - (4 + 0.4)) / (40 - 8) =
+    0.05, where a whole scoring over its answer tokens would say 6 / 40 = 0.15."""
+    now = [0.0]
+    lengths = []
+
+    def score(batch):
+        n = int(batch.response_mask.sum(dim=1)[0])
+        lengths.append(n)
+        now[0] += 3.0 + 1.0 + 0.05 * n
+
+    monkeypatch.setattr(projection.time, "perf_counter", lambda: now[0])
+    step = projection.scoring_step_seconds(score, [[1, 2, 3], [4, 5]], pad_id=0, token_id=7, repeats=2)
+    assert step == pytest.approx(0.05)
+    assert lengths == [8, 40, 40, 8, 8]  # one warm-up call of the short length, then each length twice
+
+
+def test_ppo_passes_run_each_role_a_ppo_iteration_runs_and_move_no_weight(
+    embedded_profile, embedded_dir, embedded_base, monkeypatch
+):
+    """The PPO scoring step times `ppo_passes`: reference, judge and critic once, then actor and
+    critic forward and backward once per update, as rlhf.ppo.rollout and ppo_update do; the
+    gradients are dropped and no weight moves (the dry run's roles are the trained ones)."""
+    import torch
+
+    from rlhf.miniature import ppo_passes
+    from rlhf.roles import PpoRoles, fingerprint, new_role
+    from rlhf.tokens import collate
+
+    roles = PpoRoles(
+        **{kind: new_role(kind, embedded_profile, embedded_dir) for kind in ("actor", "reference", "critic", "judge")},
+        members=(),
+    )
+    roles.reference.freeze()
+    roles.judge.freeze()
+    import rlhf.roles
+    import rlhf.scoring
+
+    kinds = {id(role.model): kind for kind, role in roles.by_kind().items()} | {
+        id(role): kind for kind, role in roles.by_kind().items()
+    }
+    calls: dict[str, int] = {}
+    for module, name in (
+        (rlhf.scoring, "response_logprobs"),
+        (rlhf.roles, "reward_scores"),
+        (rlhf.roles, "critic_values"),
+    ):
+
+        def counted(who, *args, _fn=getattr(module, name), **kw):
+            calls[kinds[id(who)]] = calls.get(kinds[id(who)], 0) + 1
+            return _fn(who, *args, **kw)
+
+        monkeypatch.setattr(module, name, counted)
+    before = {k: fingerprint(r)["learned_sha256"] for k, r in roles.by_kind().items()}
+    tok = embedded_base.tokens
+    batch = collate([[5, 6, 7], [8, 9]], [[tok.eos_id] * 4, [tok.eos_id] * 4], tok.pad_id)
+    ppo_passes(roles, batch, updates=2)
+    assert calls == {"reference": 1, "judge": 1, "critic": 1 + 2, "actor": 2}
+    assert {k: fingerprint(r)["learned_sha256"] for k, r in roles.by_kind().items()} == before
+    learned = [p for kind in ("actor", "critic") for p in roles.by_kind()[kind].learned_parameters()]
+    assert learned and all(p.grad is None for p in learned)
+    assert all(p.requires_grad for p in learned)  # the backward passes were real: the roles learn
+    assert torch.is_grad_enabled()

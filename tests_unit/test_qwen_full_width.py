@@ -320,6 +320,15 @@ def test_dry_run_projection_is_recomputed_from_what_it_measured(full_width, reco
         assert timings["stage_seconds"] >= timings["seconds"] >= leg["seconds"] > 0
     assert measured["evaluation"]["rows"] == 18 and measured["evaluation"]["pairs"] == 10
     assert measured["ppo_rollout_tokens"] == 8 and all(v > 0 for v in measured["decode_step"].values())
+    assert set(measured["scoring_step"]) == {"evaluation", "ppo"}
+    # setup is what the lab spent outside its stages; timing the steps afterwards is not the lab's
+    stages_s = sum(read_json(run / s / "timings.json")["stage_seconds"] for s in ("sft", "judge", "ppo"))
+    stages_s += sum(
+        read_json(run / "run.json")["stages"][s]["seconds"] for s in ("evaluate", "shortcut_audit", "report")
+    )
+    assert dry["step_measurements_s"] > 0
+    assert measured["setup_s"] + stages_s + dry["step_measurements_s"] == pytest.approx(dry["measured_s"], abs=1.0)
+    assert all(v >= 0 for v in measured["scoring_step"].values())
     side = dry["projection"]["legs"] == "side-by-side"
     assert (
         projection.project_lab(measured, full, side_by_side=side) == dry["projection"]
