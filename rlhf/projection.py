@@ -66,6 +66,7 @@ VALIDATION_ITEMS = 180  # SFT validates on the 180 validation pairs' chosen answ
 EPOCH_BOUNDARY = 1  # the protocol stops SFT and the judge after epoch 1 (rlhf.lab)
 PROBE_CANDIDATES = 4  # per probe context: correct or not x polite or not (rlhf.politeness)
 PROBE_ANSWERS = 80  # 20 probe contexts x 4 candidates (SPEC §8)
+REPEAT_BUDGET_S = 3.0  # a step measurement's calls per length stop repeating after this many seconds
 
 
 # ------------------------------------------------------------------------- fitting a leg
@@ -125,11 +126,14 @@ def decode_step_seconds(
     last_logits_only: bool,
     lengths=(8, 24),
     repeats: int = 3,
+    budget_s: float = REPEAT_BUDGET_S,
 ) -> float:
     """Seconds of one cached decode step of `model` for these prompts: the difference of two
     generation lengths (no EOS, so every step runs), over their difference in tokens; each
-    length timed `repeats` times, the fastest kept (what the machine can do, whatever else ran
-    meanwhile). The prefill and every fixed cost cancel."""
+    length timed up to `repeats` times, the fastest kept (what the machine can do, whatever else
+    ran meanwhile); a length stops repeating once its calls have taken `budget_s` (a call that
+    long is its own average: at full width on a CPU one call each, on a GPU all three). The
+    prefill and every fixed cost cancel."""
     import torch
 
     from rlhf.generate import generate
@@ -154,6 +158,8 @@ def decode_step_seconds(
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t)
+            if sum(seconds) >= budget_s:
+                break
         return min(seconds)
 
     short, long = lengths
@@ -162,12 +168,21 @@ def decode_step_seconds(
 
 
 def scoring_step_seconds(
-    score, prompts: list[list[int]], *, pad_id: int, token_id: int, device="cpu", lengths=(8, 40), repeats: int = 3
+    score,
+    prompts: list[list[int]],
+    *,
+    pad_id: int,
+    token_id: int,
+    device="cpu",
+    lengths=(8, 40),
+    repeats: int = 3,
+    budget_s: float = REPEAT_BUDGET_S,
 ) -> float:
     """Seconds one more answer token adds to scoring a batch of `prompts` (`score(batch)`: the
     evaluation's teacher-forced passes, rlhf.evaluate.score_batch): the difference of two answer
     lengths (every answer `token_id` repeated), over their difference; each length timed
-    `repeats` times, the fastest kept. The prompts' passes and every fixed cost cancel."""
+    up to `repeats` times within `budget_s` (as `decode_step_seconds`), the fastest kept. The
+    prompts' passes and every fixed cost cancel."""
     import torch
 
     from rlhf.tokens import collate
@@ -181,6 +196,8 @@ def scoring_step_seconds(
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t)
+            if sum(seconds) >= budget_s:
+                break
         return min(seconds)
 
     short, long = lengths

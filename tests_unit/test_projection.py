@@ -198,10 +198,16 @@ def test_the_decode_step_is_the_difference_of_two_lengths_over_their_difference_
     monkeypatch.setattr(generate, "generate", fake_generate)
     monkeypatch.setattr(projection.time, "perf_counter", lambda: now[0])
     step = projection.decode_step_seconds(
-        torch.nn.Linear(2, 2), [[1, 2, 3]], pad_id=0, greedy=True, last_logits_only=False, repeats=2
+        torch.nn.Linear(2, 2), [[1, 2, 3]], pad_id=0, greedy=True, last_logits_only=False, repeats=2, budget_s=100.0
     )
     assert step == pytest.approx(0.1)
     assert calls == [8, 24, 24, 8, 8]  # one warm-up call of the short length, then each length twice
+    # calls of 7.8 and 9.4 s: within a 3-second budget each length is called once, the same step
+    calls.clear()
+    step = projection.decode_step_seconds(
+        torch.nn.Linear(2, 2), [[1, 2, 3]], pad_id=0, greedy=True, last_logits_only=False, repeats=3, budget_s=3.0
+    )
+    assert step == pytest.approx(0.1) and calls == [8, 24, 8]
 
 
 def test_the_scoring_step_is_the_difference_of_two_answer_lengths_over_their_difference_in_tokens(monkeypatch):
@@ -217,9 +223,14 @@ def test_the_scoring_step_is_the_difference_of_two_answer_lengths_over_their_dif
         now[0] += 3.0 + 1.0 + 0.05 * n
 
     monkeypatch.setattr(projection.time, "perf_counter", lambda: now[0])
-    step = projection.scoring_step_seconds(score, [[1, 2, 3], [4, 5]], pad_id=0, token_id=7, repeats=2)
+    step = projection.scoring_step_seconds(score, [[1, 2, 3], [4, 5]], pad_id=0, token_id=7, repeats=2, budget_s=9.0)
     assert step == pytest.approx(0.05)
     assert lengths == [8, 40, 40, 8, 8]  # one warm-up call of the short length, then each length twice
+    # the budget counts each length's own calls: the long one's 6 + 6 s reach 9 s after two calls,
+    # the short one's 4.4 + 4.4 s do not, so it gets its third
+    lengths.clear()
+    projection.scoring_step_seconds(score, [[1, 2, 3], [4, 5]], pad_id=0, token_id=7, repeats=3, budget_s=9.0)
+    assert lengths == [8, 40, 40, 8, 8, 8]
 
 
 def test_ppo_passes_run_each_role_a_ppo_iteration_runs_and_move_no_weight(
