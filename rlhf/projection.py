@@ -117,6 +117,32 @@ def stage_fit(run: Path, stage: str, mini: Profile) -> dict:
 # ------------------------------------------------------------------------- the decode step
 
 
+def step_seconds(call, device, lengths: tuple[int, int], repeats: int, budget_s: float) -> float:
+    """Seconds one more token adds to `call(n, r)` (a call at length n, its r-th repeat): the
+    difference of the two `lengths`, over their difference; one warm-up call of the short length
+    (first calls, graph captures), then each length timed up to `repeats` times, the fastest kept
+    (what the machine can do, whatever else ran meanwhile), and a length stops repeating once its
+    calls have taken `budget_s` (a call that long is its own average: at full width on a CPU one
+    call each, on a GPU all three). Everything the two lengths share cancels."""
+    import torch
+
+    def timed(n: int, times: int) -> float:
+        seconds: list[float] = []
+        for r in range(times):
+            t = time.perf_counter()
+            call(n, r)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - t)
+            if sum(seconds) >= budget_s:
+                break
+        return min(seconds)
+
+    short, long = lengths
+    timed(short, 1)
+    return max(0.0, (timed(long, repeats) - timed(short, repeats)) / (long - short))
+
+
 def decode_step_seconds(
     model,
     prompts: list[list[int]],
@@ -128,43 +154,20 @@ def decode_step_seconds(
     repeats: int = 3,
     budget_s: float = REPEAT_BUDGET_S,
 ) -> float:
-    """Seconds of one cached decode step of `model` for these prompts: the difference of two
-    generation lengths (no EOS, so every step runs), over their difference in tokens; each
-    length timed up to `repeats` times, the fastest kept (what the machine can do, whatever else
-    ran meanwhile); a length stops repeating once its calls have taken `budget_s` (a call that
-    long is its own average: at full width on a CPU one call each, on a GPU all three). The
-    prefill and every fixed cost cancel."""
+    """Seconds of one cached decode step of `model` for these prompts (`step_seconds`): two
+    generation lengths without EOS, so every step runs; the prefill and every fixed cost cancel."""
     import torch
 
     from rlhf.generate import generate
 
     device = next(model.parameters()).device
 
-    def timed(n: int, times: int) -> float:
-        seconds = []
-        for r in range(times):
-            gen = None if greedy else torch.Generator(device=device).manual_seed(r)
-            t = time.perf_counter()
-            generate(
-                model,
-                prompts,
-                eos_id=-1,
-                pad_id=pad_id,
-                max_new_tokens=n,
-                greedy=greedy,
-                generator=gen,
-                last_logits_only=last_logits_only,
-            )
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - t)
-            if sum(seconds) >= budget_s:
-                break
-        return min(seconds)
+    def call(n: int, r: int) -> None:
+        gen = None if greedy else torch.Generator(device=device).manual_seed(r)
+        generate(model, prompts, eos_id=-1, pad_id=pad_id, max_new_tokens=n, greedy=greedy, generator=gen,
+                 last_logits_only=last_logits_only)  # fmt: skip
 
-    short, long = lengths
-    timed(short, 1)  # warm-up: first calls, graph captures
-    return max(0.0, (timed(long, repeats) - timed(short, repeats)) / (long - short))
+    return step_seconds(call, device, lengths, repeats, budget_s)
 
 
 def scoring_step_seconds(
@@ -179,30 +182,13 @@ def scoring_step_seconds(
     budget_s: float = REPEAT_BUDGET_S,
 ) -> float:
     """Seconds one more answer token adds to scoring a batch of `prompts` (`score(batch)`: the
-    evaluation's teacher-forced passes, rlhf.evaluate.score_batch): the difference of two answer
-    lengths (every answer `token_id` repeated), over their difference; each length timed
-    up to `repeats` times within `budget_s` (as `decode_step_seconds`), the fastest kept. The
-    prompts' passes and every fixed cost cancel."""
-    import torch
-
+    evaluation's teacher-forced passes, rlhf.evaluate.score_batch, or PPO's): two answer lengths
+    (every answer `token_id` repeated), timed as `step_seconds`; the prompts' passes and every
+    fixed cost cancel."""
     from rlhf.tokens import collate
 
-    def timed(n: int, times: int) -> float:
-        batch = collate(prompts, [[token_id] * n for _ in prompts], pad_id).to(device)
-        seconds = []
-        for _ in range(times):
-            t = time.perf_counter()
-            score(batch)
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - t)
-            if sum(seconds) >= budget_s:
-                break
-        return min(seconds)
-
-    short, long = lengths
-    timed(short, 1)  # warm-up
-    return max(0.0, (timed(long, repeats) - timed(short, repeats)) / (long - short))
+    batches = {n: collate(prompts, [[token_id] * n for _ in prompts], pad_id).to(device) for n in lengths}
+    return step_seconds(lambda n, _r: score(batches[n]), device, lengths, repeats, budget_s)
 
 
 # ------------------------------------------------------------------------- the projection
