@@ -202,16 +202,20 @@ def rehearse(root: Path, mini: Profile, model_dir: Path, say) -> dict[str, bool]
     return {stage: read_json(ctx.run / stage / "resume_check.json")["identical"] for stage in projection.TRAINING}
 
 
+def _timing_prompts(ctx: lab.Context) -> list[list[int]]:
+    """The first 32 rollout prompts, encoded: the step measurements need prompts of the lab's
+    lengths, not test prompts."""
+    records = ctx.corpus.learning_view().rollout_prompts()[: projection.EVALUATION_BATCH]
+    return [encode_prompt(ctx.tokenizer, r["prompt"], ctx.profile.limits) for r in records]
+
+
 def measure_decode_steps(ctx: lab.Context) -> dict[str, float]:
     """Seconds of one decode step of the miniature's SFT actor (rlhf.projection.decode_step_seconds)
     as PPO draws (its prompts per iteration, sampling) and as the evaluation does (a batch of 32,
     greedy), on rollout prompts: timing needs prompts of the right length, not test prompts."""
     actor = ctx.role("actor")
     load_role(actor, ctx.run / "sft" / "actor.safetensors")
-    records = ctx.corpus.learning_view().rollout_prompts()
-    prompts = [
-        encode_prompt(ctx.tokenizer, r["prompt"], ctx.profile.limits) for r in records[: projection.EVALUATION_BATCH]
-    ]
+    prompts = _timing_prompts(ctx)
     step = partial(
         projection.decode_step_seconds,
         actor.model,
@@ -232,10 +236,7 @@ def measure_scoring_steps(ctx: lab.Context) -> dict[str, float]:
     from rlhf.evaluate import evaluation_roles, score_batch
     from rlhf.lab.stages import ppo_roles
 
-    records = ctx.corpus.learning_view().rollout_prompts()
-    prompts = [
-        encode_prompt(ctx.tokenizer, r["prompt"], ctx.profile.limits) for r in records[: projection.EVALUATION_BATCH]
-    ]
+    prompts = _timing_prompts(ctx)
     step = partial(projection.scoring_step_seconds, pad_id=ctx.pad_id, token_id=ctx.eos_id)
 
     def evaluation() -> float:  # each measurement's roles are freed before the next one's load

@@ -114,7 +114,7 @@ def stage_fit(run: Path, stage: str, mini: Profile) -> dict:
     return fit
 
 
-# ------------------------------------------------------------------------- the decode step
+# ------------------------------------------------------------------------- the decode and scoring steps
 
 
 def step_seconds(call, device, lengths: tuple[int, int], repeats: int, budget_s: float) -> float:

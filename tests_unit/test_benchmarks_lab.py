@@ -181,7 +181,7 @@ def test_dry_run_projects_the_embedded_lab(benchmark, record_result, tmp_path):
     then the dry run again, one after the other in this process on this machine: each stage's
     projected seconds beside its measured ones, and the whole.
 
-    A shared machine's speed drifts by itself (minutes at a time, up to a third), so one dry run
+    A shared machine's speed drifts by itself (minutes at a time, by half), so one dry run
     samples the machine at one moment and the lab at another; the two dry runs on either side of
     the lab sample it at both ends, and the projection checked is their mean (each one's ratios
     are reported too, with the drift between them). The goal: every stage and the whole lab
