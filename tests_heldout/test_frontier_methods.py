@@ -164,6 +164,32 @@ def test_compare_methods_declares_its_arms_from_the_committed_choice():
     assert declared["sft_recipe"] == choice["declared"]["sft_recipe"] and "test" not in declared["reads"]
 
 
+def test_compare_methods_declares_its_arms_from_a_committed_frontier_and_its_confirmations_seed_count():
+    from pathlib import Path
+
+    from rlhf.studies import StudyError, compare_methods
+
+    root = Path(__file__).resolve().parents[1]
+    path = "results/frontier-r001/frontier.json"
+    frontier = json.loads((root / path).read_text())
+    declared = compare_methods.declaration(frontier, str(root / path))
+    assert declared["arms"] == ["spec-default", frontier["selection"]["arm"], "oracle", "dpo-b0.1", "dpo-b0.5", "grpo"]
+    assert declared["arms"][1] == "c2" and declared["revision"] == "r001" and declared["sft_recipe"] == "sft-e7"
+    assert declared["frontier_commit"] == json.loads((root / "results/frontier-r001/study.json").read_text())["commit"]
+    # the confirmation on test takes the frontier's own confirmation's seed count (5), not the r002 answer's
+    methods = {"best": {"dpo": {"arm": "dpo-b0.1", "iteration": 3}, "grpo": {"arm": "grpo", "iteration": 10}},
+               "declared": {**declared, "frontier": path}, "ran_with": {"commit": "c" * 40}}  # fmt: skip
+    confirm = compare_methods.confirm_declaration(
+        methods, "m.json", str(root / "results/frontier-r001/confirmation-study.json")
+    )
+    assert confirm["seeds_as"] == "results/frontier-r001/confirmation-study.json" and confirm["seeds"] == 5
+    assert confirm["revision"] == "r001" and confirm["sft_recipe"] == "sft-e7"
+    with pytest.raises(StudyError, match="study seed 7"):
+        compare_methods.declaration({**frontier, "study": {**frontier["study"], "study_seed": 7}}, path)
+    with pytest.raises(StudyError, match="neither a choice record"):
+        compare_methods.declaration({"steps": []}, "x.json")
+
+
 def _curve(*golds_by_iteration):
     return [{"iteration": it, "gold": {"mean": g}, "d": {"mean": 0.1 * it}} for it, g in golds_by_iteration]
 

@@ -434,7 +434,7 @@ def add_confirm_design(sub) -> None:
 def cmd_compare_methods(args) -> int:
     from rlhf.studies.compare_methods import compare_methods
 
-    compare_methods(args.choice, args.out, workers=args.workers)
+    compare_methods(args.choice or args.frontier, args.out, workers=args.workers)
     print(f"written to {Path(args.out) / 'methods.json'}")
     return 0
 
@@ -446,12 +446,13 @@ def add_compare_methods(sub) -> None:
     p = subcommand(
         sub,
         "compare-methods",
-        "DPO and GRPO beside PPO on the choice's testbed, on validation prompts only",
+        "DPO and GRPO beside PPO on a choice's or a frontier's testbed, on validation prompts only",
         textwrap.fill(
             f"Run DPO (from the judge's train pairs, beta {', '.join(f'{b:g}' for b in DPO_BETAS)}) and GRPO "
             f"(G = {GRPO_GROUP} answers per prompt, paid by the judge, no critic) as frontier arms beside PPO's "
             f"SPEC default, the chosen design and the oracle control (rlhf.studies.compare_methods), on {SEEDS} "
-            f"seeds of the choice's selection study and its testbed, every point measured on the validation "
+            f"seeds of the choice's selection study and its testbed (or of a frontier study, --frontier, and its "
+            f"chosen arm), every point measured on the validation "
             f"prompts. DIR/methods.json: each method's best point, its gain over SFT and share of the oracle's "
             f"gain, and each arm's seconds per iteration or epoch. A stopped study continues when rerun.",
             width=100,
@@ -459,7 +460,11 @@ def add_compare_methods(sub) -> None:
         ),
         "rlhf compare-methods --choice results/choice-r002/choice.json --out runs/methods-r002 --workers 2",
     )
-    p.add_argument("--choice", required=True, help="the choice record (rlhf choose-design) naming the testbed")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--choice", help="the choice record (rlhf choose-design) naming the testbed")
+    source.add_argument(
+        "--frontier", help="or a frontier record (rlhf frontier's frontier.json): its SFT budget, its chosen arm"
+    )
     p.add_argument("--out", required=True, help="study folder (study.json first, frontier/, methods.json last)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     p.set_defaults(func=cmd_compare_methods)
@@ -485,7 +490,8 @@ def add_confirm_methods(sub) -> None:
             f"Read DPO's and GRPO's best validation points (DIR/methods.json of rlhf compare-methods) on test "
             f"(rlhf.studies.compare_methods): first OUT/study.json declares the points, each method - SFT and each "
             f"method - the SPEC's default (paired by seed) and the seed count of the committed answer on test "
-            f"({VERDICT_STUDY}); then that many fresh seeds (study seed {CONFIRM_STUDY_SEED}) are trained and "
+            f"({VERDICT_STUDY}; on a frontier's testbed, of that frontier's confirmation); then that many "
+            f"fresh seeds (study seed {CONFIRM_STUDY_SEED}) are trained and "
             f"read on test. OUT/confirmation.json: per comparison the per-seed differences, mean, Student-t "
             f"interval, exact sign-flip p and seeds up. A stopped study continues when rerun.",
             width=100,

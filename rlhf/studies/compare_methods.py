@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from rlhf.io import output_folder, read_json, write_json
+from rlhf.studies import StudyError
 from rlhf.studies.record import open_record, ran_with, workers_count
 from rlhf.studies.statistics import paired
 from rlhf.studies.testbed import recipe
@@ -68,19 +69,46 @@ def arms(chosen_arm: str):
     return (*(ppo[n] for n in names), *dpo, grpo)
 
 
-def declaration(choice_record: dict, choice_path: str) -> dict:
-    testbed = read_json(Path(choice_record["declared"]["testbed"]))
-    found = recipe(testbed, choice_record["declared"]["testbed"])
-    return {
-        "choice": choice_path,
-        "choice_commit": choice_record["steps"][-1]["commit"],
-        "sft_recipe": found["sft_recipe"],
-        "revision": choice_record["declared"]["revision"],
-        "profile": choice_record["declared"]["profile"],
-        "arms": [a.name for a in arms(choice_record["chosen"]["arm"])],
-        "seeds": SEEDS,
-        "reads": READS,
-    }
+def declaration(record: dict, path: str) -> dict:
+    """Step 1 from the record naming the testbed alone: a choice record (rlhf choose-design: its
+    testbed's recipe and its chosen arm) or a frontier record (rlhf frontier: its SFT budget and the
+    arm its validation selection chose, on the frontier's own seeds)."""
+    if "chosen" in record:
+        testbed = read_json(Path(record["declared"]["testbed"]))
+        found = recipe(testbed, record["declared"]["testbed"])
+        return {
+            "choice": path,
+            "choice_commit": record["steps"][-1]["commit"],
+            "sft_recipe": found["sft_recipe"],
+            "revision": record["declared"]["revision"],
+            "profile": record["declared"]["profile"],
+            "arms": [a.name for a in arms(record["chosen"]["arm"])],
+            "seeds": SEEDS,
+            "reads": READS,
+        }
+    if "selection" in record and "study" in record:
+        from rlhf.studies.frontier.study import STUDY_SEED
+
+        study = record["study"]
+        if study["study_seed"] != STUDY_SEED:
+            raise StudyError(
+                f"{path}: the frontier ran on study seed {study['study_seed']}, not the frontier's {STUDY_SEED}; "
+                f"its PPO arms would not be the ones its selection was made on"
+            )
+        return {
+            "frontier": path,
+            "frontier_commit": read_json(Path(path).with_name("study.json"))["commit"],
+            "sft_recipe": study["sft_budget"],
+            "revision": study["revision"],
+            "profile": study["profile"],
+            "arms": [a.name for a in arms(record["selection"]["arm"])],
+            "seeds": SEEDS,
+            "reads": READS,
+        }
+    raise StudyError(
+        f"{path} is neither a choice record (rlhf choose-design's choice.json) nor a frontier record "
+        f"(rlhf frontier's frontier.json): it names no testbed to compare the methods on"
+    )
 
 
 def method_of(arm: dict) -> str:
@@ -173,16 +201,34 @@ def compare_methods(choice_json, out, workers=None, say=print) -> dict:
     return record
 
 
-def confirm_declaration(methods_record: dict, methods_path: str, verdict_study: str = VERDICT_STUDY) -> dict:
-    """Step 4 from the methods record (and the answer on test's declared seed count) alone."""
+def seeds_as(declared: dict) -> str:
+    """The study whose declared seed count the confirmation on test takes: on a choice's testbed, the
+    committed answer on test (VERDICT_STUDY); on a frontier's, that frontier's confirmation on test
+    (its confirmation-study.json), so that every design on a testbed is read on as many seeds."""
+    if "frontier" in declared:
+        return str(Path(declared["frontier"]).with_name("confirmation-study.json"))
+    return VERDICT_STUDY
+
+
+def declared_seed_count(study: dict) -> int:
+    """The seed count a committed study declared: the answer on test's power rule, or a frontier
+    confirmation's n."""
+    identity = study["identity"]
+    return identity["power"]["seeds"] if "power" in identity else identity["n"]
+
+
+def confirm_declaration(methods_record: dict, methods_path: str, seeds_study: str | None = None) -> dict:
+    """Step 4 from the methods record (and the declared seed count of the study `seeds_as` names,
+    read from `seeds_study` when given) alone."""
     from rlhf.studies.verdict import LAST_ITERATION
 
     best, declared = methods_record["best"], methods_record["declared"]
+    source = seeds_as(declared)
     return {
         "methods": methods_path,
         "methods_commit": methods_record["ran_with"]["commit"],
-        "seeds": read_json(Path(verdict_study))["identity"]["power"]["seeds"],
-        "seeds_as": verdict_study,
+        "seeds": declared_seed_count(read_json(Path(seeds_study or source))),
+        "seeds_as": source,
         "points": {
             "dpo": {"arm": best["dpo"]["arm"], "iteration": best["dpo"]["iteration"]},
             "grpo": {"arm": best["grpo"]["arm"], "iteration": best["grpo"]["iteration"]},
