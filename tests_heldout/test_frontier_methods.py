@@ -190,6 +190,28 @@ def test_compare_methods_declares_its_arms_from_a_committed_frontier_and_its_con
         compare_methods.declaration({"steps": []}, "x.json")
 
 
+@pytest.mark.parametrize("record", ["results/choice-r002/choice.json", "results/frontier-r001/frontier.json"])
+def test_compare_methods_runs_the_declared_arms_on_the_declared_testbed(record, tmp_path, monkeypatch):
+    from rlhf.studies import compare_methods
+    from rlhf.studies.frontier import study
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # the records name their sources from the repository root
+    ran = {}
+
+    def run_frontier(folder, **kw):
+        ran.update(kw)
+        raise RuntimeError("measured no further")
+
+    monkeypatch.setattr(study, "run_frontier", run_frontier)
+    with pytest.raises(RuntimeError, match="measured no further"):
+        compare_methods.compare_methods(record, tmp_path / "out", workers=1, say=lambda _: None)
+    declared = json.loads((tmp_path / "out" / "study.json").read_text())["identity"]
+    assert [a.name for a in ran["settings"].arms] == declared["arms"]
+    assert (ran["revision"], ran["sft_budget"], ran["n"]) == (declared["revision"], declared["sft_recipe"], 3)
+    assert ran["study_seed"] == study.STUDY_SEED
+
+
 def _curve(*golds_by_iteration):
     return [{"iteration": it, "gold": {"mean": g}, "d": {"mean": 0.1 * it}} for it, g in golds_by_iteration]
 

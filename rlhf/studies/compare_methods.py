@@ -162,14 +162,12 @@ def costs(frontier_dir: Path, arm_names: list[str], result: dict) -> dict:
     return out
 
 
-def compare_methods(choice_json, out, workers=None, say=print) -> dict:
+def compare_methods(record_json, out, workers=None, say=print) -> dict:
     """Steps 1 to 3 (module docstring); DIR/methods.json written last and returned."""
     from rlhf.studies.frontier.arms import Settings
     from rlhf.studies.frontier.study import STUDY_SEED, run_frontier
 
-    choice_path = str(choice_json)
-    choice_record = read_json(Path(choice_json))
-    declared = declaration(choice_record, choice_path)
+    declared = declaration(read_json(Path(record_json)), str(record_json))
     workers = workers_count(workers)
     out = output_folder(out)
     open_record(out, declared)
@@ -180,7 +178,7 @@ def compare_methods(choice_json, out, workers=None, say=print) -> dict:
     t0 = time.perf_counter()
     result = run_frontier(
         out / "frontier", n=SEEDS, revision=declared["revision"], sft_budget=declared["sft_recipe"], workers=workers,
-        profile_name=declared["profile"], settings=Settings(arms=arms(choice_record["chosen"]["arm"]), bon_ns=(1,)),
+        profile_name=declared["profile"], settings=Settings(arms=arms(declared["arms"][1]), bon_ns=(1,)),
         study_seed=STUDY_SEED, say=say,
     )  # fmt: skip
     best = best_points(result)
