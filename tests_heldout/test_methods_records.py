@@ -1,8 +1,9 @@
-"""The committed comparison of DPO and GRPO with PPO on validation (results/methods-r002/) and the
-declaration of their reading on test (results/methods-r002-test/study.json), read back and
-recomputed: both declarations follow from the committed records alone; each method's best point
-follows from the committed frontier's curves; the PPO arms are, point for point, the choice's own
-selection seeds; every arm's cost names its phases (GRPO's without a critic)."""
+"""The committed comparisons of DPO and GRPO with PPO on validation (results/methods-r002/, on the
+choice's testbed; results/methods-r001/, on the r001 frontier's) and the declarations of their
+readings on test (results/methods-r00N-test/study.json), read back and recomputed: both
+declarations follow from the committed records alone; each method's best point follows from the
+committed frontier's curves; the PPO arms are, point for point, the seeds their design was chosen
+on; every arm's cost names its phases (GRPO's without a critic)."""
 
 from __future__ import annotations
 
@@ -16,31 +17,42 @@ from rlhf.studies import compare_methods
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDY = ROOT / "results" / "methods-r002"
-CHOICE = "results/choice-r002/choice.json"
+# study -> (the record it was declared from, the frontier whose seeds its PPO arms repeat, its
+# reading on test, the study whose seed count that reading takes, that count)
+STUDIES = {
+    "methods-r002": ("results/choice-r002/choice.json", "results/choice-r002/selection/frontier.json",
+                     "methods-r002-test", compare_methods.VERDICT_STUDY, 15),
+    "methods-r001": ("results/frontier-r001/frontier.json", "results/frontier-r001/frontier.json",
+                     "methods-r001-test", "results/frontier-r001/confirmation-study.json", 5),
+}  # fmt: skip
 
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.fixture(scope="module")
-def record():
-    return load(STUDY / "methods.json")
+@pytest.fixture(params=sorted(STUDIES))
+def study(request):
+    return request.param
 
 
-def test_the_declarations_follow_from_the_committed_records(record):
-    again = compare_methods.declaration(load(ROOT / CHOICE), CHOICE)
-    assert load(STUDY / "study.json")["identity"] == again == record["declared"]
-    confirm = compare_methods.confirm_declaration(record, "results/methods-r002/methods.json",
-                                                  str(ROOT / compare_methods.VERDICT_STUDY))  # fmt: skip
-    committed = load(ROOT / "results" / "methods-r002-test" / "study.json")["identity"]
-    assert committed == {**confirm, "seeds_as": compare_methods.VERDICT_STUDY}
+@pytest.fixture
+def record(study):
+    return load(ROOT / "results" / study / "methods.json")
+
+
+def test_the_declarations_follow_from_the_committed_records(study, record):
+    source, _, test_folder, seeds_study, n = STUDIES[study]
+    again = compare_methods.declaration(load(ROOT / source), source)
+    assert load(ROOT / "results" / study / "study.json")["identity"] == again == record["declared"]
+    confirm = compare_methods.confirm_declaration(record, f"results/{study}/methods.json", str(ROOT / seeds_study))
+    committed = load(ROOT / "results" / test_folder / "study.json")["identity"]
+    assert committed == {**confirm, "seeds_as": seeds_study} and committed["seeds"] == n
     assert committed["methods_commit"] == record["ran_with"]["commit"]
 
 
-def test_each_methods_best_point_follows_from_the_committed_frontier(record):
-    frontier = load(STUDY / "frontier" / "frontier.json")
+def test_each_methods_best_point_follows_from_the_committed_frontier(study, record):
+    frontier = load(ROOT / "results" / study / "frontier" / "frontier.json")
     assert len(frontier["seeds"]) == compare_methods.SEEDS
     assert record["best"] == compare_methods.best_points(frontier)
     for method in ("dpo", "grpo"):
@@ -50,12 +62,15 @@ def test_each_methods_best_point_follows_from_the_committed_frontier(record):
         assert best["mean_validation_gold"] == max(r["gold"]["mean"] for r in rows)
 
 
-def test_the_ppo_arms_are_the_choices_selection_seeds_point_for_point():
-    """The same study seed, recipe and code path: seeds 0 to 2 of the choice's selection study,
-    measured again here beside DPO and GRPO, come out byte for byte the same."""
-    ours = load(STUDY / "frontier" / "frontier.json")["seeds"]
-    theirs = load(ROOT / "results" / "choice-r002" / "selection" / "frontier.json")["seeds"]
-    for arm in ("spec-default", "standardised-judge", "oracle"):
+def test_the_ppo_arms_are_the_selection_seeds_point_for_point(study, record):
+    """The same study seed, recipe and code path: seeds 0 to 2 of the study the design was chosen
+    on (the choice's selection, the r001 frontier), measured again here beside DPO and GRPO, come
+    out byte for byte the same."""
+    ours = load(ROOT / "results" / study / "frontier" / "frontier.json")["seeds"]
+    theirs = load(ROOT / STUDIES[study][1])["seeds"]
+    ppo = [a for a in record["declared"]["arms"] if not a.startswith(("dpo", "grpo"))]
+    assert len(ppo) == 3
+    for arm in ppo:
         for i in range(compare_methods.SEEDS):
             assert ours[i]["arms"][arm]["points"] == theirs[i]["arms"][arm]["points"], (arm, i)
     assert [s["sft"] for s in ours] == [s["sft"] for s in theirs[: compare_methods.SEEDS]]
@@ -73,20 +88,23 @@ def test_each_arms_cost_names_its_phases_and_grpo_has_no_critic(record):
         assert bool(critic) == (c["method"] == "ppo"), name
 
 
-def test_the_methods_confirmation_is_recomputed_from_its_per_seed_test_success(record_result):
-    """results/methods-r002-test/confirmation.json: the declaration committed before the read, the
-    answer's seed count, and every comparison's per-seed differences and statistics from the
+@pytest.mark.parametrize("test_folder", ["methods-r002-test"])
+def test_the_methods_confirmation_is_recomputed_from_its_per_seed_test_success(test_folder, record_result):
+    """results/methods-r00N-test/confirmation.json: the declaration committed before the read, the
+    declared seed count, and every comparison's per-seed differences and statistics from the
     per-seed test success of SFT and of each point."""
     from rlhf.studies.statistics import paired
 
-    folder = ROOT / "results" / "methods-r002-test"
+    folder = ROOT / "results" / test_folder
     rec = load(folder / "confirmation.json")
     assert rec["declared"] == load(folder / "study.json")["identity"]
     table = rec["test_success"]
-    assert set(table) == {"sft", "dpo", "grpo", "default"} and {len(v) for v in table.values()} == {15}
+    n = rec["declared"]["seeds"]
+    assert set(table) == {"sft", "dpo", "grpo", "default"} and {len(v) for v in table.values()} == {n}
     for name, (a, b) in rec["declared"]["comparisons"].items():
         got = rec["comparisons"][name]
         diffs = [x - y for x, y in zip(table[a], table[b])]
         assert got["per_seed"] == pytest.approx(diffs, abs=1e-15)
         assert {k: got[k] for k in paired(got["per_seed"])} == paired(got["per_seed"])
-        record_result(name, {k: got[k] for k in ("mean", "t95", "sign_flip_p", "seeds_up", "n")})
+        assert got["n"] == n
+        record_result(f"{test_folder}/{name}", {k: got[k] for k in ("mean", "t95", "sign_flip_p", "seeds_up", "n")})
