@@ -148,6 +148,9 @@ def pytest_terminal_summary(terminalreporter, config):
         lines.append(f"benchmark numbers: {folder / 'benchmark.json'} (pytest-benchmark JSON)")
     if config.getoption("--benchmark-smoke"):
         lines.append("benchmark smoke run: every benchmark ran once, untimed; no figure of this run is a measurement")
+    coverage_line = getattr(config, "_rlhf_coverage_line", None)
+    if coverage_line:
+        lines.append(coverage_line)
     for line in lines:
         terminalreporter.write_line(line)
     bench = sys.modules.get("bench_common")  # a benchmark module ran: its one summary, written once
@@ -321,6 +324,38 @@ def pytest_sessionfinish(session, exitstatus):
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     os.replace(tmp, path)
+    write_coverage_map(config)
+
+
+def write_coverage_map(config) -> None:
+    """With --cov (pytest-cov; pyproject.toml's [tool.coverage.run]: rlhf/, lines and branches,
+    the processes the tests start included): the combined data written as coverage.json (coverage's
+    JSON report: every file's run and missed lines and branches) and coverage.md (per module:
+    statements, missed, branches, partial, the missed lines) beside junit.xml."""
+    plugin = config.pluginmanager.get_plugin("_cov")
+    if plugin is None or not getattr(plugin, "cov_controller", None):
+        return
+    import coverage
+
+    cov = coverage.Coverage(config_file=str(Path(config.rootpath) / "pyproject.toml"))
+    cov.load()
+    folder = config._rlhf_reports
+    for name, write in (
+        ("coverage.json", lambda out: cov.json_report(outfile=out)),
+        ("coverage.md", lambda out: _markdown_report(cov, out)),
+    ):
+        tmp = folder / f"{name}.tmp"
+        total = write(str(tmp))
+        os.replace(tmp, folder / name)
+    config._rlhf_coverage_line = (
+        f"coverage: {folder / 'coverage.json'} and {folder / 'coverage.md'} "
+        f"({total:.1f}% of rlhf/'s statements and branches run)"
+    )
+
+
+def _markdown_report(cov, out: str) -> float:
+    with open(out, "w") as f:
+        return cov.report(file=f, show_missing=True, output_format="markdown", precision=1)
 
 
 # ---------------------------------------------------------------- shared fixtures (embedded)

@@ -90,7 +90,7 @@ def test_ci_runs_both_and_fails_when_either_fails(tmp_path, unit_rc, smoke_rc):
     python.chmod(0o755)
     out = subprocess.run(["bash", ".ci/run"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    assert calls == ["-m pytest -m unit", "-m pytest --benchmark-smoke"], calls
+    assert calls == ["-m pytest -m unit --cov", "-m pytest --benchmark-smoke"], calls
     assert out.returncode == (unit_rc or smoke_rc), (out.returncode, out.stdout + out.stderr)
 
 
@@ -270,3 +270,43 @@ def test_pytest_benchmark_smoke_runs_each_benchmark_once_untimed(tmp_path):
     assert "gw0" not in out.stdout  # no xdist worker
     both = run_in_copy(tmp_path, files, "--benchmark-smoke", "--benchmark")
     assert both.returncode != 0 and "give one of them" in both.stdout + both.stderr
+
+
+COVERED_HERE = (
+    "import subprocess, sys, torch\nimport pytest\nfrom rlhf import dpo_math\npytestmark = pytest.mark.unit\n"
+    "def test_in_this_process():\n"
+    "    assert float(dpo_math.dpo_loss(*(torch.zeros(2),) * 4, beta=0.1)) == pytest.approx(0.6931472)\n"
+    "def test_in_a_process_it_starts():\n"
+    "    code = 'import torch; from rlhf import grpo_math; print(grpo_math.group_advantages(torch.ones(4), 2))'\n"
+    "    assert subprocess.run([sys.executable, '-c', code]).returncode == 0\n"
+)
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("with_cov", [True, False])
+def test_cov_writes_the_coverage_map_of_the_workers_and_the_processes_they_start(tmp_path, monkeypatch, with_cov):
+    """`--cov` (the unit tier's command): rlhf/'s lines and branches run by the xdist workers and
+    by a Python process a test starts, combined, in coverage.json and coverage.md beside junit.xml,
+    and one console line naming them; without --cov, neither file and no line."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")  # [tool.coverage.run]
+    for key in [k for k in __import__("os").environ if k.startswith("COVERAGE_")]:
+        monkeypatch.delenv(key)  # measured by its own --cov only, not by an outer run's
+    args = ("-m", "unit", "--cov") if with_cov else ("-m", "unit")
+    out = run_in_copy(tmp_path, {"tests_unit/test_x.py": COVERED_HERE}, *args, keep_xdist=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    folder = tmp_path / "reports" / "unit"
+    if not with_cov:
+        assert not (folder / "coverage.json").exists() and "coverage:" not in out.stdout
+        return
+    files = json.loads((folder / "coverage.json").read_text())["files"]
+    by_name = {Path(name).as_posix().split("rlhf/", 1)[-1]: f for name, f in files.items()}
+    dpo, grpo = ROOT / "rlhf" / "dpo_math.py", ROOT / "rlhf" / "grpo_math.py"
+    assert line_of(dpo, "return -F.logsigmoid(") in by_name["dpo_math.py"]["executed_lines"]
+    assert line_of(grpo, "groups = rewards.view(") in by_name["grpo_math.py"]["executed_lines"]  # the subprocess
+    assert line_of(grpo, "raise ValueError(") in by_name["grpo_math.py"]["missing_lines"]
+    assert by_name["grpo_math.py"]["summary"]["num_branches"] > 0  # branch coverage
+    assert "rlhf/dpo\\_math.py" in (folder / "coverage.md").read_text()
+    assert out.stdout.count("coverage: reports/unit/coverage.json and reports/unit/coverage.md (") == 1
