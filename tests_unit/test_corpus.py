@@ -377,3 +377,19 @@ def test_evaluation_view(built):
     assert view.label("PROBE03-C0-P1")["correct"] is False
     with pytest.raises(PermissionError, match="pair/train"):
         view.inputs("pair", "train")
+
+
+def test_a_corpus_and_a_lora_layer_name_themselves(prepared):
+    """What a user sees printing them in a session: the corpus's dataset, revision and folder (never
+    its labels); a LoRA layer's shape, rank, alpha and scaling."""
+    import torch
+    from torch import nn
+
+    from rlhf.lora import LoRALinear
+
+    corpus = C.load_corpus(prepared[0])
+    assert repr(corpus) == f"Corpus({corpus.dataset} r001, root={prepared[0]})"
+    r002 = C.Corpus.build("r002")
+    assert repr(r002) == f"Corpus({r002.dataset} r002, root=None)" and r002.dataset != corpus.dataset
+    layer = LoRALinear(nn.Linear(24, 10), rank=8, alpha=16, generator=torch.Generator().manual_seed(0))
+    assert "in_features=24, out_features=10, rank=8, alpha=16, scaling=2.0" in repr(layer)

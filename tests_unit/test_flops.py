@@ -57,6 +57,31 @@ def test_forward_and_train_flops_formula():
     assert flops.attention_flops(s, pairs=5) == 4 * 4 * 1 * 5
 
 
+def test_the_scoring_judge_critic_and_update_flops_by_hand():
+    """On the tiny shape above (144 backbone weights, no LoRA; 40 lm-head weights; hidden 4) and a
+    batch of B = 3 sequences of T = 10 tokens with R = 4 response positions."""
+    from types import SimpleNamespace
+
+    import torch
+
+    s = flops.Shape(hidden=4, layers=1, heads=2, kv_heads=1, intermediate=8, vocab=10)
+    batch = SimpleNamespace(input_ids=torch.zeros(3, 10, dtype=torch.long), response_index=torch.zeros(3, 4))
+    assert flops.batch_dims(batch) == (3, 10, 4)
+    attention = 4 * 4 * 1 * 3 * 10 * 10  # every (query, key) pair of each sequence
+    scoring = {"model_flops": 2 * 144 * 30 + 2 * 40 * 12, "attention_flops": attention}  # logits at B·R rows
+    judge = {"model_flops": 2 * 144 * 30 + 2 * 4 * 3, "attention_flops": attention}  # one head row a sequence
+    critic = {"model_flops": 2 * 144 * 30 + 2 * 4 * 12, "attention_flops": attention}  # one a response prefix
+    assert flops.scoring_flops(s, batch, 0) == scoring
+    assert flops.judge_flops(s, batch, 0) == judge
+    assert flops.critic_flops(s, batch, 0) == critic
+    assert flops.add(scoring, critic, {"x": 1}) == {"model_flops": 8640 + 960 + 8640 + 96,
+                                                    "attention_flops": 2 * attention, "x": 1}  # fmt: skip
+    assert flops.ppo_update_flops(s, batch, 0) == {"model_flops": 3 * (8640 + 960 + 8640 + 96),
+                                                   "attention_flops": 3 * 2 * attention}  # fmt: skip
+    rank = flops.scoring_flops(s, batch, 1)["model_flops"] - scoring["model_flops"]
+    assert rank == 2 * flops.lora_params(s, 1) * 30  # LoRA's A and B at every token
+
+
 def test_generation_flops_with_and_without_cache():
     s = flops.Shape(hidden=4, layers=1, heads=2, kv_heads=1, intermediate=8, vocab=10)
     per_tok = 2 * 144 + 2 * 40  # every position given to the causal LM gets logits

@@ -620,3 +620,27 @@ def test_epochs_are_numbered_from_1_as_the_console_numbers_them(tmp_path):
         line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "epoch" not in line
     ]
     assert numbers == ["1", "2", "3"]  # history epochs 0..2, the console's "sft epoch 1..3"
+
+
+def test_the_judge_refresh_table_shows_each_refresh_and_its_other_endings():
+    """The iterated judge's refreshes as the report shows them: answers not ending in EOS by finish
+    reason ("none" when every answer did), or the bare count where a record has no per-reason counts."""
+    from rlhf.report.tables import refresh_table
+
+    refreshes = [
+        {"after_iteration": 20, "successes": 5, "answers": 8,
+         "finish_reasons": {"eos": 6, "length": 2, "control_token": 0},
+         "new_pairs": 4, "pairs_so_far": 844, "accuracy_before": 0.25, "accuracy_after": 0.75, "updates": 3},
+        {"after_iteration": 40, "successes": 8, "answers": 8, "finish_reasons": {"eos": 8},
+         "new_pairs": 0, "pairs_so_far": 844, "accuracy_before": None, "accuracy_after": None, "updates": 0},
+        {"after_iteration": 60, "successes": 1, "answers": 8, "without_eos": 3,
+         "new_pairs": 7, "pairs_so_far": 851, "accuracy_before": 0.5, "accuracy_after": 1.0, "updates": 1},
+    ]  # fmt: skip
+    table = refresh_table(refreshes)
+    assert table.rows == [
+        [20, "5 of 8", "length 2", 4, 844, "0.250", "0.750", 3],
+        [40, "8 of 8", "none", 0, 844, "—", "—", 0],
+        [60, "1 of 8", "3 without EOS", 7, 851, "0.500", "1.000", 1],
+    ]
+    assert len(table.header) == len(table.rows[0]) and "no pair, no training" in table.caption
+    assert "| 20 | 5 of 8 | length 2 |" in table.md()
