@@ -108,3 +108,27 @@ def test_the_methods_confirmation_is_recomputed_from_its_per_seed_test_success(t
         assert {k: got[k] for k in paired(got["per_seed"])} == paired(got["per_seed"])
         assert got["n"] == n
         record_result(f"{test_folder}/{name}", {k: got[k] for k in ("mean", "t95", "sign_flip_p", "seeds_up", "n")})
+
+
+@pytest.mark.parametrize("test_folder", ["methods-r002-test"])
+def test_confirm_methods_run_whole_on_the_committed_test_success_gives_the_committed_confirmation(
+    test_folder, tmp_path, monkeypatch
+):
+    """`rlhf confirm-methods` from the committed methods record, with training and test evaluation
+    replayed from the committed per-seed success (tests_heldout/replay.py): the same declaration,
+    seeds and arms asked for, and the same comparisons."""
+    from replay import replay_reading
+
+    monkeypatch.chdir(ROOT)
+    committed = load(ROOT / "results" / test_folder / "confirmation.json")
+    declared = committed["declared"]
+    asked = replay_reading(monkeypatch, committed["test_success"], declared["points"])
+    again = compare_methods.confirm_methods(declared["methods"], tmp_path / "t", workers=1, say=lambda _: None)
+    n = declared["seeds"]
+    arms = sorted({p["arm"] for p in declared["points"].values()})
+    assert asked["trained"] == [([f"seed-{i}" for i in range(n)], arms, declared["revision"], True)]
+    assert again["declared"] == declared and again["comparisons"] == committed["comparisons"]
+    assert again["test_success"] == committed["test_success"]
+    for i in (0, n - 1):  # each seed's profile carries the declared study seed's training seeds
+        name = f'name = "embedded-study{declared["study_seed"]}-seed{i}-{declared["sft_recipe"]}"'
+        assert name in (tmp_path / "t" / f"seed-{i}" / "profile.toml").read_text()

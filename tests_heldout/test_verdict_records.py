@@ -102,3 +102,28 @@ def test_reproduce_reads_the_room_studys_rows_and_refuses_a_seed_it_did_not_run(
     with pytest.raises(StudyError, match="--seed must be between 0 and 5"):
         reproduce(room, 6, tmp_path / "work")
     assert not (tmp_path / "work").exists()
+
+
+def test_confirm_design_run_whole_on_the_committed_test_success_gives_the_committed_verdict(
+    record, tmp_path, monkeypatch
+):
+    """`rlhf confirm-design` from the committed choice, with training and test evaluation replayed
+    from the committed per-seed success (tests_heldout/replay.py): the same declaration, the same
+    seeds asked for (SFT, judge and the three points' arms, read on test), the same verdict."""
+    from replay import replay_reading
+
+    monkeypatch.chdir(ROOT)  # the choice names its testbed and selection study from the root
+    table = load(STUDY / "test_success.json")["test_success"]
+    asked = replay_reading(monkeypatch, table, record["declared"]["points"])
+    again = verdict.confirm_design(CHOICE, tmp_path / "verdict", workers=1, say=lambda _: None)
+    n = record["declared"]["power"]["seeds"]
+    assert asked["trained"] == [([f"seed-{i}" for i in range(n)], sorted({"spec-default", "oracle",
+                                 record["declared"]["points"]["chosen"]["arm"]}), "r002", True)]  # fmt: skip
+    assert len(asked["read"]) == 3 * n
+    assert again["declared"] == {**record["declared"], "choice": CHOICE}
+    assert again["comparisons"] == record["comparisons"] and again["test_success"] == table
+    for i in (0, n - 1):  # each seed's profile carries the declared study seed's training seeds
+        name = f'name = "embedded-study{record["declared"]["study_seed"]}-seed{i}-'
+        assert name in (tmp_path / "verdict" / f"seed-{i}" / "profile.toml").read_text()
+    # a rerun reads the record written last and recomputes nothing
+    assert verdict.confirm_design(CHOICE, tmp_path / "verdict", workers=1, say=lambda _: None) == again
