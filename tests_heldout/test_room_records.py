@@ -103,3 +103,27 @@ def test_the_testbeds_oracle_study_has_a_seed_recomputed_byte_for_byte():
     assert rec["results"] == "results/testbed-r002-2/oracle-sft-demos6" and rec["seed"] == 0
     assert rec["identical"] is True and rec["first_difference"] is None
     assert rec["study_code"] == load(folder / "frontier.json")["study"]["code"] != rec["code"]
+
+
+@pytest.mark.parametrize("path", [FIRST, REPLICATION], ids=["first", "replication"])
+def test_confirm_oracle_run_whole_on_the_committed_test_success_gives_the_committed_room(path, tmp_path, monkeypatch):
+    """`rlhf confirm-oracle` (and with --replicate) from the committed testbed record, with training
+    and test evaluation replayed from the committed per-seed success (tests_heldout/replay.py):
+    the same declaration, seeds and arm asked for, and the same room on test."""
+    from replay import replay_reading
+
+    monkeypatch.chdir(ROOT)  # the records name each other from the root
+    committed = load(path)
+    declared = committed["declared"]
+    replicate = (declared.get("replicates") or {}).get("room")
+    table = {"sft": [r["sft"] for r in committed["per_seed"]], "oracle": [r["oracle"] for r in committed["per_seed"]]}
+    asked = replay_reading(monkeypatch, table, {"oracle": {"arm": "oracle", "iteration": declared["oracle_iteration"]}})
+    again = room.confirm_oracle(declared["testbed"], tmp_path / "room", workers=1, say=lambda _: None,
+                                replicate=replicate)  # fmt: skip
+    n = declared["seeds"]
+    assert asked["trained"] == [([f"seed-{i}" for i in range(n)], ["oracle"], declared["revision"], True)]
+    assert again["declared"] == declared
+    for key in ("per_seed", "sft", "oracle", "oracle_minus_sft", "room_shown", "pooled_with_first"):
+        assert again.get(key) == committed.get(key), key
+    name = f'name = "embedded-study{declared["study_seed"]}-seed0-{declared["sft_recipe"]}"'
+    assert name in (tmp_path / "room" / "seed-0" / "profile.toml").read_text()
