@@ -77,3 +77,37 @@ def test_the_committed_reproduction_names_a_pipeline_of_this_study_and_a_later_c
     assert rec["results"] == "results/nested-r002" and rec["seed"] == 0 and rec["identical"] is True
     assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
     assert rec["study_code"] == load(STUDY / "nested.json")["evaluated_by"]["code"] != rec["code"]
+
+
+def test_run_nested_whole_on_the_committed_runs_gives_the_committed_split(tmp_path, monkeypatch):
+    """`rlhf nested` from the committed choice, with training and test evaluation stood in for
+    (nothing trained; each run's difference and prompt variance read from the committed runs.json):
+    the same declaration, the 5 x 3 runs of each point asked for with their PPO offsets, the same
+    run table and the same variance split."""
+    from rlhf.studies import heldout
+    from rlhf.studies.verdict import declared_points
+
+    monkeypatch.chdir(ROOT)
+    committed = load(STUDY / "nested.json")
+    runs = load(STUDY / "runs.json")["runs"]
+    _, nested_points = nested.nested_arms(declared_points(committed["declared"]))
+    where = {point: key for key, point in nested_points.items()}
+    asked = []
+
+    def run_points(folders, points, revision, workers, say, arms=()):
+        asked.append(([f.name for f in folders], [p.key for p in points], [a.ppo_offset for a in arms], revision))
+
+    def run_difference(folder, point):
+        label, j = where[point]
+        row = runs[label][int(folder.name.removeprefix("seed-"))][j]
+        return row["difference"], row["prompt_variance"]
+
+    monkeypatch.setattr(heldout, "run_points", run_points)
+    monkeypatch.setattr(nested, "run_difference", run_difference)
+    again = nested.run_nested(CHOICE, tmp_path / "nested", workers=1, say=lambda _: None)
+    assert again["declared"] == committed["declared"]
+    ((folders, keys, offsets, revision),) = asked
+    assert folders == [f"seed-{i}" for i in range(nested.PIPELINES)] and revision == "r002"
+    assert len(keys) == len(set(keys)) == 3 * nested.PPO_SEEDS
+    assert offsets == [None, nested.OFFSET_STRIDE, 2 * nested.OFFSET_STRIDE] * 3
+    assert again["runs"] == runs and again["split"] == committed["split"]
