@@ -88,7 +88,7 @@ def test_each_arms_cost_names_its_phases_and_grpo_has_no_critic(record):
         assert bool(critic) == (c["method"] == "ppo"), name
 
 
-@pytest.mark.parametrize("test_folder", ["methods-r002-test"])
+@pytest.mark.parametrize("test_folder", ["methods-r002-test", "methods-r001-test"])
 def test_the_methods_confirmation_is_recomputed_from_its_per_seed_test_success(test_folder, record_result):
     """results/methods-r00N-test/confirmation.json: the declaration committed before the read, the
     declared seed count, and every comparison's per-seed differences and statistics from the
@@ -110,7 +110,7 @@ def test_the_methods_confirmation_is_recomputed_from_its_per_seed_test_success(t
         record_result(f"{test_folder}/{name}", {k: got[k] for k in ("mean", "t95", "sign_flip_p", "seeds_up", "n")})
 
 
-@pytest.mark.parametrize("test_folder", ["methods-r002-test"])
+@pytest.mark.parametrize("test_folder", ["methods-r002-test", "methods-r001-test"])
 def test_confirm_methods_run_whole_on_the_committed_test_success_gives_the_committed_confirmation(
     test_folder, tmp_path, monkeypatch
 ):
