@@ -132,3 +132,25 @@ def test_confirm_methods_run_whole_on_the_committed_test_success_gives_the_commi
     for i in (0, n - 1):  # each seed's profile carries the declared study seed's training seeds
         name = f'name = "embedded-study{declared["study_seed"]}-seed{i}-{declared["sft_recipe"]}"'
         assert name in (tmp_path / "t" / f"seed-{i}" / "profile.toml").read_text()
+
+
+def signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+@pytest.mark.parametrize("test_folder", ["methods-r002-test", "methods-r001-test"])
+def test_the_readme_tables_of_the_methods_on_test_are_the_committed_ones(test_folder):
+    """Each row of the README's table of a methods confirmation: its mean, interval and seeds up as
+    the committed confirmation.json has them."""
+    rec = load(ROOT / "results" / test_folder / "confirmation.json")
+    readme = (ROOT / "README.md").read_text()
+    points = rec["declared"]["points"]
+    label = {"dpo": f"DPO (β {points['dpo']['arm'].removeprefix('dpo-b')}, epoch {points['dpo']['iteration']})",
+             "grpo": f"GRPO (iteration {points['grpo']['iteration']})"}  # fmt: skip
+    for name, c in rec["comparisons"].items():
+        method, other = name.split("_minus_")
+        row = f"| {label[method]} − SFT |" if other == "sft" else f"| {method.upper()} − the SPEC's default |"
+        cells = f" {signed(c['mean'])} [{signed(c['t95'][0])}, {signed(c['t95'][1])}] |"
+        up = f" {c['seeds_up']} of {c['n']} |"
+        lines = [line for line in readme.splitlines() if line.startswith(row) and line.endswith(up)]
+        assert any(cells in line for line in lines), (test_folder, name, row + cells)
