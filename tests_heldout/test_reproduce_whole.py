@@ -1,0 +1,91 @@
+"""`rlhf reproduce` run whole on a committed answer on test, room study and nested study, with the
+seed's training and test evaluation replayed from the committed per-seed results
+(tests_heldout/replay.py): the recomputed row is the committed one, and one test prompt more or
+less in the replay is named as the first difference. What reproduce adds to the studies' own
+code (which seed folder, which study seed, which points, the row and its comparison) is run here;
+a real recomputation is an hours-long study's seed (docs/studies.md lists the committed ones)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhf.studies import reproduce
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def one_prompt_more(table: dict, name: str, seed: int) -> dict:
+    changed = {k: list(v) for k, v in table.items()}
+    changed[name][seed] += 1 / 180
+    return changed
+
+
+@pytest.mark.parametrize("nudge", [False, True], ids=["same", "one-prompt-more"])
+def test_a_seed_of_the_answer_on_test(nudge, tmp_path, monkeypatch):
+    from replay import replay_reading
+
+    monkeypatch.chdir(ROOT)
+    results = ROOT / "results" / "verdict-r002"
+    table = load(results / "test_success.json")["test_success"]
+    points = load(results / "study.json")["identity"]["points"]
+    asked = replay_reading(monkeypatch, one_prompt_more(table, "oracle", 3) if nudge else table, points)
+    out = reproduce.reproduce(results, 3, tmp_path / "work", say=lambda _: None)
+    assert asked["trained"] == [(["seed-3"], sorted({p["arm"] for p in points.values()}), "r002", True)]
+    assert out["identical"] is not nudge
+    assert out["study_code"] == load(results / "verdict.json")["evaluated_by"]["code"]
+    if nudge:
+        assert out["first_difference"].startswith("row.oracle:")
+    assert load(tmp_path / "work" / "reproduce-seed-3.json") == out
+
+
+@pytest.mark.parametrize("nudge", [False, True], ids=["same", "one-prompt-more"])
+def test_a_seed_of_the_room_study(nudge, tmp_path, monkeypatch):
+    from replay import replay_reading
+
+    monkeypatch.chdir(ROOT)
+    results = ROOT / "results" / "room-r002"
+    room = load(results / "room.json")
+    table = {"sft": [r["sft"] for r in room["per_seed"]], "oracle": [r["oracle"] for r in room["per_seed"]]}
+    point = {"oracle": {"arm": "oracle", "iteration": room["declared"]["oracle_iteration"]}}
+    replay_reading(monkeypatch, one_prompt_more(table, "sft", 2) if nudge else table, point)
+    out = reproduce.reproduce(results, 2, tmp_path / "work", say=lambda _: None)
+    assert out["identical"] is not nudge
+    if nudge:
+        assert out["first_difference"].startswith("row.oracle_minus_sft:")
+    name = f'name = "embedded-study{room["declared"]["study_seed"]}-seed2-'
+    assert name in (tmp_path / "work" / "seed-2" / "profile.toml").read_text()
+
+
+@pytest.mark.parametrize("nudge", [False, True], ids=["same", "one-prompt-more"])
+def test_a_pipeline_of_the_nested_study(nudge, tmp_path, monkeypatch):
+    from rlhf.studies import heldout, nested
+    from rlhf.studies.verdict import declared_points
+
+    monkeypatch.chdir(ROOT)
+    results = ROOT / "results" / "nested-r002"
+    runs = load(results / "runs.json")["runs"]
+    declared = load(results / "study.json")["identity"]
+    _, nested_points = nested.nested_arms(declared_points(declared))
+    where = {point: key for key, point in nested_points.items()}
+    asked = []
+
+    def run_difference(folder, point):
+        label, j = where[point]
+        row = runs[label][int(folder.name.removeprefix("seed-"))][j]
+        return row["difference"] + (1 / 180 if nudge and (label, j) == ("default", 2) else 0.0), row["prompt_variance"]
+
+    monkeypatch.setattr(heldout, "run_points", lambda folders, points, *a, **k: asked.append([f.name for f in folders]))
+    monkeypatch.setattr(nested, "run_difference", run_difference)
+    out = reproduce.reproduce(results, 1, tmp_path / "work", say=lambda _: None)
+    assert asked == [["seed-1"]] and out["identical"] is not nudge
+    if nudge:
+        assert out["first_difference"].startswith("row.default[2].difference:")
