@@ -105,3 +105,31 @@ def test_the_committed_reproduction_names_an_estimation_seed_and_a_later_code():
     assert rec["results"] == "results/choice-r002/estimation" and rec["seed"] == 0 and rec["identical"] is True
     assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
     assert rec["study_code"] == load(STUDY / "estimation" / "frontier.json")["study"]["code"] != rec["code"]
+
+
+def test_choose_design_run_whole_on_the_committed_studies_gives_the_committed_choice(tmp_path, monkeypatch):
+    """`rlhf choose-design` from the committed testbed record, each of its two frontier studies
+    replayed from its committed frontier.json (nothing trained): the selection asked for on the
+    declared candidates and seeds, the estimation on the chosen point's and the default's arms on
+    fresh seeds, and the committed choice, estimate and curse."""
+    from rlhf.studies.frontier import study
+
+    monkeypatch.chdir(ROOT)
+    committed = load(STUDY / "choice.json")
+    asked = {}
+
+    def run_frontier(folder, *, n, settings, study_seed, revision, sft_budget, **kw):
+        asked[folder.name] = (n, [a.name for a in settings.arms], study_seed, revision, sft_budget)
+        return load(STUDY / folder.name / "frontier.json")
+
+    monkeypatch.setattr(study, "run_frontier", run_frontier)
+    again = choice.choose_design(committed["declared"]["testbed"], tmp_path / "c", workers=1, say=lambda _: None)
+    declared = committed["declared"]
+    bed = (declared["revision"], declared["sft_recipe"])
+    assert asked["selection"] == (choice.SELECTION_SEEDS, [*choice.CANDIDATES, "oracle"], study.STUDY_SEED, *bed)
+    chosen = committed["chosen"]["arm"]
+    assert asked["estimation"] == (choice.ESTIMATION_SEEDS, list(dict.fromkeys((chosen, choice.DEFAULT))),
+                                   choice.ESTIMATION_STUDY_SEED, *bed)  # fmt: skip
+    assert again["declared"] == declared
+    for key in ("chosen", "estimate", "curse"):
+        assert again[key] == committed[key], key
