@@ -93,3 +93,46 @@ def test_the_docs_table_states_each_committed_candidate(n):
         if "oracle" in c:
             o = c["oracle"]
             assert f"{o['sft_gold']:.3f} → {o['best_gold']:.3f} at {o['best_iteration']}: {o['gain']:+.3f}" in docs
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n", sorted(RECORDS))
+def test_choose_testbed_run_whole_on_the_committed_rows_gives_the_committed_round(n, tmp_path, monkeypatch):
+    """`rlhf choose-testbed --round N` with each (candidate, seed) SFT run and each oracle study
+    replayed from the committed record (nothing trained; the corpus and base not built): every
+    candidate's SFT rows asked for once, the oracle only where SFT is stable with room, and the
+    committed candidates' numbers and choice."""
+    from rlhf.studies import sft_budget
+
+    committed = load(n)
+    by_name = {c["name"]: c for c in committed["candidates"]}
+    asked: dict = {"sft": [], "oracle": []}
+
+    def sft_task(work, revision, profile_name, candidate, i):
+        asked["sft"].append((candidate, i))
+        c = by_name[candidate]
+        row = {"candidate": candidate, "seed_index": i, "validation": {"rubric_success": c["sft"]["per_seed"][i]},
+               "train_seconds": c["sft_train_seconds"][i]}  # fmt: skip
+        testbed.write_json(Path(work) / "sft" / candidate / f"seed-{i}.json", row)
+        return row
+
+    def oracle_gain(work, name, revision, profile_name, workers, say, n, prefix):
+        asked["oracle"].append((name, n, prefix))
+        return by_name[name]["oracle"]
+
+    monkeypatch.setattr(testbed, "sft_task", sft_task)
+    monkeypatch.setattr(sft_budget, "oracle_gain", oracle_gain)
+    monkeypatch.setattr(sft_budget, "prepare_work", lambda *a: None)
+    again = testbed.choose_testbed(tmp_path / "t.json", tmp_path / "work", revision=committed["revision"],
+                                   workers=1, say=lambda _: None, round_number=n)  # fmt: skip
+    r = testbed.ROUNDS[n]
+    assert asked["sft"] == [(c, i) for c in r.candidates for i in range(testbed.SEEDS)]
+    assert asked["oracle"] == [(c["name"], testbed.ORACLE_SEEDS, "oracle") for c in committed["candidates"]
+                               if c["sft"]["stable_with_room"]]  # fmt: skip
+    for key in ("candidates", "chosen", "band", "seeds"):
+        assert again[key] == committed[key], key
+    assert again["round"] == n and again["rule"] == testbed.rule(r)  # round 1's record predates the labels
+    # a second run finds every SFT row written and trains none again
+    asked["sft"].clear()
+    testbed.measure_sft(tmp_path / "work", committed["revision"], "embedded", 1, lambda _: None, r.candidates)
+    assert asked["sft"] == []
