@@ -136,3 +136,23 @@ def test_choose_testbed_run_whole_on_the_committed_rows_gives_the_committed_roun
     asked["sft"].clear()
     testbed.measure_sft(tmp_path / "work", committed["revision"], "embedded", 1, lambda _: None, r.candidates)
     assert asked["sft"] == []
+
+
+@pytest.mark.unit
+def test_a_testbed_sft_run_trains_as_the_frontiers_seed_of_that_budget_does(tmp_path):
+    """Run i of a candidate (seed_profile) has the training seeds and the SFT budget that the
+    frontier writes into its seed-i/profile.toml for that budget: the testbed's SFT rows are the
+    frontier's SFT runs, so a testbed's stability is measured on the runs the studies then use."""
+    from rlhf.config import load_profile
+    from rlhf.studies.derivation import write_study_profiles
+    from rlhf.studies.frontier.study import STUDY_SEED
+
+    profile = load_profile("embedded")
+    for candidate in ("sft-demos6", "sft-e7"):
+        folders = write_study_profiles(tmp_path / candidate, "embedded", 3, STUDY_SEED, candidate)
+        for i in (0, 2):
+            ours = testbed.seed_profile(profile, candidate, i).to_dict()
+            theirs = load_profile(str(folders[i] / "profile.toml")).to_dict()
+            ours.pop("name"), theirs.pop("name")
+            assert ours == theirs, (candidate, i)
+    assert testbed.seed_profile(profile, "sft-e7", 0).to_dict() != testbed.seed_profile(profile, "sft-e7", 1).to_dict()
