@@ -378,3 +378,32 @@ def test_a_study_with_method_arms_names_the_command_that_runs_them():
     )
     ppo_only = study_identity("embedded", "r002", 3, "sft-demos6", Settings(arms=method_arms()[:1]), 1)
     assert "rlhf compare-methods" not in frontier_command(Path("D"), ppo_only)
+
+
+def test_a_method_arm_counts_as_trained_once_its_final_state_is_written(tmp_path):
+    """A rerun of a study skips a DPO or GRPO arm whose final state is on disk, and trains one that
+    stopped before it (its checkpoints alone do not count)."""
+    from rlhf.studies.frontier.arms import Arm
+    from rlhf.studies.frontier.measure import arm_trained
+    from rlhf.studies.frontier.methods import FINAL
+
+    for method in ("dpo", "grpo"):
+        arm = Arm(f"{method}-x", "judge", raw=0.02, method=method)
+        folder = tmp_path / "arms" / arm.name / method
+        folder.mkdir(parents=True)
+        (folder / "checkpoint-0001.pt.gz").write_bytes(b"")
+        assert not arm_trained(tmp_path, arm)
+        (folder / FINAL).write_bytes(b"")
+        assert arm_trained(tmp_path, arm)
+
+
+def test_a_stopped_study_says_what_was_saved_and_how_to_continue():
+    from rlhf.checkpoint import Interrupted
+    from rlhf.studies import stopped_error
+
+    err = stopped_error("each running arm")
+    assert isinstance(err, Interrupted)
+    assert str(err) == (
+        "stopped on request: each running arm saved a checkpoint or had not started. "
+        "Run the same command again to continue"
+    )

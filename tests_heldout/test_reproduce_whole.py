@@ -89,3 +89,33 @@ def test_a_pipeline_of_the_nested_study(nudge, tmp_path, monkeypatch):
     assert asked == [["seed-1"]] and out["identical"] is not nudge
     if nudge:
         assert out["first_difference"].startswith("row.default[2].difference:")
+
+
+@pytest.mark.parametrize("nudge", [False, True], ids=["same", "one-prompt-more"])
+def test_a_seed_of_a_frontier_study(nudge, tmp_path, monkeypatch):
+    """results/methods-r001/frontier (PPO, DPO and GRPO arms): the seed's folder and profile as the
+    study wrote them, every declared arm asked for, and the seed's summary compared with the row."""
+    from rlhf.studies.frontier import selection, study
+
+    results = ROOT / "results" / "methods-r001" / "frontier"
+    frontier = load(results / "frontier.json")
+    row = frontier["seeds"][1]
+    asked = []
+
+    def summary(seed, folder, arms):
+        asked.append((seed, folder.name, [a.name for a in arms]))
+        if not nudge:
+            return row
+        return {**row, "sft": {**row["sft"], "gold": row["sft"]["gold"] + 1 / 180}}
+
+    monkeypatch.setattr(study, "run_tasks", lambda folders, arms, *a, **k: asked.append([f.name for f in folders]))
+    monkeypatch.setattr(selection, "seed_summary", summary)
+    out = reproduce.reproduce(results, 1, tmp_path / "work", say=lambda _: None)
+    arms = [a["name"] for a in frontier["study"]["settings"]["arms"]]
+    assert asked == [["seed-1"], (1, "seed-1", arms)] and out["identical"] is not nudge
+    assert out["study_code"] == frontier["study"]["code"]
+    if nudge:
+        assert out["first_difference"].startswith("row.sft.gold:")
+    s = frontier["study"]
+    name = f'name = "embedded-study{s["study_seed"]}-seed1-{s["sft_budget"]}"'
+    assert name in (tmp_path / "work" / "seed-1" / "profile.toml").read_text()
