@@ -41,6 +41,8 @@ def here():
 def fingerprint_in_subprocess(tmp_path, name, *prefix, **env) -> tuple[dict, subprocess.CompletedProcess]:
     out = tmp_path / f"{name}.json"
     clean = {k: v for k, v in os.environ.items() if k not in runtime.PIN and k != runtime.SWITCH}
+    if prefix:  # under emulation: not measured by --cov (its code is this process's own `here`, measured)
+        clean = {k: v for k, v in clean.items() if not k.startswith("COVERAGE_")}
     clean.update(env)
     done = subprocess.run(
         [*prefix, sys.executable, "-m", "rlhf", "arithmetic", "--out", str(out)],

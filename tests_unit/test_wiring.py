@@ -295,7 +295,7 @@ def test_cov_writes_the_coverage_map_of_the_workers_and_the_processes_they_start
     for key in [k for k in __import__("os").environ if k.startswith("COVERAGE_")]:
         monkeypatch.delenv(key)  # measured by its own --cov only, not by an outer run's
     args = ("-m", "unit", "--cov") if with_cov else ("-m", "unit")
-    out = run_in_copy(tmp_path, {"tests_unit/test_x.py": COVERED_HERE}, *args, keep_xdist=True)
+    out = run_in_copy(tmp_path, {"tests_unit/test_x.py": COVERED_HERE}, *args, keep_xdist=with_cov)
     assert out.returncode == 0, out.stdout + out.stderr
     folder = tmp_path / "reports" / "unit"
     if not with_cov:
