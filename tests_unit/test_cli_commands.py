@@ -36,6 +36,8 @@ def calls(monkeypatch):
     signal.signal(signal.SIGINT, old)
 
 
+STAT = {"mean": -0.25, "sd": 0.1, "n": 3, "t95": [-0.5, 0.0], "positive": 0}
+
 # argv -> (module, function, what it returns, the call it must get, rc, a line the command prints)
 CASES = {
     "prepare": (
@@ -110,6 +112,47 @@ CASES = {
         (("T.json", "W"), {"revision": "r001", "profile_name": "embedded", "workers": 2, "round_number": 1}), 0,
         "chosen testbed: none: no candidate qualifies",
     ),
+    "seeds": (
+        ["seeds", "--out", "S", "--n", "3", "--revision", "r002", "--workers", "1", "--sft-budget", "sft-e6",
+         "--study-seed", "4"],
+        "rlhf.studies.seeds", "run_study",
+        {"across": {f"rubric_success.{key}.ppo_minus_sft": STAT for key in ("test", "all_unique_contexts")}},
+        (("S",), {"n": 3, "revision": "r002", "workers": 1, "sft_budget": "sft-e6", "study_seed": 4,
+                  "profile_name": "embedded"}), 0,
+        "PPO - SFT rubric_success.test: mean -0.250, SD 0.100, 95% t-interval over 3 seeds [-0.500, +0.000], "
+        "positive in 0 of 3",
+    ),
+    "frontier": (
+        ["frontier", "--out", "F", "--n", "2", "--revision", "r001", "--sft-budget", "sft-e7", "--grid", "1,2"],
+        "rlhf.studies.frontier.study", "run_frontier",
+        {"selection": {"arm": "c2", "iteration": 30, "mean_validation_gold": 0.765, "sft_mean_validation_gold": 0.665}},
+        (("F",), {"n": 2, "revision": "r001", "sft_budget": "sft-e7", "workers": None, "profile_name": "embedded",
+                  "settings": "the default arms at c 1 and 2"}), 0,
+        "chosen on validation: c2 at iteration 30, mean validation rubric success 0.765 (SFT 0.665)",
+    ),
+    "frontier-confirm": (
+        ["frontier", "--out", "F", "--confirm", "5", "--workers", "2"],
+        "rlhf.studies.frontier.confirmation", "run_confirmation", {"points": []},
+        (("F",), {"n": 5, "workers": 2}), 0, "F/confirmation.json and F/confirmation.html",
+    ),
+    "frontier-summarise": (
+        ["frontier", "--out", "F", "--summarise-to", "G"],
+        "rlhf.studies.frontier.study", "summarise_to", None, (("F", "G"), {}), 0, "",
+    ),
+    "frontier-warnings": (
+        ["frontier", "--out", "F", "--choose-warnings", "W.json"],
+        "rlhf.studies.warnings", "choose_rules",
+        {"rules": [{"signal": "kl", "threshold": 0.5, "patience": 2}, {"signal": "length", "threshold": None}]},
+        (("F", "W.json"), {}), 0, "  length: never defined",
+    ),
+    "choose-sft-budget": (
+        ["choose-sft-budget", "--out", "B.json", "--work", "W", "--budgets", "sft-e6,sft-e7", "--previous", "P.json",
+         "--workers", "1"],
+        "rlhf.studies.sft_budget", "choose_sft_budget", {"chosen": "sft-e6", "rule": "the rule"},
+        (("B.json", "W"), {"revision": "r002", "profile_name": "embedded", "budgets": ["sft-e6", "sft-e7"],
+                           "previous": ["P.json"], "workers": 1}), 0,
+        "chosen SFT budget: sft-e6 (the rule); written to B.json",
+    ),
 }  # fmt: skip
 
 
@@ -119,6 +162,10 @@ def test_each_command_passes_its_options_to_its_function_and_says_what_it_wrote(
     replace, got = calls
     replace(module, name, value)
     assert main(argv) == rc
+    if kwargs.get("settings"):  # the frontier's Settings: its arms from the given grid
+        from rlhf.studies.frontier.arms import Settings, default_arms
+
+        kwargs = {**kwargs, "settings": Settings(arms=default_arms((1.0, 2.0)))}
     assert got == [(name, args, kwargs)]
     out = capsys.readouterr().out
     assert line in out and out.count(line) == 1
