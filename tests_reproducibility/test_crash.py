@@ -49,6 +49,8 @@ def lab(run, profile, crash_at=None, timeout=600):
     env = {k: v for k, v in os.environ.items() if k != "RLHF_CRASH_AT"}
     if crash_at:
         env["RLHF_CRASH_AT"] = crash_at
+        # killed at the crash point: a --cov run's measurement of it would die with it, so none is made
+        env = {k: v for k, v in env.items() if not k.startswith("COVERAGE_")}
     t = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile", str(profile)],
