@@ -154,3 +154,16 @@ def test_the_readme_tables_of_the_methods_on_test_are_the_committed_ones(test_fo
         up = f" {c['seeds_up']} of {c['n']} |"
         lines = [line for line in readme.splitlines() if line.startswith(row) and line.endswith(up)]
         assert any(cells in line for line in lines), (test_folder, name, row + cells)
+
+
+def test_the_committed_reproduction_of_a_methods_seed_is_identical():
+    """methods-r001/frontier/reproduce-seed-0.json: `rlhf reproduce results/methods-r001/frontier
+    --seed 0` (its SFT, judge, three PPO arms, two DPO arms and the GRPO arm, each measured on
+    validation), byte for byte, under the pinned arithmetic, by the code that made the study."""
+    folder = ROOT / "results" / "methods-r001" / "frontier"
+    rec = load(folder / "reproduce-seed-0.json")
+    assert rec["results"] == "results/methods-r001/frontier" and rec["seed"] == 0 and rec["identical"] is True
+    assert rec["first_difference"] is None and rec["arithmetic"].startswith("pinned:")
+    frontier = load(folder / "frontier.json")
+    assert rec["study_code"] == frontier["study"]["code"]
+    assert {a.get("method", "ppo") for a in frontier["study"]["settings"]["arms"]} == {"ppo", "dpo", "grpo"}
