@@ -38,3 +38,28 @@ def replay_reading(monkeypatch, table: dict[str, list[float]], points: dict[str,
     monkeypatch.setattr(study, "run_tasks", run_tasks)
     monkeypatch.setattr(confirmation, "confirm_seed", confirm_seed)
     return asked
+
+
+def replay_nested_runs(monkeypatch, runs: dict, declared: dict, nudge: tuple | None = None) -> list:
+    """A nested study's runs replayed from its committed run table (runs.json): run_points records
+    the folders, points and PPO offsets it was asked for; each run's difference from its pipeline's
+    SFT and its prompt variance are the committed ones (the run `nudge` = (label, j) one test prompt
+    more). Returns what was asked."""
+    from rlhf.studies import heldout, nested
+    from rlhf.studies.verdict import declared_points
+
+    _, nested_points = nested.nested_arms(declared_points(declared))
+    where = {point: key for key, point in nested_points.items()}
+    asked: list = []
+
+    def run_points(folders, points, revision, workers, say, arms=()):
+        asked.append(([f.name for f in folders], [p.key for p in points], [a.ppo_offset for a in arms], revision))
+
+    def run_difference(folder, point):
+        label, j = where[point]
+        row = runs[label][int(folder.name.removeprefix("seed-"))][j]
+        return row["difference"] + (1 / 180 if (label, j) == nudge else 0.0), row["prompt_variance"]
+
+    monkeypatch.setattr(heldout, "run_points", run_points)
+    monkeypatch.setattr(nested, "run_difference", run_difference)
+    return asked

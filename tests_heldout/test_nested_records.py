@@ -84,26 +84,12 @@ def test_run_nested_whole_on_the_committed_runs_gives_the_committed_split(tmp_pa
     (nothing trained; each run's difference and prompt variance read from the committed runs.json):
     the same declaration, the 5 x 3 runs of each point asked for with their PPO offsets, the same
     run table and the same variance split."""
-    from rlhf.studies import heldout
-    from rlhf.studies.verdict import declared_points
+    from replay import replay_nested_runs
 
     monkeypatch.chdir(ROOT)
     committed = load(STUDY / "nested.json")
     runs = load(STUDY / "runs.json")["runs"]
-    _, nested_points = nested.nested_arms(declared_points(committed["declared"]))
-    where = {point: key for key, point in nested_points.items()}
-    asked = []
-
-    def run_points(folders, points, revision, workers, say, arms=()):
-        asked.append(([f.name for f in folders], [p.key for p in points], [a.ppo_offset for a in arms], revision))
-
-    def run_difference(folder, point):
-        label, j = where[point]
-        row = runs[label][int(folder.name.removeprefix("seed-"))][j]
-        return row["difference"], row["prompt_variance"]
-
-    monkeypatch.setattr(heldout, "run_points", run_points)
-    monkeypatch.setattr(nested, "run_difference", run_difference)
+    asked = replay_nested_runs(monkeypatch, runs, committed["declared"])
     again = nested.run_nested(CHOICE, tmp_path / "nested", workers=1, say=lambda _: None)
     assert again["declared"] == committed["declared"]
     ((folders, keys, offsets, revision),) = asked

@@ -67,26 +67,15 @@ def test_a_seed_of_the_room_study(nudge, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("nudge", [False, True], ids=["same", "one-prompt-more"])
 def test_a_pipeline_of_the_nested_study(nudge, tmp_path, monkeypatch):
-    from rlhf.studies import heldout, nested
-    from rlhf.studies.verdict import declared_points
+    from replay import replay_nested_runs
 
     monkeypatch.chdir(ROOT)
     results = ROOT / "results" / "nested-r002"
     runs = load(results / "runs.json")["runs"]
     declared = load(results / "study.json")["identity"]
-    _, nested_points = nested.nested_arms(declared_points(declared))
-    where = {point: key for key, point in nested_points.items()}
-    asked = []
-
-    def run_difference(folder, point):
-        label, j = where[point]
-        row = runs[label][int(folder.name.removeprefix("seed-"))][j]
-        return row["difference"] + (1 / 180 if nudge and (label, j) == ("default", 2) else 0.0), row["prompt_variance"]
-
-    monkeypatch.setattr(heldout, "run_points", lambda folders, points, *a, **k: asked.append([f.name for f in folders]))
-    monkeypatch.setattr(nested, "run_difference", run_difference)
+    asked = replay_nested_runs(monkeypatch, runs, declared, ("default", 2) if nudge else None)
     out = reproduce.reproduce(results, 1, tmp_path / "work", say=lambda _: None)
-    assert asked == [["seed-1"]] and out["identical"] is not nudge
+    assert [a[0] for a in asked] == [["seed-1"]] and out["identical"] is not nudge
     if nudge:
         assert out["first_difference"].startswith("row.default[2].difference:")
 
