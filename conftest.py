@@ -443,16 +443,38 @@ def read_timing(path) -> float:
 
 
 # The small budget (not rlhf.miniature's MINIATURE_BUDGET, the qwen dry run's): every stage
-# and every leg of the protocol,
-# in about a minute. Only budgets change (epochs, updates per epoch, iterations, boundaries).
+# and every leg of the protocol, and every part of the held-out evaluation, in about 20 seconds.
+# Only budgets change (epochs, updates per epoch, iterations, boundaries, and the sizes of what is
+# measured): SFT's and the judge's validation cut to their first 16 examples or pairs, every
+# held-out set to its first 3 units (15 test prompts and pairs, 3 probe contexts) and held-out
+# answers to 8 new tokens. The whole sets are evaluated by the embedded labs (`lab_run`,
+# `lab_run_r002`); on a small lab they took half its time and checked the same code.
+SMALL_EVALUATION_UNITS = 3
+SMALL_TEST_PROMPTS = 15  # 3 of the 36 test families, 5 prompts each (both revisions)
+SMALL_PROBE_ROWS = 12  # 3 of the 20 probe contexts, 4 rows each
+
+
+def first_families(records: list[dict], n: int | None) -> list[dict]:
+    """The records of the first n families in file order (the held-out cut by hand; None: all)."""
+    families: list = []
+    for r in records:
+        if r["family"] not in families:
+            families.append(r["family"])
+    return records if n is None else [r for r in records if r["family"] in families[:n]]
+
+
 SMALL_BUDGET = {
     ("sft", "epochs"): 2,
     ("sft", "max_updates_per_epoch"): 3,
+    ("sft", "max_validation_examples"): 16,
     ("judge", "epochs"): 2,
     ("judge", "max_updates_per_epoch"): 3,
+    ("judge", "max_validation_examples"): 16,
     ("ppo", "iterations"): 4,
     ("ppo", "resume_stop_iteration"): 2,
     ("ppo", "checkpoint_every"): 1,
+    ("evaluation", "max_new_tokens"): 8,
+    ("evaluation", "max_units"): SMALL_EVALUATION_UNITS,
 }
 
 
@@ -483,14 +505,12 @@ def small_profile_file(tmp_path_factory):
     return path
 
 
-# The small budget with the frontier's cuts: checkpoints every 2 of 4 iterations, 8-token
-# answers, the first 3 validation families (15 prompts).
+# The small budget with the frontier's cuts: checkpoints every 2 of 4 iterations and 8-token
+# rollouts (its validation reads the small budget's first 3 families, 15 prompts, at 8 tokens).
 FRONTIER_BUDGET = {
     **SMALL_BUDGET,
     ("ppo", "checkpoint_every"): 2,
     ("ppo", "max_new_tokens"): 8,
-    ("evaluation", "max_new_tokens"): 8,
-    ("evaluation", "max_units"): 3,
 }
 
 

@@ -27,6 +27,7 @@ import random
 import pytest
 import torch
 
+from conftest import SMALL_TEST_PROMPTS, first_families
 from rlhf import evaluate as ev
 from rlhf import rubric
 from rlhf.tokens import encode_example, encode_prompt
@@ -146,7 +147,7 @@ def rerun_rubric(rows: list[dict], ctx) -> dict[str, dict]:
     """rubric.evaluate on each stored text with the action joined from the labels; also checks
     that the stored text and finish reason are what the stored token ids decode to."""
     expected = expected_action_by_id(ctx)
-    limit = ctx.profile.limits.response_tokens
+    limit = ctx.profile.evaluation.max_new_tokens or ctx.profile.limits.response_tokens  # the small budget cuts
     judged = {}
     for r in rows:
         ids = r["response_ids"]
@@ -200,9 +201,11 @@ def check_judge_accuracy(results: dict, ctx) -> dict:
     published = results["judge_test"]
     rows = published["rows"]
     view = ctx.corpus.evaluation_view()
-    pairs = {p["document_id"]: p for p in view.test_pairs()}
+    units = ctx.profile.evaluation.max_units
+    pairs = {p["document_id"]: p for p in first_families(view.test_pairs(), units)}
     labels = {lab["document_id"]: lab for lab in view.labels("pair", "test")}
-    assert sorted(r["document_id"] for r in rows) == sorted(pairs) and len(pairs) == 180
+    assert sorted(r["document_id"] for r in rows) == sorted(pairs)
+    assert len(pairs) == (180 if units is None else SMALL_TEST_PROMPTS)
     hits, ties, by_variant = 0, 0, {}
     for r in rows:
         won = r["chosen_score"] > r["rejected_score"]  # a tie is a miss
@@ -365,9 +368,15 @@ def test_metric_recount_agrees_with_the_library_on_grammar_answers(small_results
     certainty denominator or relevance count that all-zero rows would hide."""
     rows = copy.deepcopy(small_results["policies"]["ppo"]["rows"])
     expected = expected_action_by_id(small_lab)
-    for i, r in enumerate(rows):
+    # The kinds cycle within each population that a metric reads (the probe contexts' first rows
+    # apart), so that each holds every kind however few rows the budget evaluates.
+    first_rows = {id(r) for r in rows_of_population(rows, "probe_contexts")}
+    counters: dict[str, int] = {}
+    for r in rows:
         action = expected[r["document_id"]]
-        kind = i % 5
+        group = "first of a context" if id(r) in first_rows else r["population"]
+        kind = counters.get(group, 0) % 5
+        counters[group] = counters.get(group, 0) + 1
         if kind == 4:
             continue  # keep the model's own (UNCERTIFIED) text
         text = rubric.render(action if kind != 2 else (action + 1) % 6, caution=kind % 3, polite=kind == 1)

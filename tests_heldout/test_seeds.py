@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SMALL_PROBE_ROWS, SMALL_TEST_PROMPTS
 from rlhf.config import ProfileError, load_profile, profile_text_with
 from rlhf.events import logdir_line
 from rlhf.io import read_json, write_json
@@ -93,9 +94,9 @@ def test_across_seed_statistics_recomputed_from_rows(small_study, record_result)
         ev = read_json(out / r["folder"] / "evaluation" / "results.json")
         for policy in ("sft", "ppo"):
             test = [x for x in ev["policies"][policy]["rows"] if x["population"] == "test"]
-            assert len(test) == 180
+            assert len(test) == SMALL_TEST_PROMPTS
             assert r["metrics"][f"rubric_success.test.{policy}"] == pytest.approx(
-                sum(x["rubric"]["rubric_success"] for x in test) / 180, abs=1e-12
+                sum(x["rubric"]["rubric_success"] for x in test) / SMALL_TEST_PROMPTS, abs=1e-12
             )
         assert r["metrics"]["rubric_success.test.ppo_minus_sft"] == pytest.approx(
             r["metrics"]["rubric_success.test.ppo"] - r["metrics"]["rubric_success.test.sft"], abs=1e-12
@@ -107,7 +108,7 @@ def test_across_seed_statistics_recomputed_from_rows(small_study, record_result)
     assert sorted(answers) == [r["folder"] for r in rows]
     for r in rows:
         test = [a for a in answers[r["folder"]] if a["population"] == "test"]
-        assert len(test) == 180 and len(answers[r["folder"]]) == 260
+        assert len(test) == SMALL_TEST_PROMPTS and len(answers[r["folder"]]) == SMALL_TEST_PROMPTS + SMALL_PROBE_ROWS
         for policy in ("sft", "ppo"):
             assert r["metrics"][f"answers.test.{policy}.rubric_success"] == sum(
                 a[policy]["rubric_success"] for a in test
@@ -211,7 +212,7 @@ def test_seeds_differ_where_they_must_and_agree_where_they_must(small_study):
         assert a["identity"][key] != b["identity"][key], key
     for key in ("corpus_manifest_sha256", "evaluation_prompt_ids_sha256", "evaluation_prompts"):
         assert a["identity"][key] == b["identity"][key], key
-    assert a["identity"]["evaluation_prompts"] == 260
+    assert a["identity"]["evaluation_prompts"] == SMALL_TEST_PROMPTS + SMALL_PROBE_ROWS
     # each run is reproducible from its folder: its profile.toml is the profile it ran
     for r in (a, b):
         run = read_json(out / r["folder"] / "run.json")

@@ -1,7 +1,7 @@
 """Crash-safe runs: a killed `rlhf lab` continues on rerun, bit for bit.
 
 The lab runs in a subprocess on the small budget (conftest.SMALL_BUDGET: every stage and
-every leg of the interrupt/resume protocol in about a minute). One run folder is killed again
+every leg of the interrupt/resume protocol in about 20 seconds). One run folder is killed again
 and again, each time at another place, and rerun with the same command:
 
   1. Ctrl-C (SIGINT) during SFT        -> exit 130, a checkpoint, a message saying how to continue
