@@ -214,3 +214,29 @@ def test_the_oracle_qualifies_on_its_gain_over_sft_never_on_its_own_gold(
     assert got["gain"] == pytest.approx(best_gold - sft) and got["qualifies"] is qualifies
     assert (got["best_gold"], got["sft_gold"], got["best_iteration"]) == (best_gold, sft, 40)
     assert seen == {"folder": tmp_path / "oracle-sft-demos6", "n": 5, "arms": ["oracle"]}
+
+
+def test_one_sft_run_of_step_1_is_its_seed_profile_trained_once_and_kept(tmp_path, small_profile_file):
+    """testbed.sft_task, as a worker runs it: candidate c at seed i is the frontier's seed-i
+    profile at recipe c (measure_budget on testbed.seed_profile, called here, gives the same
+    numbers to the bit), its row is written to WORK/sft/c/seed-i.json, and never overwritten."""
+    from rlhf.identities import code_sha256
+    from rlhf.io import read_json
+    from rlhf.studies.sft_budget import measure_budget, prepare_work
+
+    work, candidate, i = tmp_path / "work", "sft-lr1e-3", 1
+    row = testbed.sft_task(str(work), "r002", str(small_profile_file), candidate, i)
+    kept = work / "sft" / candidate / f"seed-{i}.json"
+    assert read_json(kept) == {**row, "train_seconds": pytest.approx(row["train_seconds"])}
+    assert (row["candidate"], row["seed_index"], row["code"]) == (candidate, i, code_sha256())
+    profile = testbed.seed_profile(load_profile(str(small_profile_file)), candidate, i)
+    assert profile.sft.lr == RECIPES[candidate]["lr"]
+    assert row["updates"] == profile.sft.epochs * profile.sft.max_updates_per_epoch
+    view, tokenizer, eos_id, pad_id = prepare_work(work, "r002", profile)
+    again = measure_budget(view, work / "base_model", profile, tokenizer, eos_id, pad_id)
+    assert again["validation"] == row["validation"] and again["validation"]["n"] == 180
+    assert again["last_validation_loss"] == row["last_validation_loss"]
+    before = kept.read_bytes()
+    with pytest.raises(FileExistsError):
+        testbed.sft_task(str(work), "r002", str(small_profile_file), candidate, i)
+    assert kept.read_bytes() == before
