@@ -47,6 +47,7 @@ def test_ctrl_c_stops_running_tasks_at_a_boundary_and_starts_no_queued_one(tmp_p
         assert pool.stopping
     assert outcome(running) == "stopped" and outcome(queued) == "stopped"
     assert not (tmp_path / "never").exists()  # the queued task never began
+    assert not pool.stop_file.parent.exists(), "the stop file's temporary folder outlived the pool"
 
 
 def test_a_task_that_fails_is_named_with_its_error_and_no_stop_is_made(tmp_path, clear_stop):
@@ -55,5 +56,6 @@ def test_a_task_that_fails_is_named_with_its_error_and_no_stop_is_made(tmp_path,
     with worker_pool(1) as pool:
         fut = pool.submit(fail, "the judge's file is missing")
         _drain(pool, {fut})
-        assert not pool.stopping
+        assert not pool.stopping and pool.stop_file.parent.is_dir()
     assert outcome(fut) == "ValueError: the judge's file is missing"
+    assert not pool.stop_file.parent.exists(), "the stop file's temporary folder outlived the pool"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
 import tempfile
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -96,12 +97,15 @@ class StudyPool(ProcessPoolExecutor):
         return done
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is KeyboardInterrupt:  # the second Ctrl-C: now
-            for process in list(getattr(self, "_processes", {}).values()):
-                process.kill()
-            self.shutdown(wait=False, cancel_futures=True)
-            return False
-        return super().__exit__(exc_type, exc, tb)
+        try:
+            if exc_type is KeyboardInterrupt:  # the second Ctrl-C: now
+                for process in list(getattr(self, "_processes", {}).values()):
+                    process.kill()
+                self.shutdown(wait=False, cancel_futures=True)
+                return False
+            return super().__exit__(exc_type, exc, tb)
+        finally:  # no worker reads the stop file any more (ended or killed): its folder goes
+            shutil.rmtree(self.stop_file.parent, ignore_errors=True)
 
 
 def _unless_stopped(fn, args: tuple, kwargs: dict):
