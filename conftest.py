@@ -572,6 +572,14 @@ def small_frontier_settings():
     return Settings(arms=arms, bon_ns=(1, 2), kl_samples=1)
 
 
+def without_coverage(env: dict) -> dict:
+    """`env` without the coverage tool's variables: a process started with it is not measured by
+    `--cov`. For a process killed at a crash point (its measurement would die with it), one under
+    emulation, and the fresh processes that only repeat, under other settings, code the tier
+    measures in its own processes (the coverage tracer doubles their time)."""
+    return {k: v for k, v in env.items() if not k.startswith("COVERAGE_")}
+
+
 def shared_root(tmp_path_factory) -> Path:
     """The test run's temporary root, shared by its xdist workers (pytest-xdist's recipe: each
     worker's basetemp lies in it); without xdist, the session's own basetemp."""

@@ -35,7 +35,7 @@ import time
 
 import pytest
 
-from conftest import read_series
+from conftest import read_series, without_coverage
 from rlhf.io import read_json, sha256_file
 
 # One worker runs this module.
@@ -50,7 +50,7 @@ def lab(run, profile, crash_at=None, timeout=600):
     if crash_at:
         env["RLHF_CRASH_AT"] = crash_at
         # killed at the crash point: a --cov run's measurement of it would die with it, so none is made
-        env = {k: v for k, v in env.items() if not k.startswith("COVERAGE_")}
+        env = without_coverage(env)
     t = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "rlhf", "lab", "--out", str(run), "--profile", str(profile)],

@@ -24,6 +24,7 @@ import sys
 
 import pytest
 
+from conftest import without_coverage
 from rlhf import runtime
 from rlhf.io import read_json, sha256_file
 
@@ -146,12 +147,15 @@ def test_the_command_line_unpins_a_bf16_profile_on_the_cpu_only(argv, status):
 
 
 def sft_epoch_sha(tmp_path, name, profile_file, **env) -> str:
+    """The state after one SFT epoch of a fresh process under `env` (not measured by --cov: the
+    same SFT runs measured in the tier's own processes; the pin's levers are measured by the
+    describing processes above)."""
     run = tmp_path / name
     done = subprocess.run(
         [sys.executable, "-m", "rlhf", "sft", "--run", str(run), "--profile", str(profile_file), "--stop-after", "1"],
         capture_output=True,
         text=True,
-        env=clean_env(**env),
+        env=without_coverage(clean_env(**env)),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return sha256_file(run / "sft" / "state-stop001.pt.gz")
