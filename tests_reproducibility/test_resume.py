@@ -10,7 +10,6 @@ the same way on the small-budget lab (test_resume_small.py).
 import pytest
 import torch
 
-from conftest import without_coverage
 from rlhf.checkpoint import assert_states_equal, load_state
 from rlhf.io import read_json, sha256_file
 
@@ -111,9 +110,7 @@ def test_a_finished_stage_is_never_overwritten(lab_run):
 
 def test_two_fresh_processes_write_byte_identical_states(tmp_path, record_result):
     """One SFT epoch in two fresh processes: the saved states are the same bytes. A state holds
-    python's `random` state too; before the stages seeded it, it differed between processes.
-    (Not measured by --cov: the tier's own processes run the same command's code, measured.)"""
-    import os
+    python's `random` state too; before the stages seeded it, it differed between processes."""
     import subprocess
     import sys
 
@@ -124,7 +121,6 @@ def test_two_fresh_processes_write_byte_identical_states(tmp_path, record_result
             [sys.executable, "-m", "rlhf.cli", "sft", "--run", str(run), "--stop-after", "1"],
             capture_output=True,
             text=True,
-            env=without_coverage(dict(os.environ)),
         )
         assert done.returncode == 0, done.stderr[-2000:]
         sha[name] = sha256_file(run / "sft" / "state-stop001.pt.gz")
