@@ -97,15 +97,14 @@ class StudyPool(ProcessPoolExecutor):
         return done
 
     def __exit__(self, exc_type, exc, tb):
-        try:
-            if exc_type is KeyboardInterrupt:  # the second Ctrl-C: now
-                for process in list(getattr(self, "_processes", {}).values()):
-                    process.kill()
-                self.shutdown(wait=False, cancel_futures=True)
-                return False
-            return super().__exit__(exc_type, exc, tb)
-        finally:  # no worker reads the stop file any more (ended or killed): its folder goes
-            shutil.rmtree(self.stop_file.parent, ignore_errors=True)
+        if exc_type is KeyboardInterrupt:  # the second Ctrl-C: now
+            for process in list(getattr(self, "_processes", {}).values()):
+                process.kill()
+            self.shutdown(wait=False, cancel_futures=True)
+            return False  # the stop file stays: a task handed on before the kill must still see it
+        ended = super().__exit__(exc_type, exc, tb)  # waits for every worker
+        shutil.rmtree(self.stop_file.parent, ignore_errors=True)  # no process reads it any more
+        return ended
 
 
 def _unless_stopped(fn, args: tuple, kwargs: dict):
